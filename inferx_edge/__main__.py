@@ -1,0 +1,54 @@
+"""``python -m inferx_edge``: the root parser. Each subcommand lives in ``inferx_edge/cli/<name>.py``.
+
+Subcommand modules import only argparse-level code at the top; the compiler and runtime are imported
+when a command runs, so ``--help`` and ``targets`` answer instantly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from inferx_edge import __version__
+from inferx_edge.errors import InferxError
+
+#: Subcommand name -> module under inferx_edge.cli (each defines ``add_arguments`` and ``run``).
+COMMANDS = {
+    "evaluate": "build the model, run it on its labelled holdout set, report accuracy and latency",
+    "targets": "list the targets inferx_edge builds for",
+    "build": "compile a model ahead of time into an artifact for a target",
+    "run": "run an artifact on input tensors (.npy/.npz) with the on-device runtime",
+    "inspect": "verify an artifact and print its manifest",
+}
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m inferx_edge",
+        description="Deploy neural networks to Jetson Orin and datacenter GPUs with Apache TVM.",
+    )
+    parser.add_argument("--version", action="version", version=f"inferx_edge {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, help_text in COMMANDS.items():
+        module = importlib.import_module(f"inferx_edge.cli.{name}")
+        p = sub.add_parser(name, help=help_text, description=module.__doc__.strip().splitlines()[0])
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except InferxError as exc:
+        print(f"inferx_edge {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"inferx_edge {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Command-line front: one module per subcommand; each parses and validates, then calls a stage API."""

@@ -1,0 +1,32 @@
+"""Compile a model ahead of time into a versioned, checksummed artifact for one target."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from inferx_edge.cli._common import DEFAULT_MODEL, add_model_arguments, default_output
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_arguments(p)
+    p.add_argument("--output", "-o", type=Path, default=None,
+                   help="artifact file to write (default: build/<model>-<target>.ixa)")
+    p.add_argument("--precision", default="fp32", help="numeric precision of the variant (default: fp32)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from inferx_edge.compiler.build import BuildOptions, build_artifact
+    from inferx_edge.frontend import parse_input_shapes
+    from inferx_edge.targets import get_target, host_target_name
+
+    model = args.model or DEFAULT_MODEL
+    spec = get_target(args.target or host_target_name())
+    output = args.output or default_output(model, spec.name)
+    opts = BuildOptions(model=model, target=spec.name, output=output,
+                        input_shapes=parse_input_shapes(args.input_shape), precision=args.precision)
+    manifest = build_artifact(opts)
+    size = output.stat().st_size
+    print(f"wrote {output} ({size / 1024:.0f} KiB; target {spec.name}; variants "
+          f"{', '.join(v.name for v in manifest.variants)})")
+    return 0

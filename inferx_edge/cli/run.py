@@ -1,0 +1,110 @@
+"""Run an artifact with the on-device runtime: check inputs, run, write outputs, print latency."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from inferx_edge.errors import InputError, UsageError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("artifact", type=Path, help="artifact file written by 'build'")
+    p.add_argument("--input", "-i", action="append", default=[], metavar="[NAME=]FILE",
+                   help="input tensor: FILE.npy for a single-input model, NAME=FILE.npy per input, or one "
+                        ".npz keyed by input name. Without --input, seeded random inputs are used (smoke test).")
+    p.add_argument("--output", "-o", type=Path, default=None,
+                   help="write outputs here: .npy (single output) or .npz (keyed by output name)")
+    p.add_argument("--variant", default=None, help="variant to run (default: the manifest's default)")
+    p.add_argument("--device-id", type=int, default=0, help="GPU index for CUDA artifacts")
+    p.add_argument("--warmup", type=int, default=5, help="untimed runs before timing (default 5)")
+    p.add_argument("--repeat", type=int, default=50, help="timed runs (default 50); 0 skips timing")
+
+
+def _load_array(path: str) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise UsageError(f"input file not found: {path}") from None
+    except (ValueError, OSError) as exc:
+        raise InputError(f"cannot read input file {path} as a .npy/.npz array: {exc}") from exc
+
+
+def _read_inputs(values: list[str], names: list[str]) -> dict[str, np.ndarray]:
+    inputs: dict[str, np.ndarray] = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep:
+            name, path = "", value
+        data = _load_array(path)
+        if isinstance(data, np.lib.npyio.NpzFile):
+            with data:
+                inputs.update({k: data[k] for k in data.files})
+            continue
+        if not name:
+            if len(names) != 1:
+                raise UsageError(f"model has inputs {names}: give each as NAME=FILE.npy, or one .npz")
+            name = names[0]
+        inputs[name] = data
+    return inputs
+
+
+def _random_inputs(specs) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    out = {}
+    for s in specs:
+        shape = tuple(d or 1 for d in s.shape)
+        if np.issubdtype(np.dtype(s.dtype), np.floating):
+            out[s.name] = rng.standard_normal(shape).astype(s.dtype)
+        else:
+            out[s.name] = rng.integers(0, 2, shape).astype(s.dtype)
+    return out
+
+
+def _write_outputs(path: Path, outputs: dict[str, np.ndarray]) -> None:
+    suffix = path.suffix.lower()
+    if suffix not in (".npy", ".npz"):
+        raise UsageError(f"--output must end in .npy or .npz, got '{path.name}'")
+    if suffix == ".npy" and len(outputs) != 1:
+        raise UsageError(f"model has {len(outputs)} outputs ({', '.join(outputs)}): write them to a .npz")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if suffix == ".npy":
+                np.save(f, next(iter(outputs.values())))
+            else:
+                np.savez(f, **outputs)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    from inferx_edge.runtime import Engine
+
+    if args.output is not None and args.output.suffix.lower() not in (".npy", ".npz"):
+        raise UsageError(f"--output must end in .npy or .npz, got '{args.output.name}'")
+    with Engine(args.artifact, variant=args.variant, device_id=args.device_id) as engine:
+        specs = engine.variant.inputs
+        if args.input:
+            inputs = _read_inputs(args.input, [s.name for s in specs])
+        else:
+            inputs = _random_inputs(specs)
+            print("note: no --input given; running on seeded random inputs")
+        outputs = engine.run(inputs)
+        target = engine.manifest.target
+        print(f"ran {args.artifact.name} variant {engine.variant.name} on {target['name']} ({target['device']})")
+        for name, value in outputs.items():
+            print(f"  output {name}: {value.dtype}{list(value.shape)}")
+        if args.output is not None:
+            _write_outputs(args.output, outputs)
+            print(f"wrote {args.output}")
+        if args.repeat > 0:
+            print(engine.benchmark(inputs, warmup=args.warmup, repeat=args.repeat).line())
+    return 0

@@ -1,0 +1,188 @@
+"""Build an artifact: import -> compile each variant ahead of time -> export libraries -> package.
+
+The Relax VM program itself is compiled to native code (``exec_mode="compiled"``), so a variant is one
+self-contained shared library plus a weights file; nothing is compiled on the device.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inferx_edge import __version__
+from inferx_edge.errors import BuildError, UsageError
+from inferx_edge.frontend import ImportedModel, import_model
+from inferx_edge.package import Manifest, Variant, write_artifact
+from inferx_edge.targets import TargetSpec, get_target
+from inferx_edge.targets.registry import HOST_CPU
+
+#: Precisions ``build`` accepts. Quantized ones are added by the quantize stage.
+PRECISIONS = ("fp32",)
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """What to build.
+
+    Attributes
+    ----------
+    model : ONNX file or ``.pt2`` torch.export program.
+    target : target name or alias (``python -m inferx_edge targets``).
+    output : artifact file to write (replaced atomically).
+    input_shapes : pinned input shapes, by input name.
+    precision : one of :data:`PRECISIONS`.
+    """
+
+    model: Path
+    target: str
+    output: Path
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    precision: str = "fp32"
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"unknown precision '{self.precision}'; valid: {', '.join(PRECISIONS)}")
+
+
+def resolve_tvm_target(spec: TargetSpec):
+    """The ``tvm.target.Target`` for ``spec``, with :data:`HOST_CPU` replaced by this machine's CPU."""
+    import tvm
+
+    def fill(d: dict[str, Any]) -> dict[str, Any]:
+        d = dict(d)
+        if d.get("mcpu") == HOST_CPU:
+            d["mcpu"] = tvm.target.codegen.llvm_get_system_cpu()
+            d.setdefault("num-cores", os.cpu_count() or 1)
+        if isinstance(d.get("host"), dict):
+            d["host"] = fill(d["host"])
+        return d
+
+    return tvm.target.Target(fill(spec.tvm_target))
+
+
+def _linker(spec: TargetSpec):
+    """``fcompile`` for ``export_library``: the target's cross compiler when the build host differs."""
+    if spec.cross_compiler is None or platform.machine() == spec.host_arch:
+        return None
+    if shutil.which(spec.cross_compiler) is None:
+        raise BuildError(
+            f"target '{spec.name}' needs the cross compiler '{spec.cross_compiler}', not found on PATH; "
+            f"install it (Debian/Ubuntu: apt-get install g++-aarch64-linux-gnu)"
+        )
+    from tvm.support import cc
+
+    return cc.cross_compiler(spec.cross_compiler)
+
+
+def compile_variant(imported: ImportedModel, spec: TargetSpec, out_path: Path) -> dict[str, Any]:
+    """Compile ``imported.mod`` for ``spec`` and export the shared library to ``out_path``."""
+    from tvm import relax
+
+    target = resolve_tvm_target(spec)
+    t0 = time.perf_counter()
+    try:
+        with target:
+            executable = relax.build(imported.mod, target, exec_mode="compiled")
+    except Exception as exc:  # TVMError from any pass or codegen
+        raise BuildError(f"compiling {imported.name} for {spec.name} failed: {type(exc).__name__}: {exc}") from exc
+    t1 = time.perf_counter()
+    fcompile = _linker(spec)
+    try:
+        if fcompile is None:
+            executable.export_library(str(out_path))
+        else:
+            executable.export_library(str(out_path), fcompile=fcompile)
+    except Exception as exc:
+        raise BuildError(f"linking the {spec.name} library failed: {exc}") from exc
+    return {
+        "tvm_target": _plain(target.export()),
+        "compile_s": round(t1 - t0, 3),
+        "link_s": round(time.perf_counter() - t1, 3),
+        "linker": spec.cross_compiler if fcompile is not None else "host",
+    }
+
+
+def _plain(obj: Any) -> Any:
+    """TVM containers (Map, Array, String, IntImm) to JSON-ready Python values."""
+    if isinstance(obj, (str, bool, int, float)) or obj is None:
+        return obj if not isinstance(obj, str) else str(obj)
+    if hasattr(obj, "items"):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)) or hasattr(obj, "__len__") and hasattr(obj, "__getitem__"):
+        return [_plain(v) for v in obj]
+    if hasattr(obj, "value"):
+        return obj.value
+    return str(obj)
+
+
+def _toolchain_versions(spec: TargetSpec) -> dict[str, str]:
+    versions = {"python": platform.python_version(), "numpy": np.__version__}
+    cxx = spec.cross_compiler if spec.cross_compiler and platform.machine() != spec.host_arch else "g++"
+    try:
+        versions["cxx"] = subprocess.run([cxx, "--version"], capture_output=True, text=True,
+                                         timeout=30).stdout.splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        versions["cxx"] = "unknown"
+    return versions
+
+
+def build_artifact(opts: BuildOptions, log=print) -> Manifest:
+    """Run the whole build and write ``opts.output``. Returns the manifest written."""
+    import tvm
+
+    spec = get_target(opts.target)
+    log(f"[1/4] importing {opts.model}")
+    imported = import_model(opts.model, opts.input_shapes)
+    for t in imported.inputs:
+        log(f"      input  {t.describe()}")
+    for t in imported.outputs:
+        log(f"      output {t.describe()}")
+
+    batch = imported.inputs[0].shape[0] if imported.inputs and imported.inputs[0].shape else 1
+    name = f"{opts.precision}-b{batch}"
+    with tempfile.TemporaryDirectory(prefix="inferx_edge-build-") as tmp:
+        tmp = Path(tmp)
+        log(f"[2/4] compiling variant {name} for {spec.name} ({spec.description})")
+        lib = tmp / f"{name}.so"
+        info = compile_variant(imported, spec, lib)
+        log(f"      compiled in {info['compile_s']:.1f} s, linked in {info['link_s']:.1f} s ({info['linker']})")
+
+        log("[3/4] writing weights")
+        weights = tmp / f"{opts.precision}.npz"
+        np.savez(weights, **dict(zip(imported.param_names, imported.params)))
+
+        variant = Variant(
+            name=name, precision=opts.precision, batch=int(batch or 1),
+            library=f"lib/{name}.so", weights=f"weights/{opts.precision}.npz",
+            params=tuple(imported.param_names), inputs=imported.inputs, outputs=imported.outputs,
+        )
+        target_record = spec.summary() | {"tvm_target": info["tvm_target"]}
+        manifest = Manifest(
+            inferx_edge_version=__version__,
+            tvm_version=tvm.__version__,
+            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            model=imported.describe(),
+            target=target_record,
+            variants=(variant,),
+            default_variant=name,
+            files={},
+            build={
+                "host": f"{platform.node()} {platform.machine()}",
+                "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+                "toolchain": _toolchain_versions(spec),
+                "compile_s": info["compile_s"],
+            },
+        )
+        log(f"[4/4] packaging {opts.output}")
+        return write_artifact(opts.output, manifest, {variant.library: lib, variant.weights: weights})

@@ -1,0 +1,73 @@
+"""ONNX -> Relax: validation with clear errors, shape pinning, then TVM's ONNX frontend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from inferx_edge.errors import ModelError
+from inferx_edge.frontend.model import ImportedModel, finish_import
+from inferx_edge.frontend.shapes import resolve_shapes
+
+
+def load_onnx(path: Path):
+    """Read and check an ONNX file; anything unreadable or invalid becomes a :class:`ModelError`."""
+    import onnx
+
+    try:
+        model = onnx.load(str(path))
+    except Exception as exc:  # protobuf raises DecodeError, RuntimeWarning-derived errors, ValueError...
+        raise ModelError(f"{path} is not a valid ONNX model (cannot parse it: {exc})") from exc
+    if not model.graph.node and not model.graph.output:
+        raise ModelError(f"{path} is not a valid ONNX model (no graph found in the file)")
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise ModelError(f"{path} failed ONNX validation: {first}") from exc
+    return model
+
+
+def _unsupported_ops(model) -> dict[str, list[str]]:
+    """Ops (and the nodes using them) that TVM's ONNX frontend has no converter for."""
+    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+    known = set(_get_convert_map()) | {"Constant", "If"}
+    missing: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        if node.op_type not in known:
+            missing.setdefault(node.op_type, []).append(node.name or "<unnamed>")
+    return missing
+
+
+def import_onnx(path: Path, overrides: dict[str, tuple[int, ...]]) -> ImportedModel:
+    from onnx import helper
+
+    model = load_onnx(path)
+    missing = _unsupported_ops(model)
+    if missing:
+        detail = "; ".join(f"{op} (nodes: {', '.join(nodes[:3])}{', ...' if len(nodes) > 3 else ''})"
+                           for op, nodes in sorted(missing.items()))
+        raise ModelError(f"{path.name} uses ONNX operators TVM cannot import: {detail}")
+
+    initializers = {t.name for t in model.graph.initializer}
+    graph_inputs = [i for i in model.graph.input if i.name not in initializers]
+    declared, dtypes = [], {}
+    for inp in graph_inputs:
+        ttype = inp.type.tensor_type
+        if not inp.type.HasField("tensor_type") or not ttype.HasField("shape"):
+            raise ModelError(f"input '{inp.name}' has no tensor shape in the model; only tensor inputs are supported")
+        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in ttype.shape.dim]
+        declared.append((inp.name, dims))
+        dtypes[inp.name] = str(helper.tensor_dtype_to_np_dtype(ttype.elem_type))
+    shapes = resolve_shapes(declared, overrides)
+
+    from tvm.relax.frontend.onnx import from_onnx
+
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=None)
+    try:
+        mod = from_onnx(model, shape_dict={k: list(v) for k, v in shapes.items()}, dtype_dict=dtypes,
+                        opset=opset, keep_params_in_input=True)
+    except Exception as exc:  # the frontend raises TVMError, ValueError, NotImplementedError, ...
+        raise ModelError(f"TVM could not import {path.name}: {type(exc).__name__}: {exc}") from exc
+    return finish_import(path.stem, "onnx", path, mod, [n for n, _ in declared],
+                         [o.name for o in model.graph.output])

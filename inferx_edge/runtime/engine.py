@@ -1,0 +1,189 @@
+"""Engine: a verified artifact loaded onto a device, ready to run any of its variants."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from inferx_edge.errors import ArtifactError, InputError
+from inferx_edge.package import ExtractedArtifact, Manifest, TensorSpec, Variant, open_artifact
+from inferx_edge.runtime import compat
+from inferx_edge.runtime._tvm import import_tvm_runtime
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """Wall-clock latency of repeated synchronous runs, in milliseconds."""
+
+    count: int
+    mean_ms: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    min_ms: float
+    max_ms: float
+
+    @classmethod
+    def from_seconds(cls, samples: list[float]) -> LatencyStats:
+        ms = np.asarray(samples, dtype=np.float64) * 1e3
+        p50, p90, p99 = np.percentile(ms, [50, 90, 99])
+        return cls(len(ms), float(ms.mean()), float(p50), float(p90), float(p99), float(ms.min()), float(ms.max()))
+
+    def line(self) -> str:
+        return (
+            f"latency over {self.count} runs: p50 {self.p50_ms:.3f} ms, p90 {self.p90_ms:.3f} ms, "
+            f"p99 {self.p99_ms:.3f} ms, mean {self.mean_ms:.3f} ms, min {self.min_ms:.3f} ms"
+        )
+
+
+class _LoadedVariant:
+    def __init__(self, tvm, variant: Variant, extracted: ExtractedArtifact, device) -> None:
+        self.variant = variant
+        library = extracted.member(variant.library)
+        compat.check_host(extracted.manifest.target, library)
+        try:
+            self.module = tvm.runtime.load_module(str(library))
+            self.vm = tvm.runtime.vm.VirtualMachine(self.module, device)
+        except Exception as exc:  # a TVM error here means a library this runtime cannot load
+            raise ArtifactError(f"cannot load library of variant '{variant.name}': {exc}") from exc
+        self.main = self.vm["main"]
+        self.params = []
+        if variant.weights:
+            with np.load(extracted.member(variant.weights), allow_pickle=False) as npz:
+                missing = [p for p in variant.params if p not in npz.files]
+                if missing:
+                    raise ArtifactError(f"weights of variant '{variant.name}' lack {missing[:5]}")
+                self.params = [tvm.runtime.tensor(npz[p], device) for p in variant.params]
+
+
+class Engine:
+    """Load an artifact, check it belongs on this machine, and run it.
+
+    Parameters
+    ----------
+    path : the artifact file.
+    variant : which variant to make current (default: the manifest's default).
+    device_id : GPU index for CUDA artifacts.
+    preload : load every variant now (switching is then free) instead of on first use.
+    """
+
+    def __init__(self, path: str | os.PathLike, variant: str | None = None, device_id: int = 0,
+                 preload: bool = False) -> None:
+        self._tvm = import_tvm_runtime()
+        self.path = Path(path)
+        self._extracted = open_artifact(self.path)
+        try:
+            manifest = self._extracted.manifest
+            compat.check_tvm_version(manifest.tvm_version, self._tvm.__version__)
+            target = manifest.target
+            if target["device"] == "cuda":
+                compat.check_cuda_device(self._tvm, target, device_id)
+                self.device = self._tvm.cuda(device_id)
+            else:
+                self.device = self._tvm.cpu(0)
+            self._loaded: dict[str, _LoadedVariant] = {}
+            self._current = self._load(manifest.variant(variant).name)
+            if preload:
+                for v in manifest.variants:
+                    self._load(v.name)
+        except BaseException:
+            self._extracted.close()
+            raise
+
+    @property
+    def manifest(self) -> Manifest:
+        return self._extracted.manifest
+
+    @property
+    def variant(self) -> Variant:
+        return self._current.variant
+
+    def _load(self, name: str) -> _LoadedVariant:
+        if name not in self._loaded:
+            self._loaded[name] = _LoadedVariant(self._tvm, self.manifest.variant(name), self._extracted, self.device)
+        return self._loaded[name]
+
+    def select(self, name: str) -> Variant:
+        """Make ``name`` the variant :meth:`run` uses (loads it on first use)."""
+        self._current = self._load(name)
+        return self._current.variant
+
+    def check_inputs(self, inputs: np.ndarray | Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """Match ``inputs`` to the current variant's signature; return them in order. Raises InputError."""
+        specs = self.variant.inputs
+        if not isinstance(inputs, Mapping):
+            if len(specs) != 1:
+                raise InputError(
+                    f"model has {len(specs)} inputs ({', '.join(s.name for s in specs)}); pass them by name"
+                )
+            inputs = {specs[0].name: inputs}
+        unknown = sorted(set(inputs) - {s.name for s in specs})
+        missing = [s.name for s in specs if s.name not in inputs]
+        if unknown or missing:
+            raise InputError(
+                f"inputs do not match the model: missing {missing}, unknown {unknown}; expected "
+                + ", ".join(s.describe() for s in specs)
+            )
+        return [_check_one(spec, np.asarray(inputs[spec.name])) for spec in specs]
+
+    def run(self, inputs: np.ndarray | Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the current variant once; returns outputs by name as numpy arrays."""
+        arrays = self.check_inputs(inputs)
+        out = self._invoke([self._tvm.runtime.tensor(a, self.device) for a in arrays])
+        return self._outputs(out)
+
+    def _invoke(self, tensors: list):
+        return self._current.main(*tensors, *self._current.params)
+
+    def _outputs(self, out) -> dict[str, np.ndarray]:
+        results = list(out) if not hasattr(out, "numpy") else [out]
+        specs = self.variant.outputs
+        if len(results) != len(specs):
+            raise ArtifactError(f"library returned {len(results)} outputs, manifest lists {len(specs)}")
+        return {spec.name: r.numpy() for spec, r in zip(specs, results)}
+
+    def benchmark(self, inputs: np.ndarray | Mapping[str, np.ndarray], warmup: int = 5, repeat: int = 50,
+                  min_seconds: float = 0.0) -> LatencyStats:
+        """Time synchronous runs with inputs already on the device: ``warmup`` untimed, then at least
+        ``repeat`` timed (more until ``min_seconds`` have passed)."""
+        tensors = [self._tvm.runtime.tensor(a, self.device) for a in self.check_inputs(inputs)]
+        for _ in range(warmup):
+            self._invoke(tensors)
+        self.device.sync()
+        samples: list[float] = []
+        start = time.perf_counter()
+        while len(samples) < repeat or time.perf_counter() - start < min_seconds:
+            t0 = time.perf_counter()
+            self._invoke(tensors)
+            self.device.sync()
+            samples.append(time.perf_counter() - t0)
+        return LatencyStats.from_seconds(samples)
+
+    def close(self) -> None:
+        self._loaded.clear()
+        self._extracted.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _check_one(spec: TensorSpec, array: np.ndarray) -> np.ndarray:
+    if str(array.dtype) != spec.dtype:
+        raise InputError(
+            f"input '{spec.name}' must be {spec.dtype}, got {array.dtype} "
+            f"(convert it, e.g. x.astype('{spec.dtype}'))"
+        )
+    ok = len(array.shape) == len(spec.shape) and all(d is None or d == s for d, s in zip(spec.shape, array.shape))
+    if not ok:
+        want = "x".join("?" if d is None else str(d) for d in spec.shape)
+        got = "x".join(str(s) for s in array.shape) or "scalar"
+        raise InputError(f"input '{spec.name}' must have shape {want}, got {got}")
+    return np.ascontiguousarray(array)
