@@ -28,8 +28,16 @@ from torch import nn
 DATASET_DIR = Path("/usr/share/datasets/fashion-mnist")
 OUT_DIR = Path(__file__).resolve().parent.parent / "inferx_edge" / "models"
 CLASS_NAMES = [
-    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
 ]
 MEAN, STD = 0.2860, 0.3530
 
@@ -107,14 +115,22 @@ def main() -> None:
             opt.step()
             sched.step()
         acc = evaluate(model, xte, yte)
-        print(f"epoch {epoch + 1}/{args.epochs}: loss {loss.item():.3f}  test top-1 {acc:.4f}  ({time.time() - t0:.0f} s)")
+        print(
+            f"epoch {epoch + 1}/{args.epochs}: loss {loss.item():.3f}  test top-1 {acc:.4f}  ({time.time() - t0:.0f} s)"
+        )
 
     model.eval()
     args.out.mkdir(parents=True, exist_ok=True)
     onnx_path = args.out / "fmnist_cnn.onnx"
     torch.onnx.export(
-        model, (torch.zeros(1, 1, 28, 28),), str(onnx_path), dynamo=False, opset_version=13,
-        input_names=["image"], output_names=["logits"], dynamic_axes={"image": {0: "N"}, "logits": {0: "N"}},
+        model,
+        (torch.zeros(1, 1, 28, 28),),
+        str(onnx_path),
+        dynamo=False,
+        opset_version=13,
+        input_names=["image"],
+        output_names=["logits"],
+        dynamic_axes={"image": {0: "N"}, "logits": {0: "N"}},
     )
 
     holdout = np.concatenate([rng.choice(np.flatnonzero(yte == c), 50, replace=False) for c in range(10)])
@@ -122,8 +138,10 @@ def main() -> None:
     calib = np.sort(rng.choice(len(xtr), 128, replace=False))
     np.savez_compressed(
         args.out / "fmnist_data.npz",
-        holdout_images=xte[holdout], holdout_labels=yte[holdout],
-        calib_images=xtr[calib], class_names=np.array(CLASS_NAMES),
+        holdout_images=xte[holdout],
+        holdout_labels=yte[holdout],
+        calib_images=xtr[calib],
+        class_names=np.array(CLASS_NAMES),
     )
     info = {
         "name": "fmnist_cnn",
@@ -131,7 +149,9 @@ def main() -> None:
         "architecture": "3x [conv3x3 stride 2, BN, ReLU] (24/48/64 ch), global avg pool, linear 64->10",
         "parameters": sum(p.numel() for p in model.parameters()),
         "input": {"name": "image", "shape": ["N", 1, 28, 28], "dtype": "float32", "scale": "pixel / 255"},
-        "epochs": args.epochs, "seed": args.seed, "torch": torch.__version__,
+        "epochs": args.epochs,
+        "seed": args.seed,
+        "torch": torch.__version__,
         "test_top1_full_10k": evaluate(model, xte, yte),
         "holdout_top1_torch": evaluate(model, xte[holdout], yte[holdout]),
         "holdout": "50 images per class from the t10k split",

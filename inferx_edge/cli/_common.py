@@ -14,12 +14,26 @@ DEFAULT_DATA = MODELS_DIR / "fmnist_data.npz"
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", "-m", type=Path, default=None,
-                   help=f"ONNX file or torch.export program (.pt2); default: the embedded {DEFAULT_MODEL.name}")
-    p.add_argument("--target", "-t", default=None,
-                   help=f"target name (see 'targets'); default: this host's CPU ({host_target_name()})")
-    p.add_argument("--input-shape", action="append", metavar="NAME:D1xD2x...", default=[],
-                   help="pin an input's shape (dynamic dims); repeat for several inputs")
+    p.add_argument(
+        "--model",
+        "-m",
+        type=Path,
+        default=None,
+        help=f"ONNX file or torch.export program (.pt2); default: the embedded {DEFAULT_MODEL.name}",
+    )
+    p.add_argument(
+        "--target",
+        "-t",
+        default=None,
+        help=f"target name (see 'targets'); default: this host's CPU ({host_target_name()})",
+    )
+    p.add_argument(
+        "--input-shape",
+        action="append",
+        metavar="NAME:D1xD2x...",
+        default=[],
+        help="pin an input's shape (dynamic dims); repeat for several inputs",
+    )
 
 
 def default_output(model: Path, target: str) -> Path:

@@ -10,8 +10,9 @@ from inferx_edge.cli._common import DEFAULT_MODEL, add_model_arguments, default_
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    p.add_argument("--output", "-o", type=Path, default=None,
-                   help="artifact file to write (default: build/<model>-<target>.ixa)")
+    p.add_argument(
+        "--output", "-o", type=Path, default=None, help="artifact file to write (default: build/<model>-<target>.ixa)"
+    )
     p.add_argument("--precision", default="fp32", help="numeric precision of the variant (default: fp32)")
 
 
@@ -23,10 +24,17 @@ def run(args: argparse.Namespace) -> int:
     model = args.model or DEFAULT_MODEL
     spec = get_target(args.target or host_target_name())
     output = args.output or default_output(model, spec.name)
-    opts = BuildOptions(model=model, target=spec.name, output=output,
-                        input_shapes=parse_input_shapes(args.input_shape), precision=args.precision)
+    opts = BuildOptions(
+        model=model,
+        target=spec.name,
+        output=output,
+        input_shapes=parse_input_shapes(args.input_shape),
+        precision=args.precision,
+    )
     manifest = build_artifact(opts)
     size = output.stat().st_size
-    print(f"wrote {output} ({size / 1024:.0f} KiB; target {spec.name}; variants "
-          f"{', '.join(v.name for v in manifest.variants)})")
+    print(
+        f"wrote {output} ({size / 1024:.0f} KiB; target {spec.name}; variants "
+        f"{', '.join(v.name for v in manifest.variants)})"
+    )
     return 0

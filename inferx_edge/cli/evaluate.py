@@ -18,13 +18,23 @@ from inferx_edge.errors import UsageError
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    p.add_argument("--data", type=Path, default=None,
-                   help="labelled .npz with 'x' (model-ready inputs) and 'y' (integer labels); "
-                        "default: the embedded model's holdout set")
-    p.add_argument("--artifact", type=Path, default=None,
-                   help="evaluate this existing artifact instead of building one")
-    p.add_argument("--output", "-o", type=Path, default=None,
-                   help="where to write the built artifact (default: build/<model>-<target>.ixa)")
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="labelled .npz with 'x' (model-ready inputs) and 'y' (integer labels); "
+        "default: the embedded model's holdout set",
+    )
+    p.add_argument(
+        "--artifact", type=Path, default=None, help="evaluate this existing artifact instead of building one"
+    )
+    p.add_argument(
+        "--output",
+        "-o",
+        type=Path,
+        default=None,
+        help="where to write the built artifact (default: build/<model>-<target>.ixa)",
+    )
     p.add_argument("--report", type=Path, default=None, help="also write the report as JSON here")
 
 
@@ -75,8 +85,9 @@ def run(args: argparse.Namespace) -> int:
 
         target = args.target
         artifact = args.output
-        ns = argparse.Namespace(model=model, target=target, output=artifact,
-                                input_shape=args.input_shape, precision="fp32")
+        ns = argparse.Namespace(
+            model=model, target=target, output=artifact, input_shape=args.input_shape, precision="fp32"
+        )
         build_run(ns)
         from inferx_edge.targets import get_target, host_target_name
 
@@ -86,9 +97,13 @@ def run(args: argparse.Namespace) -> int:
         spec = engine.variant.inputs[0]
         batch = spec.shape[0] or 1
         if tuple(x.shape[1:]) != tuple(spec.shape[1:]):
-            raise UsageError(f"labelled inputs have shape {list(x.shape[1:])} per sample; model wants {spec.describe()}")
+            raise UsageError(
+                f"labelled inputs have shape {list(x.shape[1:])} per sample; model wants {spec.describe()}"
+            )
         t0 = time.perf_counter()
-        logits = np.concatenate([engine.run(chunk)[engine.variant.outputs[0].name][:n] for chunk, n in _batches(x, batch)])
+        logits = np.concatenate(
+            [engine.run(chunk)[engine.variant.outputs[0].name][:n] for chunk, n in _batches(x, batch)]
+        )
         wall = time.perf_counter() - t0
         stats = engine.benchmark(x[:batch], warmup=10, repeat=200)
         pred = logits.argmax(axis=1)
@@ -116,10 +131,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"top-1       {report['top1'] * 100:.2f} % of {report['samples']}")
     if "onnxruntime" in report:
         o = report["onnxruntime"]
-        print(f"onnxruntime top-1 {o['top1'] * 100:.2f} %, agreement {o['top1_agreement'] * 100:.2f} %, "
-              f"max |logit diff| {o['max_abs_diff']:.2e}")
+        print(
+            f"onnxruntime top-1 {o['top1'] * 100:.2f} %, agreement {o['top1_agreement'] * 100:.2f} %, "
+            f"max |logit diff| {o['max_abs_diff']:.2e}"
+        )
     print(f"latency     batch {batch}: p50 {stats.p50_ms:.3f} ms, p90 {stats.p90_ms:.3f} ms, p99 {stats.p99_ms:.3f} ms")
-    print(f"throughput  {report['throughput_samples_s']:.0f} samples/s over the whole set (batch {batch}, incl. copies)")
+    print(
+        f"throughput  {report['throughput_samples_s']:.0f} samples/s over the whole set (batch {batch}, incl. copies)"
+    )
     if args.report:
         args.report.parent.mkdir(parents=True, exist_ok=True)
         args.report.write_text(json.dumps(report, indent=2) + "\n")

@@ -24,7 +24,9 @@ def run(args: argparse.Namespace) -> int:
     t = m.target
     print(f"{args.artifact}: verified ({len(m.files)} members, sha256 ok)")
     print(f"  model    {m.model['name']} ({m.model['format']}, sha256 {m.model['sha256'][:16]})")
-    print(f"  target   {t['name']} ({t['device']}, {t['host_triple']}{', ' + t['cuda_arch'] if t['cuda_arch'] else ''})")
+    print(
+        f"  target   {t['name']} ({t['device']}, {t['host_triple']}{', ' + t['cuda_arch'] if t['cuda_arch'] else ''})"
+    )
     print(f"  built    {m.created} by inferx_edge {m.inferx_edge_version}, TVM {m.tvm_version}")
     for v in m.variants:
         mark = "*" if v.name == m.default_variant else " "

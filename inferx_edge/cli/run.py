@@ -14,11 +14,22 @@ from inferx_edge.errors import InputError, UsageError
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("artifact", type=Path, help="artifact file written by 'build'")
-    p.add_argument("--input", "-i", action="append", default=[], metavar="[NAME=]FILE",
-                   help="input tensor: FILE.npy for a single-input model, NAME=FILE.npy per input, or one "
-                        ".npz keyed by input name. Without --input, seeded random inputs are used (smoke test).")
-    p.add_argument("--output", "-o", type=Path, default=None,
-                   help="write outputs here: .npy (single output) or .npz (keyed by output name)")
+    p.add_argument(
+        "--input",
+        "-i",
+        action="append",
+        default=[],
+        metavar="[NAME=]FILE",
+        help="input tensor: FILE.npy for a single-input model, NAME=FILE.npy per input, or one "
+        ".npz keyed by input name. Without --input, seeded random inputs are used (smoke test).",
+    )
+    p.add_argument(
+        "--output",
+        "-o",
+        type=Path,
+        default=None,
+        help="write outputs here: .npy (single output) or .npz (keyed by output name)",
+    )
     p.add_argument("--variant", default=None, help="variant to run (default: the manifest's default)")
     p.add_argument("--device-id", type=int, default=0, help="GPU index for CUDA artifacts")
     p.add_argument("--warmup", type=int, default=5, help="untimed runs before timing (default 5)")

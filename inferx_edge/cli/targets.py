@@ -23,11 +23,23 @@ def run(args: argparse.Namespace) -> int:
         tvm_desc = f"cuda {t['arch']} + llvm {host.get('mcpu', 'generic')}" if spec.is_cuda else f"llvm {t['mcpu']}"
         modes = ", ".join(f"{m.id}:{m.name}" for m in spec.power_modes) or "-"
         name = spec.name + (f" ({', '.join(spec.aliases)})" if spec.aliases else "")
-        rows.append((name, spec.device, tvm_desc, spec.host_triple, spec.cross_compiler or "-",
-                     spec.cuda_arch or "-", f"{spec.memory_gib:g}" if spec.memory_gib else "-", modes))
+        rows.append(
+            (
+                name,
+                spec.device,
+                tvm_desc,
+                spec.host_triple,
+                spec.cross_compiler or "-",
+                spec.cuda_arch or "-",
+                f"{spec.memory_gib:g}" if spec.memory_gib else "-",
+                modes,
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-    print("\n<host>: the build machine's CPU, detected at build time. Power modes are NVIDIA's documented "
-          "nvpmodel IDs; on a device the runtime reads /etc/nvpmodel.conf.")
+    print(
+        "\n<host>: the build machine's CPU, detected at build time. Power modes are NVIDIA's documented "
+        "nvpmodel IDs; on a device the runtime reads /etc/nvpmodel.conf."
+    )
     return 0

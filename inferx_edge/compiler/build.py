@@ -130,8 +130,9 @@ def _toolchain_versions(spec: TargetSpec) -> dict[str, str]:
     versions = {"python": platform.python_version(), "numpy": np.__version__}
     cxx = spec.cross_compiler if spec.cross_compiler and platform.machine() != spec.host_arch else "g++"
     try:
-        versions["cxx"] = subprocess.run([cxx, "--version"], capture_output=True, text=True,
-                                         timeout=30).stdout.splitlines()[0]
+        versions["cxx"] = subprocess.run(
+            [cxx, "--version"], capture_output=True, text=True, timeout=30
+        ).stdout.splitlines()[0]
     except (OSError, IndexError, subprocess.SubprocessError):
         versions["cxx"] = "unknown"
     return versions
@@ -163,9 +164,14 @@ def build_artifact(opts: BuildOptions, log=print) -> Manifest:
         np.savez(weights, **dict(zip(imported.param_names, imported.params)))
 
         variant = Variant(
-            name=name, precision=opts.precision, batch=int(batch or 1),
-            library=f"lib/{name}.so", weights=f"weights/{opts.precision}.npz",
-            params=tuple(imported.param_names), inputs=imported.inputs, outputs=imported.outputs,
+            name=name,
+            precision=opts.precision,
+            batch=int(batch or 1),
+            library=f"lib/{name}.so",
+            weights=f"weights/{opts.precision}.npz",
+            params=tuple(imported.param_names),
+            inputs=imported.inputs,
+            outputs=imported.outputs,
         )
         target_record = spec.summary() | {"tvm_target": info["tvm_target"]}
         manifest = Manifest(

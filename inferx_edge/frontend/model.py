@@ -56,8 +56,9 @@ def import_model(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | No
     return import_exported_program(path, input_shapes or {})
 
 
-def finish_import(name: str, fmt: str, path: Path, mod, input_names: list[str],
-                  output_names: list[str] | None) -> ImportedModel:
+def finish_import(
+    name: str, fmt: str, path: Path, mod, input_names: list[str], output_names: list[str] | None
+) -> ImportedModel:
     """Detach weights, read the signature off the Relax function, and check it is fully static."""
     from tvm.relax.frontend import detach_params
 

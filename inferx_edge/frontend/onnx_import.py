@@ -45,8 +45,10 @@ def import_onnx(path: Path, overrides: dict[str, tuple[int, ...]]) -> ImportedMo
     model = load_onnx(path)
     missing = _unsupported_ops(model)
     if missing:
-        detail = "; ".join(f"{op} (nodes: {', '.join(nodes[:3])}{', ...' if len(nodes) > 3 else ''})"
-                           for op, nodes in sorted(missing.items()))
+        detail = "; ".join(
+            f"{op} (nodes: {', '.join(nodes[:3])}{', ...' if len(nodes) > 3 else ''})"
+            for op, nodes in sorted(missing.items())
+        )
         raise ModelError(f"{path.name} uses ONNX operators TVM cannot import: {detail}")
 
     initializers = {t.name for t in model.graph.initializer}
@@ -65,9 +67,13 @@ def import_onnx(path: Path, overrides: dict[str, tuple[int, ...]]) -> ImportedMo
 
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=None)
     try:
-        mod = from_onnx(model, shape_dict={k: list(v) for k, v in shapes.items()}, dtype_dict=dtypes,
-                        opset=opset, keep_params_in_input=True)
+        mod = from_onnx(
+            model,
+            shape_dict={k: list(v) for k, v in shapes.items()},
+            dtype_dict=dtypes,
+            opset=opset,
+            keep_params_in_input=True,
+        )
     except Exception as exc:  # the frontend raises TVMError, ValueError, NotImplementedError, ...
         raise ModelError(f"TVM could not import {path.name}: {type(exc).__name__}: {exc}") from exc
-    return finish_import(path.stem, "onnx", path, mod, [n for n, _ in declared],
-                         [o.name for o in model.graph.output])
+    return finish_import(path.stem, "onnx", path, mod, [n for n, _ in declared], [o.name for o in model.graph.output])

@@ -72,9 +72,11 @@ def resolve_shapes(
                 f"--input-shape {name}:{'x'.join(str(d) if isinstance(d, int) else 'N' for d in dims)}"
             )
         if dynamic:
-            print(f"note: input '{name}' has a dynamic batch dimension ({_fmt(dims)}); building batch 1 "
-                  f"(choose another with --input-shape {name}:{'x'.join(['B'] + [str(d) for d in dims[1:]])})",
-                  file=sys.stderr)
+            print(
+                f"note: input '{name}' has a dynamic batch dimension ({_fmt(dims)}); building batch 1 "
+                f"(choose another with --input-shape {name}:{'x'.join(['B'] + [str(d) for d in dims[1:]])})",
+                file=sys.stderr,
+            )
         resolved[name] = tuple(1 if not isinstance(d, int) else d for d in dims)
     return resolved
 

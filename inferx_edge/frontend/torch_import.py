@@ -13,8 +13,9 @@ def import_exported_program(path: Path, overrides: dict[str, tuple[int, ...]]) -
     try:
         import torch
     except ImportError as exc:
-        raise ModelError(f"{path.name} is a torch.export program; install the torch extra "
-                         f"(pip install 'inferx_edge[torch]')") from exc
+        raise ModelError(
+            f"{path.name} is a torch.export program; install the torch extra (pip install 'inferx_edge[torch]')"
+        ) from exc
     try:
         ep = torch.export.load(str(path))
     except Exception as exc:  # a bad zip, a pickle error, a version mismatch...
@@ -45,8 +46,10 @@ def import_exported_program(path: Path, overrides: dict[str, tuple[int, ...]]) -
         for dim, value in zip(param.ty.shape.values, shapes[name]):
             if not isinstance(dim, int) and not hasattr(dim, "value"):
                 if bindings.get(dim.name, value) != value:
-                    raise ModelError(f"inputs share the dynamic dimension {dim.name} but were given "
-                                     f"different sizes ({bindings[dim.name]} and {value})")
+                    raise ModelError(
+                        f"inputs share the dynamic dimension {dim.name} but were given "
+                        f"different sizes ({bindings[dim.name]} and {value})"
+                    )
                 bindings[dim.name] = value
     if bindings:
         mod = relax.transform.BindSymbolicVars(bindings)(mod)

@@ -93,9 +93,7 @@ class Manifest:
         for v in self.variants:
             if v.name == name:
                 return v
-        raise ArtifactError(
-            f"artifact has no variant '{name}'; valid: {', '.join(v.name for v in self.variants)}"
-        )
+        raise ArtifactError(f"artifact has no variant '{name}'; valid: {', '.join(v.name for v in self.variants)}")
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:

@@ -72,8 +72,9 @@ class Engine:
     preload : load every variant now (switching is then free) instead of on first use.
     """
 
-    def __init__(self, path: str | os.PathLike, variant: str | None = None, device_id: int = 0,
-                 preload: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike, variant: str | None = None, device_id: int = 0, preload: bool = False
+    ) -> None:
         self._tvm = import_tvm_runtime()
         self.path = Path(path)
         self._extracted = open_artifact(self.path)
@@ -147,8 +148,9 @@ class Engine:
             raise ArtifactError(f"library returned {len(results)} outputs, manifest lists {len(specs)}")
         return {spec.name: r.numpy() for spec, r in zip(specs, results)}
 
-    def benchmark(self, inputs: np.ndarray | Mapping[str, np.ndarray], warmup: int = 5, repeat: int = 50,
-                  min_seconds: float = 0.0) -> LatencyStats:
+    def benchmark(
+        self, inputs: np.ndarray | Mapping[str, np.ndarray], warmup: int = 5, repeat: int = 50, min_seconds: float = 0.0
+    ) -> LatencyStats:
         """Time synchronous runs with inputs already on the device: ``warmup`` untimed, then at least
         ``repeat`` timed (more until ``min_seconds`` have passed)."""
         tensors = [self._tvm.runtime.tensor(a, self.device) for a in self.check_inputs(inputs)]
@@ -178,8 +180,7 @@ class Engine:
 def _check_one(spec: TensorSpec, array: np.ndarray) -> np.ndarray:
     if str(array.dtype) != spec.dtype:
         raise InputError(
-            f"input '{spec.name}' must be {spec.dtype}, got {array.dtype} "
-            f"(convert it, e.g. x.astype('{spec.dtype}'))"
+            f"input '{spec.name}' must be {spec.dtype}, got {array.dtype} (convert it, e.g. x.astype('{spec.dtype}'))"
         )
     ok = len(array.shape) == len(spec.shape) and all(d is None or d == s for d, s in zip(spec.shape, array.shape))
     if not ok:

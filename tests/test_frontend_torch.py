@@ -1,0 +1,69 @@
+"""torch.export programs (.pt2) through import, AOT build and the runtime, compared with torch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from inferx_edge.compiler import BuildOptions, build_artifact
+from inferx_edge.errors import ModelError
+from inferx_edge.frontend import import_model
+from inferx_edge.runtime import Engine
+from inferx_edge.targets import host_target_name
+
+torch = pytest.importorskip("torch")
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x, bias):
+        y = torch.nn.functional.gelu(self.bn(self.conv(x)))
+        pooled = y.mean(dim=(2, 3))
+        return self.fc(pooled) + bias, torch.sigmoid(pooled)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    torch.manual_seed(0)
+    net = Net()
+    with torch.no_grad():  # non-trivial running statistics, so BN is really exercised
+        net.bn.running_mean.uniform_(-0.5, 0.5)
+        net.bn.running_var.uniform_(0.5, 2.0)
+    net.eval()
+    batch = torch.export.Dim("batch", min=1, max=32)
+    ep = torch.export.export(
+        net, (torch.randn(2, 3, 12, 12), torch.randn(2, 4)), dynamic_shapes={"x": {0: batch}, "bias": {0: batch}}
+    )
+    path = tmp_path_factory.mktemp("torch") / "net.pt2"
+    torch.export.save(ep, str(path))
+    return path, net
+
+
+def test_torch_export_matches_torch(exported, tmp_path):
+    path, net = exported
+    out = tmp_path / "net.ixa"
+    build_artifact(BuildOptions(path, host_target_name(), out, {"x": (5, 3, 12, 12)}), log=lambda *a: None)
+    rng = np.random.default_rng(0)
+    with Engine(out) as engine:
+        assert [s.shape for s in engine.variant.inputs] == [(5, 3, 12, 12), (5, 4)]
+        assert engine.manifest.model["format"] == "torch.export"
+        for _ in range(3):
+            x = rng.standard_normal((5, 3, 12, 12)).astype(np.float32)
+            b = rng.standard_normal((5, 4)).astype(np.float32)
+            got = list(engine.run({"x": x, "bias": b}).values())
+            with torch.no_grad():
+                want = net(torch.from_numpy(x), torch.from_numpy(b))
+            for g, w in zip(got, want):
+                np.testing.assert_allclose(g, w.numpy(), atol=1e-4, rtol=0)
+
+
+def test_corrupt_pt2(tmp_path):
+    bad = tmp_path / "bad.pt2"
+    bad.write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(ModelError, match="not a loadable torch.export program"):
+        import_model(bad)

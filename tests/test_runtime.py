@@ -1,0 +1,150 @@
+"""The on-device runtime: input checks, target checks, CLI run, and that it never loads the compiler."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from inferx_edge.errors import InputError, TargetMismatchError
+from inferx_edge.package import open_artifact, read_manifest, write_artifact
+from inferx_edge.runtime import Engine
+from tests.conftest import REPO, cli
+
+
+def _image(batch=1, dtype=np.float32):
+    return np.random.default_rng(0).random((batch, 1, 28, 28)).astype(dtype)
+
+
+def test_run_matches_onnxruntime(default_artifact):
+    ort = pytest.importorskip("onnxruntime")
+    from inferx_edge.cli._common import DEFAULT_MODEL
+
+    x = _image()
+    sess = ort.InferenceSession(str(DEFAULT_MODEL), providers=["CPUExecutionProvider"])
+    (want,) = sess.run(None, {"image": x})
+    with Engine(default_artifact) as engine:
+        np.testing.assert_allclose(engine.run(x)["logits"], want, atol=1e-4, rtol=0)
+        stats = engine.benchmark(x, warmup=1, repeat=5)
+    assert stats.count == 5 and stats.min_ms <= stats.p50_ms <= stats.max_ms
+
+
+@pytest.mark.parametrize(
+    "inputs,msg",
+    [
+        (_image(batch=2), "must have shape 1x1x28x28, got 2x1x28x28"),
+        (np.zeros((1, 28, 28), np.float32), "must have shape 1x1x28x28, got 1x28x28"),
+        (_image(dtype=np.float64), "must be float32, got float64"),
+        ({"img": _image()}, r"missing \['image'\], unknown \['img'\]"),
+    ],
+)
+def test_bad_inputs_are_refused(default_artifact, inputs, msg):
+    with Engine(default_artifact) as engine, pytest.raises(InputError, match=msg):
+        engine.run(inputs)
+
+
+def test_cli_run_writes_output_and_refuses_bad_input(default_artifact, tmp_path):
+    x = _image()
+    np.save(tmp_path / "x.npy", x)
+    r = cli("run", default_artifact, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy", "--repeat", "3")
+    assert r.returncode == 0, r.stderr
+    assert "latency over 3 runs: p50" in r.stdout
+    with Engine(default_artifact) as engine:
+        np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), engine.run(x)["logits"])
+
+    np.save(tmp_path / "bad.npy", _image(batch=3))
+    r = cli("run", default_artifact, "--input", f"image={tmp_path / 'bad.npy'}", "--output", tmp_path / "z.npy")
+    assert r.returncode == 6 and "must have shape 1x1x28x28, got 3x1x28x28" in r.stderr
+    assert not (tmp_path / "z.npy").exists()
+
+    r = cli("run", default_artifact, "--input", tmp_path / "nope.npy")
+    assert r.returncode == 2 and "input file not found" in r.stderr
+
+
+def test_aarch64_artifact_refused_on_x86(arm64_artifact):
+    if read_manifest(arm64_artifact).target["host_triple"].startswith(__import__("platform").machine()):
+        pytest.skip("this host is aarch64")
+    with open_artifact(arm64_artifact) as art:
+        lib = art.member(art.manifest.variant().library)
+        assert lib.read_bytes()[18:20] == (183).to_bytes(2, "little")  # EM_AARCH64
+    with pytest.raises(
+        TargetMismatchError, match=r"built for target 'arm64-cpu' \(aarch64-linux-gnu\); this machine is x86_64"
+    ):
+        Engine(arm64_artifact)
+    r = cli("run", arm64_artifact)
+    assert r.returncode == 5 and "aarch64" in r.stderr
+
+
+def _retarget(src, dst, **target):
+    """Re-package an artifact with other target fields (as if built for another device)."""
+    m = read_manifest(src)
+    import dataclasses
+
+    with open_artifact(src) as art:
+        write_artifact(dst, dataclasses.replace(m, target=m.target | target), {n: art.member(n) for n in m.files})
+    return dst
+
+
+def test_gpu_artifact_refused_without_matching_gpu(default_artifact, tmp_path):
+    bad = _retarget(
+        default_artifact, tmp_path / "orin.ixa", name="jetson-agx-orin-64gb", device="cuda", cuda_arch="sm_87"
+    )
+    with pytest.raises(TargetMismatchError, match="sm_87"):
+        Engine(bad)
+
+
+def test_library_architecture_must_match_manifest(default_artifact, arm64_artifact, tmp_path):
+    """An aarch64 library inside an artifact that claims x86_64 is caught from the ELF header."""
+    m = read_manifest(default_artifact)
+    arm = read_manifest(arm64_artifact)
+    import dataclasses
+
+    with open_artifact(default_artifact) as art, open_artifact(arm64_artifact) as arm_art:
+        members = {n: art.member(n) for n in m.files}
+        members[m.variant().library] = arm_art.member(arm.variant().library)
+        write_artifact(tmp_path / "mixed.ixa", dataclasses.replace(m), members)
+    with pytest.raises(TargetMismatchError, match="contains aarch64 code but the manifest says x86_64"):
+        Engine(tmp_path / "mixed.ixa")
+
+
+def test_tvm_version_mismatch_is_refused(default_artifact, tmp_path):
+    import dataclasses
+
+    m = read_manifest(default_artifact)
+    with open_artifact(default_artifact) as art:
+        write_artifact(
+            tmp_path / "old.ixa", dataclasses.replace(m, tvm_version="0.19.0"), {n: art.member(n) for n in m.files}
+        )
+    with pytest.raises(TargetMismatchError, match="compiled with TVM 0.19.0"):
+        Engine(tmp_path / "old.ixa")
+
+
+def test_runtime_never_loads_the_compiler(default_artifact):
+    code = f"""
+import sys, json, numpy as np
+from inferx_edge.runtime import Engine
+with Engine({str(default_artifact)!r}) as e:
+    y = e.run(np.zeros((1, 1, 28, 28), np.float32))["logits"]
+maps = open("/proc/self/maps").read()
+print(json.dumps({{
+    "shape": list(y.shape),
+    "compiler_lib": "libtvm_compiler" in maps,
+    # tvm/__init__ always imports the (pure Python) tvm.driver shim; it is inert without libtvm_compiler
+    "compiler_modules": sorted(m for m in sys.modules
+                               if m.split(".")[:2] in (["tvm", "relax"], ["tvm", "s_tir"], ["tvm", "topi"])),
+    "inferx_modules": sorted(m for m in sys.modules if m.startswith("inferx_edge.") and
+                             m.split(".")[1] in ("compiler", "frontend", "tune", "quantize")),
+    "onnx": "onnx" in sys.modules,
+}}))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout.strip().splitlines()[-1])
+    assert report["shape"] == [1, 10]
+    assert report["compiler_lib"] is False
+    assert report["compiler_modules"] == [] and report["inferx_modules"] == []
+    # (torch may appear: apache-tvm-ffi itself imports it whenever it is installed)
+    assert report["onnx"] is False
