@@ -1,0 +1,47 @@
+"""Benchmark result records: one JSON per run with command, device, versions and every number."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import sys
+from importlib import metadata
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def versions(*packages: str) -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for p in packages:
+        try:
+            out[p] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            out[p] = "not installed"
+    return out
+
+
+def write_record(name: str, record: dict) -> Path:
+    """Write ``results/<name>.json`` with the command line and the machine filled in."""
+    body = {
+        "command": " ".join(["python", *sys.argv]),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": {"cpu": cpu_name(), "cores": os.cpu_count(), "machine": platform.machine()},
+        **record,
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(body, indent=2) + "\n")
+    return path
