@@ -56,23 +56,40 @@ def main() -> None:
                 diff = float(np.abs(engine.run(x)["logits"] - sess.run(None, {"image": x})[0]).max())
                 tvm_stats = engine.benchmark(x, warmup=10, repeat=50, min_seconds=args.seconds)
             ort_stats = time_ort(sess, x, args.seconds)
-            for system, s in (("inferx_edge untuned (TVM default schedules)", tvm_stats), ("onnxruntime CPU", ort_stats)):
-                results.append({
-                    "system": system, "model": "fmnist_cnn", "precision": "fp32", "batch": batch,
-                    "p50_ms": s.p50_ms, "p90_ms": s.p90_ms, "mean_ms": s.mean_ms, "runs": s.count,
-                    "img_s": batch / (s.p50_ms / 1e3),
-                })
+            for system, s in (
+                ("inferx_edge untuned (TVM default schedules)", tvm_stats),
+                ("onnxruntime CPU", ort_stats),
+            ):
+                results.append(
+                    {
+                        "system": system,
+                        "model": "fmnist_cnn",
+                        "precision": "fp32",
+                        "batch": batch,
+                        "p50_ms": s.p50_ms,
+                        "p90_ms": s.p90_ms,
+                        "mean_ms": s.mean_ms,
+                        "runs": s.count,
+                        "img_s": batch / (s.p50_ms / 1e3),
+                    }
+                )
             ratio = ort_stats.p50_ms / tvm_stats.p50_ms
             results[-2]["speedup_vs_onnxruntime_p50"] = ratio
             results[-2]["max_abs_diff_vs_onnxruntime"] = diff
-            print(f"batch {batch}: inferx_edge p50 {tvm_stats.p50_ms:.3f} ms, onnxruntime p50 {ort_stats.p50_ms:.3f} ms "
-                  f"-> onnxruntime/inferx_edge = {ratio:.2f}x  (max |diff| {diff:.1e})")
-    path = write_record(args.name or f"cpu_untuned_{target}", {
-        "device": f"CPU ({target})", "driver": None,
-        "versions": versions("inferx_edge", "apache-tvm", "apache-tvm-ffi", "onnxruntime", "numpy"),
-        "threads": {"tvm": "TVM_NUM_THREADS unset (all cores)", "onnxruntime": "default (all cores)"},
-        "results": results,
-    })
+            print(
+                f"batch {batch}: inferx_edge p50 {tvm_stats.p50_ms:.3f} ms, onnxruntime p50 {ort_stats.p50_ms:.3f} ms "
+                f"-> onnxruntime/inferx_edge = {ratio:.2f}x  (max |diff| {diff:.1e})"
+            )
+    path = write_record(
+        args.name or f"cpu_untuned_{target}",
+        {
+            "device": f"CPU ({target})",
+            "driver": None,
+            "versions": versions("inferx_edge", "apache-tvm", "apache-tvm-ffi", "onnxruntime", "numpy"),
+            "threads": {"tvm": "TVM_NUM_THREADS unset (all cores)", "onnxruntime": "default (all cores)"},
+            "results": results,
+        },
+    )
     print(f"wrote {path}")
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian/Ubuntu machine for inferx_edge (idempotent).
 #   bash scripts/install.sh          the package and what the main job needs
-#   bash scripts/install.sh --test   also the test tools, torch (CPU), the aarch64 cross compiler and
-#                                    the Fashion-MNIST dataset used by the accuracy tests
+#   bash scripts/install.sh --test   also the test tools, torch (CPU), NVRTC 12, the aarch64 cross
+#                                    compiler and the Fashion-MNIST dataset used by the accuracy tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 test_deps=0
@@ -14,6 +14,7 @@ if [ "$test_deps" = 1 ]; then
   [ -f /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz ] || apt_pkgs+=(dataset-fashion-mnist)
 fi
 command -v g++ >/dev/null || apt_pkgs+=(g++)
+command -v nm >/dev/null || apt_pkgs+=(binutils)
 if [ "${#apt_pkgs[@]}" -gt 0 ]; then
   sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
   $sudo apt-get update -qq
@@ -24,7 +25,7 @@ py=${PYTHON:-python3}
 if [ "$test_deps" = 1 ]; then
   # The CPU build of torch: an unpinned 'torch' pulls a multi-GB CUDA build.
   "$py" -m pip install -q "torch==2.13.0"
-  "$py" -m pip install -q -e ".[test,torch]"
+  "$py" -m pip install -q -e ".[test,torch,cuda12]"
 else
   "$py" -m pip install -q -e ".[test]"
 fi

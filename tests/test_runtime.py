@@ -92,7 +92,8 @@ def test_gpu_artifact_refused_without_matching_gpu(default_artifact, tmp_path):
     bad = _retarget(
         default_artifact, tmp_path / "orin.ixa", name="jetson-agx-orin-64gb", device="cuda", cuda_arch="sm_87"
     )
-    with pytest.raises(TargetMismatchError, match="sm_87"):
+    # without a driver: TVM's CUDA runtime cannot load; with the build's libcuda stub loaded: no GPU
+    with pytest.raises(TargetMismatchError, match="CUDA runtime cannot be loaded|no CUDA GPU 0 is visible"):
         Engine(bad)
 
 

@@ -14,6 +14,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--output", "-o", type=Path, default=None, help="artifact file to write (default: build/<model>-<target>.ixa)"
     )
     p.add_argument("--precision", default="fp32", help="numeric precision of the variant (default: fp32)")
+    p.add_argument(
+        "--cuda-code",
+        choices=["cubin", "ptx"],
+        default="cubin",
+        help="CUDA targets: cubin for the exact GPU (default) or PTX the driver JIT-compiles",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
         output=output,
         input_shapes=parse_input_shapes(args.input_shape),
         precision=args.precision,
+        cuda_code=args.cuda_code,
     )
     manifest = build_artifact(opts)
     size = output.stat().st_size

@@ -86,7 +86,12 @@ def run(args: argparse.Namespace) -> int:
         target = args.target
         artifact = args.output
         ns = argparse.Namespace(
-            model=model, target=target, output=artifact, input_shape=args.input_shape, precision="fp32"
+            model=model,
+            target=target,
+            output=artifact,
+            input_shape=args.input_shape,
+            precision="fp32",
+            cuda_code="cubin",
         )
         build_run(ns)
         from inferx_edge.targets import get_target, host_target_name

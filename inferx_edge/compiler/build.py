@@ -6,6 +6,7 @@ self-contained shared library plus a weights file; nothing is compiled on the de
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import platform
@@ -42,6 +43,8 @@ class BuildOptions:
     output : artifact file to write (replaced atomically).
     input_shapes : pinned input shapes, by input name.
     precision : one of :data:`PRECISIONS`.
+    cuda_code : CUDA targets only: ``cubin`` (exact architecture, nothing compiled on the device) or
+        ``ptx`` (the driver JIT-compiles it for its GPU, same or newer architecture).
     """
 
     model: Path
@@ -49,10 +52,15 @@ class BuildOptions:
     output: Path
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     precision: str = "fp32"
+    cuda_code: str = "cubin"
 
     def __post_init__(self) -> None:
+        from inferx_edge.compiler.cuda import CUDA_CODE_FORMATS
+
         if self.precision not in PRECISIONS:
             raise UsageError(f"unknown precision '{self.precision}'; valid: {', '.join(PRECISIONS)}")
+        if self.cuda_code not in CUDA_CODE_FORMATS:
+            raise UsageError(f"unknown CUDA code format '{self.cuda_code}'; valid: {', '.join(CUDA_CODE_FORMATS)}")
 
 
 def resolve_tvm_target(spec: TargetSpec):
@@ -85,17 +93,29 @@ def _linker(spec: TargetSpec):
     return cc.cross_compiler(spec.cross_compiler)
 
 
-def compile_variant(imported: ImportedModel, spec: TargetSpec, out_path: Path) -> dict[str, Any]:
-    """Compile ``imported.mod`` for ``spec`` and export the shared library to ``out_path``."""
+def compile_variant(
+    imported: ImportedModel, spec: TargetSpec, out_path: Path, cuda_code: str = "cubin"
+) -> dict[str, Any]:
+    """Compile ``imported.mod`` for ``spec`` and export the shared library to ``out_path``.
+
+    CUDA kernels are compiled here, on the build host (see :mod:`inferx_edge.compiler.cuda`).
+    """
     from tvm import relax
+
+    from inferx_edge.compiler.cuda import device_compiler
 
     target = resolve_tvm_target(spec)
     t0 = time.perf_counter()
+    cuda_ctx = device_compiler(spec, cuda_code) if spec.is_cuda else contextlib.nullcontext(None)
     try:
-        with target:
+        with cuda_ctx as cuda_record, target:
             executable = relax.build(imported.mod, target, exec_mode="compiled")
+    except BuildError:
+        raise
     except Exception as exc:  # TVMError from any pass or codegen
         raise BuildError(f"compiling {imported.name} for {spec.name} failed: {type(exc).__name__}: {exc}") from exc
+    if spec.is_cuda and not cuda_record["kernels_modules"]:
+        raise BuildError(f"no CUDA kernels were compiled ahead of time for {spec.name}; refusing to ship CUDA source")
     t1 = time.perf_counter()
     fcompile = _linker(spec)
     try:
@@ -110,6 +130,27 @@ def compile_variant(imported: ImportedModel, spec: TargetSpec, out_path: Path) -
         "compile_s": round(t1 - t0, 3),
         "link_s": round(time.perf_counter() - t1, 3),
         "linker": spec.cross_compiler if fcompile is not None else "host",
+        "cuda": cuda_record,
+    }
+
+
+#: Oldest JetPack whose driver supports a given CUDA version (6.0: CUDA 12.2; 6.1/6.2: 12.6; 7: 13.0).
+_MIN_JETPACK = {"12.0": "6.0", "12.2": "6.0", "12.6": "6.1", "13.0": "7.0"}
+
+
+def cuda_requirements(cuda: dict[str, Any]) -> dict[str, Any]:
+    """What the device must have for this device code: driver CUDA version, JetPack for Jetsons."""
+    version = cuda["toolkit"].split()[-1]
+    major = int(version.split(".")[0])
+    # cubins load on any driver of the same major version (minor version compatibility); PTX needs a
+    # driver at least as new as the compiler that wrote it.
+    min_cuda = f"{major}.0" if cuda["code"] == "cubin" else version
+    return {
+        "cuda_code": cuda["code"],
+        "cuda_code_arch": cuda["arch"],
+        "cuda_toolkit": cuda["toolkit"],
+        "min_driver_cuda": min_cuda,
+        "min_jetpack": _MIN_JETPACK.get(min_cuda),
     }
 
 
@@ -138,11 +179,15 @@ def _toolchain_versions(spec: TargetSpec) -> dict[str, str]:
     return versions
 
 
-def build_artifact(opts: BuildOptions, log=print) -> Manifest:
-    """Run the whole build and write ``opts.output``. Returns the manifest written."""
+def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None) -> Manifest:
+    """Run the whole build and write ``opts.output``. Returns the manifest written.
+
+    ``spec`` overrides the registry entry named by ``opts.target`` (a derived target, e.g. a device's
+    GPU code paired with another host CPU for verification).
+    """
     import tvm
 
-    spec = get_target(opts.target)
+    spec = spec or get_target(opts.target)
     log(f"[1/4] importing {opts.model}")
     imported = import_model(opts.model, opts.input_shapes)
     for t in imported.inputs:
@@ -156,7 +201,7 @@ def build_artifact(opts: BuildOptions, log=print) -> Manifest:
         tmp = Path(tmp)
         log(f"[2/4] compiling variant {name} for {spec.name} ({spec.description})")
         lib = tmp / f"{name}.so"
-        info = compile_variant(imported, spec, lib)
+        info = compile_variant(imported, spec, lib, opts.cuda_code)
         log(f"      compiled in {info['compile_s']:.1f} s, linked in {info['link_s']:.1f} s ({info['linker']})")
 
         log("[3/4] writing weights")
@@ -174,6 +219,9 @@ def build_artifact(opts: BuildOptions, log=print) -> Manifest:
             outputs=imported.outputs,
         )
         target_record = spec.summary() | {"tvm_target": info["tvm_target"]}
+        if info["cuda"]:
+            target_record |= cuda_requirements(info["cuda"])
+            log(f"      device code: {info['cuda']['code']} for {info['cuda']['arch']} by {info['cuda']['toolkit']}")
         manifest = Manifest(
             inferx_edge_version=__version__,
             tvm_version=tvm.__version__,

@@ -28,3 +28,32 @@ def import_tvm_runtime():
     import tvm.runtime.vm  # noqa: F401
 
     return tvm
+
+
+def load_cuda_backend(tvm) -> None:
+    """Load TVM's CUDA runtime (``libtvm_runtime_cuda.so``), which runtime-only mode leaves out.
+
+    It links the NVIDIA driver (``libcuda.so.1``) and the CUDA runtime TVM was built with (apache-tvm
+    0.27 wheels: ``libcudart.so.13``); when either is missing CUDA artifacts cannot run here.
+    """
+    from tvm.base import _LOADED_LIBS
+
+    if "tvm_runtime_cuda" in _LOADED_LIBS:
+        return
+    from pathlib import Path
+
+    from tvm_ffi.libinfo import load_lib_ctypes
+
+    from inferx_edge.errors import TargetMismatchError
+
+    runtime_dir = Path(_LOADED_LIBS["tvm_runtime"]._name).resolve().parent
+    try:
+        _LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes(
+            package="tvm", target_name="tvm_runtime_cuda", extra_lib_paths=[runtime_dir], mode="RTLD_LOCAL"
+        )
+    except (OSError, RuntimeError) as exc:
+        raise TargetMismatchError(
+            f"this artifact runs on a CUDA GPU, but TVM's CUDA runtime cannot be loaded here ({exc}): it needs "
+            f"the NVIDIA driver (libcuda.so.1) and the CUDA runtime apache-tvm {tvm.__version__} links "
+            f"(libcudart.so.13)"
+        ) from exc

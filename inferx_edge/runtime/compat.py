@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
 import platform
 from pathlib import Path
 from typing import Any
 
-from inferx_edge.errors import ArtifactError, TargetMismatchError
-from inferx_edge.targets.registry import TRIPLE_MACHINES
-
-_ELF_MACHINES = {v["elf_machine"]: k.split("-")[0] for k, v in TRIPLE_MACHINES.items()}
-
-
-def elf_machine(path: Path) -> str:
-    """The architecture an ELF shared library was built for (``x86_64``, ``aarch64``, or ``elf-<n>``)."""
-    with open(path, "rb") as f:
-        header = f.read(20)
-    if len(header) < 20 or header[:4] != b"\x7fELF":
-        raise ArtifactError(f"library {path.name} is not an ELF shared object")
-    byteorder = "little" if header[5] == 1 else "big"
-    code = int.from_bytes(header[18:20], byteorder)
-    return _ELF_MACHINES.get(code, f"elf-{code}")
+from inferx_edge.errors import TargetMismatchError
+from inferx_edge.package.elf import elf_machine
 
 
 def host_arch() -> str:
@@ -54,18 +42,44 @@ def check_tvm_version(built_with: str, runtime_version: str) -> None:
         )
 
 
+def driver_cuda_version() -> tuple[int, int] | None:
+    """The CUDA version the installed driver supports (``cuDriverGetVersion``), or None without a driver."""
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+        version = ctypes.c_int()
+        if libcuda.cuDriverGetVersion(ctypes.byref(version)) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return version.value // 1000, (version.value % 1000) // 10
+
+
 def check_cuda_device(tvm, target: dict[str, Any], device_id: int) -> None:
-    """Refuse to run CUDA code on a machine with no such GPU or one of another architecture."""
+    """Refuse CUDA code the GPU here cannot run: no GPU, another architecture, or too old a driver.
+
+    A cubin runs only on its own SM version; PTX for ``compute_XX`` is JIT-compiled by the driver for
+    any GPU of SM XX or newer.
+    """
     dev = tvm.cuda(device_id)
     if not dev.exist:
         raise TargetMismatchError(
             f"artifact was built for target '{target['name']}' ({target['cuda_arch']}) but no CUDA GPU "
             f"{device_id} is visible here (no driver, or CUDA_VISIBLE_DEVICES hides it)"
         )
-    want = target["cuda_arch"].removeprefix("sm_").rstrip("a")
-    have = dev.compute_version.replace(".", "")
-    if want != have:
+    want = int(target["cuda_arch"].removeprefix("sm_").rstrip("a"))
+    have = int(dev.compute_version.replace(".", ""))
+    ptx = target.get("cuda_code") == "ptx"
+    if (ptx and have < want) or (not ptx and have != want):
         raise TargetMismatchError(
-            f"artifact was built for {target['cuda_arch']} ({target['name']}) but GPU {device_id} "
-            f"({dev.device_name}) is sm_{have}"
+            f"artifact holds {'PTX for compute' if ptx else 'cubins for sm'}_{want} ({target['name']}) but GPU "
+            f"{device_id} ({dev.device_name}) is sm_{have}"
+            + ("" if ptx else "; rebuild for this GPU, or with --cuda-code ptx for same-or-newer GPUs")
+        )
+    need = target.get("min_driver_cuda")
+    have_driver = driver_cuda_version()
+    if need and have_driver and have_driver < tuple(int(x) for x in need.split(".")[:2]):
+        raise TargetMismatchError(
+            f"artifact's device code ({target.get('cuda_toolkit')}) needs a driver for CUDA {need} or newer; "
+            f"this driver supports CUDA {have_driver[0]}.{have_driver[1]}"
+            + (f" (JetPack {target['min_jetpack']} or newer on Jetson)" if target.get("min_jetpack") else "")
         )

@@ -13,7 +13,7 @@ import numpy as np
 from inferx_edge.errors import ArtifactError, InputError
 from inferx_edge.package import ExtractedArtifact, Manifest, TensorSpec, Variant, open_artifact
 from inferx_edge.runtime import compat
-from inferx_edge.runtime._tvm import import_tvm_runtime
+from inferx_edge.runtime._tvm import import_tvm_runtime, load_cuda_backend
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,8 @@ class Engine:
             compat.check_tvm_version(manifest.tvm_version, self._tvm.__version__)
             target = manifest.target
             if target["device"] == "cuda":
+                compat.check_host(target, self._extracted.member(manifest.variant(variant).library))
+                load_cuda_backend(self._tvm)
                 compat.check_cuda_device(self._tvm, target, device_id)
                 self.device = self._tvm.cuda(device_id)
             else:

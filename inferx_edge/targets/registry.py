@@ -115,7 +115,7 @@ def _a78(cores: int) -> dict[str, Any]:
 
 
 _X86_HOST = {"kind": "llvm", "mtriple": "x86_64-linux-gnu"}
-_JETPACK6_CUDA = "12.2"  # JetPack 6.0 (L4T r36.3) ships CUDA 12.2; 6.1/6.2 ship 12.6
+_JETPACK6_CUDA = "12.6"  # JetPack 6.1/6.2 (L4T r36.4) ship CUDA 12.6; 6.0 ships 12.2 (cubins still load)
 _AARCH64_GXX = "aarch64-linux-gnu-g++"
 
 

@@ -1,0 +1,245 @@
+"""CUDA device code compiled ahead of time on the build host, by a toolkit that matches the device.
+
+TVM 0.27 leaves CUDA *source* in the library when the build host cannot load ``libcuda.so.1`` (its
+CUDA codegen lives in ``libtvm_runtime_cuda.so``, which links libcuda): the device would then need a
+compiler at load time. Two fixes here:
+
+1. :func:`ensure_cuda_codegen` loads TVM's CUDA runtime library on GPU-less hosts by first loading a
+   stub ``libcuda.so.1`` (built once with the host's C compiler; every entry point returns
+   CUDA_ERROR_NO_DEVICE). Only the build uses it; nothing on the device changes.
+2. :func:`device_compiler` replaces TVM's compile callback with NVRTC from the CUDA major version the
+   device runs (JetPack 6 ships CUDA 12.x: a CUDA 13 cubin will not load there), producing a cubin for
+   the exact architecture, or PTX that the driver JIT-compiles for its own (newer) architecture.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import glob
+import os
+import re
+import site
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from inferx_edge.errors import BuildError
+from inferx_edge.targets import TargetSpec
+
+#: Device code formats: a cubin for exactly the target arch, or PTX the driver JIT-compiles.
+CUDA_CODE_FORMATS = ("cubin", "ptx")
+
+_STUB_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "inferx_edge" / "libcuda-stub"
+
+
+def ensure_cuda_codegen() -> None:
+    """Make TVM's CUDA codegen produce device binaries, loading a stub libcuda on GPU-less hosts."""
+    from tvm.base import _LOADED_LIBS
+
+    if "tvm_runtime_cuda" in _LOADED_LIBS:
+        return
+    from tvm_ffi.libinfo import load_lib_ctypes
+
+    runtime_dir = Path(_LOADED_LIBS["tvm_runtime"]._name).resolve().parent
+    try:
+        ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        ctypes.CDLL(str(_build_stub(runtime_dir / "libtvm_runtime_cuda.so")), mode=ctypes.RTLD_GLOBAL)
+    try:
+        _LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes(
+            package="tvm", target_name="tvm_runtime_cuda", extra_lib_paths=[runtime_dir], mode="RTLD_LOCAL"
+        )
+    except (OSError, RuntimeError) as exc:
+        raise BuildError(
+            f"cannot load TVM's CUDA runtime library for code generation ({exc}); it needs the CUDA runtime "
+            f"(libcudart) of the TVM wheel's CUDA version on the build host"
+        ) from exc
+
+
+def _build_stub(tvm_cuda_lib: Path) -> Path:
+    out = _STUB_DIR / "libcuda.so.1"
+    if out.exists():
+        return out
+    try:
+        nm = subprocess.run(
+            ["nm", "-D", "--undefined-only", str(tvm_cuda_lib)], capture_output=True, text=True, check=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise BuildError(f"cannot list the CUDA driver symbols TVM needs (nm: {exc}); install binutils") from exc
+    symbols = sorted({line.split()[-1].split("@")[0] for line in nm.splitlines() if re.search(r"\bcu[A-Z]\w*", line)})
+    source = "/* libcuda stub for building on GPU-less hosts: every call reports no device. */\n"
+    source += "".join(f"int {s}(void) {{ return 100; /* CUDA_ERROR_NO_DEVICE */ }}\n" for s in symbols)
+    _STUB_DIR.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=_STUB_DIR) as tmp:
+        src = Path(tmp) / "stub.c"
+        src.write_text(source)
+        cc = os.environ.get("CC", "cc")
+        try:
+            subprocess.run(
+                [cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(Path(tmp) / "lib.so"), str(src)],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+        except (OSError, subprocess.CalledProcessError) as exc:
+            raise BuildError(f"cannot build the libcuda stub with '{cc}': {getattr(exc, 'stderr', exc)}") from exc
+        os.replace(Path(tmp) / "lib.so", out)
+    return out
+
+
+@dataclass(frozen=True)
+class Nvrtc:
+    """One NVRTC installation: the library, its version and the headers that go with it."""
+
+    library: Path
+    version: tuple[int, int]
+    include_dirs: tuple[Path, ...]
+
+    @property
+    def version_str(self) -> str:
+        return f"{self.version[0]}.{self.version[1]}"
+
+
+def _site_dirs() -> list[Path]:
+    dirs = [Path(p) for p in sys.path if p.endswith("-packages")]
+    with contextlib.suppress(AttributeError):
+        dirs += [Path(p) for p in site.getsitepackages()]
+    return list(dict.fromkeys(d for d in dirs if d.is_dir()))
+
+
+def find_nvrtc(major: int | None) -> Nvrtc:
+    """Find NVRTC of CUDA ``major`` (None: the newest found): PyPI wheels first, then a CUDA install."""
+    candidates: list[tuple[Path, list[Path]]] = []
+    for sp in _site_dirs():
+        nv = sp / "nvidia"
+        for lib in glob.glob(str(nv / "cuda_nvrtc" / "lib" / "libnvrtc.so.*")) + glob.glob(
+            str(nv / "cu*" / "lib" / "libnvrtc.so.*")
+        ):
+            root = Path(lib).parent.parent
+            incs = [nv / "cuda_runtime" / "include", nv / "cuda_cccl" / "include", root / "include"]
+            candidates.append((Path(lib), [p for p in incs if p.is_dir()]))
+    for cuda in [
+        os.environ.get("CUDA_HOME", ""),
+        "/usr/local/cuda",
+        *sorted(glob.glob("/usr/local/cuda-*"), reverse=True),
+    ]:
+        if cuda and Path(cuda).is_dir():
+            for lib in glob.glob(f"{cuda}/lib*/libnvrtc.so.*") + glob.glob(f"{cuda}/targets/*/lib/libnvrtc.so.*"):
+                incs = [
+                    Path(cuda) / "include",
+                    *map(Path, glob.glob(f"{cuda}/targets/*/include")),
+                    *map(Path, glob.glob(f"{cuda}/targets/*/include/cccl")),
+                ]
+                candidates.append((Path(lib), [p for p in incs if p.is_dir()]))
+    found = []
+    for lib, incs in candidates:
+        if not re.fullmatch(r"libnvrtc\.so\.\d+(\.\d+)*", lib.name) or "builtins" in lib.name:
+            continue
+        try:
+            handle = ctypes.CDLL(str(lib))
+        except OSError:
+            continue
+        mj, mn = ctypes.c_int(), ctypes.c_int()
+        handle.nvrtcVersion(ctypes.byref(mj), ctypes.byref(mn))
+        if major is None or mj.value == major:
+            found.append(Nvrtc(lib, (mj.value, mn.value), tuple(incs)))
+    if not found:
+        want = f"CUDA {major}" if major else "any CUDA"
+        raise BuildError(
+            f"no NVRTC for {want} found to compile device code; install it with "
+            f"pip install 'nvidia-cuda-nvrtc-cu{major or 12}' 'nvidia-cuda-runtime-cu{major or 12}' "
+            f"'nvidia-cuda-cccl-cu{major or 12}' (or the 'cuda{major or 12}' extra of inferx_edge)"
+        )
+    return max(found, key=lambda n: n.version)
+
+
+def nvrtc_compile(nvrtc: Nvrtc, code: str, arch: str, fmt: str) -> bytes:
+    """Compile CUDA C++ ``code`` for ``arch`` (``sm_87``) to a cubin, or PTX for ``compute_87``."""
+    lib = ctypes.CDLL(str(nvrtc.library))
+    number = arch.removeprefix("sm_")
+    gpu_arch = f"sm_{number}" if fmt == "cubin" else f"compute_{number}"
+    code = "\n".join(line for line in code.splitlines() if line.strip() != "#include <cuda.h>")
+    prog = ctypes.c_void_p()
+    _check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), code.encode(), b"inferx_kernels.cu", 0, None, None), prog)
+    try:
+        opts = [
+            f"--gpu-architecture={gpu_arch}",
+            "-default-device",
+            "--use_fast_math",
+            "-D__NV_SILENCE_DEPRECATION_BEGIN=",
+            "-D__NV_SILENCE_DEPRECATION_END=",
+            "-D__NV_SILENCE_HOST_DEPRECATION_BEGIN=",
+            "-D__NV_SILENCE_HOST_DEPRECATION_END=",
+            "-U__CUDA_NO_HALF_OPERATORS__",
+            "-U__CUDA_NO_HALF_CONVERSIONS__",
+            "-U__CUDA_NO_BFLOAT16_OPERATORS__",
+            "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+            *(f"-I{d}" for d in nvrtc.include_dirs),
+        ]
+        if nvrtc.version >= (12, 0):
+            opts.append("--device-int128")
+        argv = (ctypes.c_char_p * len(opts))(*(o.encode() for o in opts))
+        rc = lib.nvrtcCompileProgram(prog, len(opts), argv)
+        if rc != 0:
+            size = ctypes.c_size_t()
+            lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+            log = ctypes.create_string_buffer(size.value)
+            lib.nvrtcGetProgramLog(prog, log)
+            text = log.value.decode(errors="replace").strip()
+            raise BuildError(f"NVRTC {nvrtc.version_str} failed to compile device code for {gpu_arch}:\n{text[:4000]}")
+        get_size, get = (
+            (lib.nvrtcGetCUBINSize, lib.nvrtcGetCUBIN) if fmt == "cubin" else (lib.nvrtcGetPTXSize, lib.nvrtcGetPTX)
+        )
+        size = ctypes.c_size_t()
+        _check(lib, get_size(prog, ctypes.byref(size)), prog)
+        buf = ctypes.create_string_buffer(size.value)
+        _check(lib, get(prog, buf), prog)
+        data = buf.raw[: size.value]
+        return data.rstrip(b"\0") if fmt == "ptx" else data
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def _check(lib, rc: int, prog) -> None:
+    if rc != 0:
+        lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+        raise BuildError(f"NVRTC error {rc}: {lib.nvrtcGetErrorString(rc).decode()}")
+
+
+@contextlib.contextmanager
+def device_compiler(spec: TargetSpec, fmt: str):
+    """Within the block, TVM compiles CUDA kernels with the NVRTC matching ``spec``; yields its record."""
+    import tvm_ffi
+
+    if fmt not in CUDA_CODE_FORMATS:
+        raise BuildError(f"unknown CUDA code format '{fmt}'; valid: {', '.join(CUDA_CODE_FORMATS)}")
+    ensure_cuda_codegen()
+    major = int(spec.device_cuda.split(".")[0]) if spec.device_cuda else None
+    nvrtc = find_nvrtc(major)
+    arch = spec.cuda_arch
+    if fmt == "ptx" and arch.endswith("a"):
+        raise BuildError(f"{spec.name} is {arch}: arch-specific features have no portable PTX; use cubin")
+    calls = []
+
+    def compile_cuda(code, *_):
+        calls.append(1)
+        return bytearray(nvrtc_compile(nvrtc, str(code), arch, fmt))
+
+    previous = tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True)
+    tvm_ffi.register_global_func("tvm_callback_cuda_compile", compile_cuda, override=True)
+    record = {
+        "toolkit": f"NVRTC {nvrtc.version_str}",
+        "nvrtc": str(nvrtc.library),
+        "code": fmt,
+        "arch": arch if fmt == "cubin" else arch.replace("sm_", "compute_"),
+        "kernels_modules": calls,
+    }
+    try:
+        yield record
+    finally:
+        if previous is not None:
+            tvm_ffi.register_global_func("tvm_callback_cuda_compile", previous, override=True)
+        record["kernels_modules"] = len(calls)
