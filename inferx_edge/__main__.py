@@ -20,6 +20,7 @@ COMMANDS = {
     "build": "compile a model ahead of time into an artifact for a target",
     "run": "run an artifact on input tensors (.npy/.npz) with the on-device runtime",
     "inspect": "verify an artifact and print its manifest",
+    "deploy": "install an artifact on a device atomically (dir, ssh://, rpc://), self-test, roll back",
 }
 
 

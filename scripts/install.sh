@@ -12,6 +12,8 @@ apt_pkgs=()
 if [ "$test_deps" = 1 ]; then
   command -v aarch64-linux-gnu-g++ >/dev/null || apt_pkgs+=(g++-aarch64-linux-gnu)
   [ -f /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz ] || apt_pkgs+=(dataset-fashion-mnist)
+  [ -x /usr/sbin/sshd ] || apt_pkgs+=(openssh-server)       # deploy tests run a real sshd on 127.0.0.1
+  command -v ssh >/dev/null || apt_pkgs+=(openssh-client)
 fi
 command -v g++ >/dev/null || apt_pkgs+=(g++)
 command -v nm >/dev/null || apt_pkgs+=(binutils)

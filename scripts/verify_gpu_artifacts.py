@@ -45,11 +45,18 @@ def prepare(out: Path) -> None:
     orin = get_target("jetson-orin")
     x86_host = dict(TARGETS["a100"].tvm_target["host"])
     orin_x86 = dataclasses.replace(
-        orin, name="jetson-orin-devcode-x86host", tvm_target={**orin.tvm_target, "host": x86_host},
-        host_triple="x86_64-linux-gnu", cross_compiler=None,
+        orin,
+        name="jetson-orin-devcode-x86host",
+        tvm_target={**orin.tvm_target, "host": x86_host},
+        host_triple="x86_64-linux-gnu",
+        cross_compiler=None,
     )
-    plan = {"a100-ptx": ("a100", "ptx", None), "orin-ptx-x86host": ("jetson-orin", "ptx", orin_x86),
-            "a100-cubin": ("a100", "cubin", None), "h200-cubin": ("h200", "cubin", None)}
+    plan = {
+        "a100-ptx": ("a100", "ptx", None),
+        "orin-ptx-x86host": ("jetson-orin", "ptx", orin_x86),
+        "a100-cubin": ("a100", "cubin", None),
+        "h200-cubin": ("h200", "cubin", None),
+    }
     refs = {"x": x}
     for b in BATCHES:
         cpu = out / f"cpu-b{b}.ixa"
@@ -59,8 +66,11 @@ def prepare(out: Path) -> None:
         cpu.unlink()
         for name, (target, code, spec) in plan.items():
             art = out / f"{name}-b{b}.ixa"
-            build_artifact(BuildOptions(DEFAULT_MODEL, target, art, {"image": (b, 1, 28, 28)}, cuda_code=code),
-                           log=lambda *a: None, spec=spec)
+            build_artifact(
+                BuildOptions(DEFAULT_MODEL, target, art, {"image": (b, 1, 28, 28)}, cuda_code=code),
+                log=lambda *a: None,
+                spec=spec,
+            )
             print(f"built {art.name}")
     np.savez(out / "reference.npz", **refs)
 
@@ -79,21 +89,33 @@ def check(src: Path, report: Path) -> None:
         try:
             with Engine(art) as e:
                 t = e.manifest.target
-                row |= {"device_code": f"{t['cuda_code']} {t['cuda_code_arch']}", "toolkit": t["cuda_toolkit"],
-                        "gpu": e.device.device_name, "gpu_sm": e.device.compute_version}
+                row |= {
+                    "device_code": f"{t['cuda_code']} {t['cuda_code_arch']}",
+                    "toolkit": t["cuda_toolkit"],
+                    "gpu": e.device.device_name,
+                    "gpu_sm": e.device.compute_version,
+                }
                 got = np.concatenate([e.run(x[i : i + b])["logits"] for i in range(0, 64, b)])
                 ref = refs[f"ref_b{b}"]
-                row |= {"ran": True, "max_abs_diff": float(np.abs(got - ref).max()),
-                        "top1_agreement": float((got.argmax(1) == ref.argmax(1)).mean()),
-                        "p50_ms": e.benchmark(x[:b], warmup=20, repeat=200).p50_ms}
+                row |= {
+                    "ran": True,
+                    "max_abs_diff": float(np.abs(got - ref).max()),
+                    "top1_agreement": float((got.argmax(1) == ref.argmax(1)).mean()),
+                    "p50_ms": e.benchmark(x[:b], warmup=20, repeat=200).p50_ms,
+                }
         except TargetMismatchError as exc:
             row |= {"ran": False, "refused": str(exc)}
         rows.append(row)
         print(json.dumps(row))
     import tvm
 
-    body = {"command": " ".join(["python", *sys.argv]), "host": platform.node(), "tvm": tvm.__version__,
-            "driver_cuda": driver_cuda_version(), "results": rows}
+    body = {
+        "command": " ".join(["python", *sys.argv]),
+        "host": platform.node(),
+        "tvm": tvm.__version__,
+        "driver_cuda": driver_cuda_version(),
+        "results": rows,
+    }
     report.write_text(json.dumps(body, indent=2) + "\n")
 
 

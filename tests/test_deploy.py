@@ -1,0 +1,284 @@
+"""deploy: atomic installs with rollback to a directory and to a real OpenSSH server, and TVM RPC.
+
+The sshd and the RPC tracker/server are real processes on 127.0.0.1, started and stopped here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from inferx_edge.deploy import deploy, rollback
+from inferx_edge.deploy.transports import DeployError, LocalTransport, SSHTransport
+from tests.conftest import cli
+
+QUIET = {"log": lambda *a: None}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _state(root: Path) -> tuple[str | None, str | None, list[str]]:
+    link = lambda p: os.readlink(p) if os.path.islink(p) else None  # noqa: E731
+    return link(root / "current"), link(root / "previous"), sorted(os.listdir(root / "releases"))
+
+
+@pytest.fixture(scope="module")
+def second_artifact(tmp_path_factory) -> Path:
+    """A second, different artifact (batch 2) to install over the first."""
+    from inferx_edge.cli._common import DEFAULT_MODEL
+    from inferx_edge.compiler import BuildOptions, build_artifact
+    from inferx_edge.targets import host_target_name
+
+    out = tmp_path_factory.mktemp("second") / "b2.ixa"
+    build_artifact(BuildOptions(DEFAULT_MODEL, host_target_name(), out, {"image": (2, 1, 28, 28)}), **QUIET)
+    return out
+
+
+def test_local_install_previous_and_rollback(default_artifact, second_artifact, tmp_path):
+    dest = tmp_path / "device"
+    r1 = deploy(default_artifact, str(dest), repeat=2, **QUIET)
+    assert "latency over 2 runs" in r1.selftest and r1.previous is None
+    cur1, _, rel = _state(dest)
+    assert cur1 == r1.installed and len(rel) == 1
+    r2 = deploy(second_artifact, str(dest), selftest=False, **QUIET)
+    cur2, prev2, rel = _state(dest)
+    assert (cur2, prev2) == (r2.installed, cur1) and len(rel) == 2
+    r3 = rollback(str(dest), selftest=False, **QUIET)
+    assert _state(dest)[:2] == (cur1, cur2) and r3.installed == cur1
+    # reinstalling the same artifact is idempotent and keeps previous
+    deploy(default_artifact, str(dest), selftest=False, **QUIET)
+    assert _state(dest)[:2] == (cur1, cur2)
+
+
+def test_local_interrupted_upload_installs_nothing(default_artifact, second_artifact, tmp_path, monkeypatch):
+    dest = tmp_path / "device"
+    deploy(default_artifact, str(dest), selftest=False, **QUIET)
+    before = _state(dest)
+
+    def half_then_die(self, local, remote):
+        Path(remote).write_bytes(Path(local).read_bytes()[:1000])
+        raise KeyboardInterrupt  # Ctrl-C mid-upload
+
+    monkeypatch.setattr(LocalTransport, "put", half_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        deploy(second_artifact, str(dest), **QUIET)
+    assert _state(dest) == before  # no .part left, current untouched
+
+
+def test_local_checksum_mismatch_installs_nothing(default_artifact, second_artifact, tmp_path, monkeypatch):
+    dest = tmp_path / "device"
+    deploy(default_artifact, str(dest), selftest=False, **QUIET)
+    before = _state(dest)
+    real_put = LocalTransport.put
+
+    def corrupting_put(self, local, remote):
+        real_put(self, local, remote)
+        with open(remote, "r+b") as f:
+            f.seek(500)
+            f.write(b"\x00\xff")
+
+    monkeypatch.setattr(LocalTransport, "put", corrupting_put)
+    with pytest.raises(DeployError, match="checksum mismatch after upload"):
+        deploy(second_artifact, str(dest), **QUIET)
+    assert _state(dest) == before
+
+
+def test_failed_selftest_restores_previous(default_artifact, second_artifact, tmp_path):
+    dest = tmp_path / "device"
+    first = deploy(default_artifact, str(dest), selftest=False, **QUIET)
+    with pytest.raises(DeployError, match=f"self-test failed.*current restored to {first.installed}"):
+        deploy(second_artifact, str(dest), python="false", **QUIET)
+    assert _state(dest)[0] == first.installed
+
+
+def test_deploy_cli_errors(default_artifact, tmp_path):
+    r = cli("deploy", default_artifact, "--to", "ftp://host/x")
+    assert r.returncode == 2 and "unsupported destination scheme 'ftp://'" in r.stderr
+    r = cli("deploy", "--rollback", "--to", tmp_path / "empty", "--no-selftest")
+    assert r.returncode == 7 and "nothing to roll back to" in r.stderr
+    r = cli("deploy", tmp_path / "missing.ixa", "--to", tmp_path / "d")
+    assert r.returncode == 2 and "artifact not found" in r.stderr
+
+
+# --- a real OpenSSH server on 127.0.0.1 -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    if not (Path("/usr/sbin/sshd").exists() and shutil.which("ssh") and shutil.which("ssh-keygen")):
+        pytest.skip("openssh-server/client not installed")
+    d = tmp_path_factory.mktemp("sshd")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "host_key")], check=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "client_key")], check=True)
+    shutil.copy(d / "client_key.pub", d / "authorized_keys")
+    os.chmod(d / "authorized_keys", 0o600)
+    port = _free_port()
+    (d / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host_key'}\nAuthorizedKeysFile {d / 'authorized_keys'}\n"
+        f"PasswordAuthentication no\nPubkeyAuthentication yes\nPermitRootLogin yes\nStrictModes no\nUsePAM no\n"
+        f"PidFile {d / 'sshd.pid'}\nSetEnv PYTHONPATH={Path(__file__).resolve().parent.parent}\n"
+        f"AcceptEnv *\nSubsystem sftp internal-sftp\n"
+    )
+    Path("/run/sshd").mkdir(exist_ok=True)
+    proc = subprocess.Popen(
+        ["/usr/sbin/sshd", "-D", "-e", "-f", str(d / "sshd_config")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    opts = [
+        "-i",
+        str(d / "client_key"),
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "LogLevel=ERROR",
+    ]
+    user = os.environ.get("USER") or __import__("getpass").getuser()
+    for _ in range(50):
+        r = subprocess.run(["ssh", *opts, "-p", str(port), f"{user}@127.0.0.1", "true"], capture_output=True)
+        if r.returncode == 0:
+            break
+        time.sleep(0.2)
+    else:
+        proc.kill()
+        pytest.skip(f"sshd did not come up: {proc.stdout.read(2000) if proc.stdout else ''}")
+    yield {"url": f"ssh://{user}@127.0.0.1:{port}", "opts": opts}
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_ssh_install_selftest_and_rollback(sshd, default_artifact, second_artifact, tmp_path):
+    root = tmp_path / "jetson"
+    dest = f"{sshd['url']}{root}"
+    python = sys.executable
+    r1 = deploy(default_artifact, dest, python=python, repeat=2, ssh_options=sshd["opts"], **QUIET)
+    assert "latency over 2 runs" in r1.selftest and "ran current variant fp32-b1" in r1.selftest
+    r2 = deploy(second_artifact, dest, selftest=False, ssh_options=sshd["opts"], **QUIET)
+    assert _state(root)[:2] == (r2.installed, r1.installed)
+    rollback(dest, selftest=False, ssh_options=sshd["opts"], **QUIET)
+    assert _state(root)[:2] == (r1.installed, r2.installed)
+    r = cli("deploy", "--rollback", "--to", dest, "--no-selftest", *(f"--ssh-option={o}" for o in sshd["opts"]))
+    assert r.returncode == 0, r.stderr
+    assert _state(root)[0] == r2.installed
+
+
+def test_ssh_interrupted_and_corrupted_uploads(sshd, default_artifact, second_artifact, tmp_path, monkeypatch):
+    root = tmp_path / "jetson"
+    dest = f"{sshd['url']}{root}"
+    deploy(default_artifact, dest, selftest=False, ssh_options=sshd["opts"], **QUIET)
+    before = _state(root)
+    real_put = SSHTransport.put
+
+    def truncated_then_dropped(self, local, remote):
+        part = tmp_path / "half.ixa"
+        part.write_bytes(Path(local).read_bytes()[:4096])
+        real_put(self, part, remote)  # a real, partial scp
+        raise DeployError("upload failed (exit 255): connection reset")
+
+    monkeypatch.setattr(SSHTransport, "put", truncated_then_dropped)
+    with pytest.raises(DeployError, match="connection reset"):
+        deploy(second_artifact, dest, ssh_options=sshd["opts"], **QUIET)
+    assert _state(root) == before
+
+    def corrupted(self, local, remote):
+        bad = tmp_path / "bad.ixa"
+        data = bytearray(Path(local).read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        bad.write_bytes(bytes(data))
+        real_put(self, bad, remote)
+
+    monkeypatch.setattr(SSHTransport, "put", corrupted)
+    with pytest.raises(DeployError, match="checksum mismatch after upload"):
+        deploy(second_artifact, dest, ssh_options=sshd["opts"], **QUIET)
+    assert _state(root) == before
+
+
+# --- TVM RPC tracker + server on 127.0.0.1 ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rpc_tracker():
+    pytest.importorskip("tornado")
+    port, server_port = _free_port(), _free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    tracker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tvm.exec.rpc_tracker",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--port-end",
+            str(port + 1),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    procs = [tracker]
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.5)
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tvm.exec.rpc_server",
+                "--tracker",
+                f"127.0.0.1:{port}",
+                "--key",
+                "testdev",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(server_port),
+                "--port-end",
+                str(server_port + 1),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        procs.append(server)
+        while time.time() < deadline:
+            r = subprocess.run(
+                [sys.executable, "-m", "tvm.exec.query_rpc_tracker", "--host", "127.0.0.1", "--port", str(port)],
+                capture_output=True,
+                text=True,
+            )
+            if "server:testdev" in r.stdout:
+                break
+            time.sleep(1)
+        else:
+            pytest.skip("RPC server did not register with the tracker in 60 s")
+        yield port
+    finally:
+        for p in procs:  # the server forks popen workers: end the whole process group
+            with __import__("contextlib").suppress(ProcessLookupError):
+                os.killpg(p.pid, 15)
+
+
+def test_rpc_deploy_uploads_loads_and_runs(rpc_tracker, default_artifact):
+    r = cli("deploy", default_artifact, "--to", f"rpc://127.0.0.1:{rpc_tracker}/testdev", "--repeat", "3")
+    assert r.returncode == 0, r.stderr
+    assert "ran fp32-b1 on rpc device 'testdev' (cpu): outputs [[1, 10]]" in r.stdout
+    assert "nothing was installed permanently" in r.stdout
