@@ -24,8 +24,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.qemu]
 def sysroot() -> Path:
     if shutil.which("apt-get") is None:
         pytest.skip("needs Debian/Ubuntu apt to fetch the arm64 userland")
-    r = subprocess.run(["bash", str(REPO / "scripts" / "setup_qemu_aarch64.sh")], capture_output=True, text=True,
-                       timeout=1800)
+    r = subprocess.run(
+        ["bash", str(REPO / "scripts" / "setup_qemu_aarch64.sh")], capture_output=True, text=True, timeout=1800
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return Path(r.stdout.strip().splitlines()[-1])
 
@@ -40,15 +41,20 @@ def test_arm64_artifact_runs_under_qemu(sysroot, arm64_artifact, default_artifac
     code = f"""
 import json, platform, sys, numpy as np
 from inferx_edge.runtime import Engine
-x = np.load({str(tmp_path / 'x.npy')!r})
+x = np.load({str(tmp_path / "x.npy")!r})
 with Engine({str(arm64_artifact)!r}) as e:
     y = np.concatenate([e.run(x[i:i + 1])["logits"] for i in range(len(x))])
-np.save({str(tmp_path / 'y.npy')!r}, y)
+np.save({str(tmp_path / "y.npy")!r}, y)
 print(json.dumps({{"machine": platform.machine(), "compiler": "tvm.relax" in sys.modules}}))
 """
     env = dict(os.environ, PYTHONPATH=f"{sysroot / 'site'}:{REPO}")
-    r = subprocess.run(["qemu-aarch64-static", "-L", str(sysroot), str(sysroot / "usr/bin/python3.11"), "-c", code],
-                       capture_output=True, text=True, env=env, timeout=900)
+    r = subprocess.run(
+        ["qemu-aarch64-static", "-L", str(sysroot), str(sysroot / "usr/bin/python3.11"), "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     info = json.loads(r.stdout.strip().splitlines()[-1])
     assert info == {"machine": "aarch64", "compiler": False}

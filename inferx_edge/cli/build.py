@@ -14,6 +14,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--output", "-o", type=Path, default=None, help="artifact file to write (default: build/<model>-<target>.ixa)"
     )
     p.add_argument("--precision", default="fp32", help="numeric precision of the variant (default: fp32)")
+    p.add_argument("--no-tuning", action="store_true", help="ignore tuning databases: default schedules only")
+    p.add_argument("--tuning-logs", type=Path, default=None, help="database root (default: tuning_logs/)")
     p.add_argument(
         "--cuda-code",
         choices=["cubin", "ptx"],
@@ -37,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
         input_shapes=parse_input_shapes(args.input_shape),
         precision=args.precision,
         cuda_code=args.cuda_code,
+        tuning=not args.no_tuning,
+        tuning_root=args.tuning_logs,
     )
     manifest = build_artifact(opts)
     size = output.stat().st_size

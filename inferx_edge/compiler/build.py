@@ -45,6 +45,9 @@ class BuildOptions:
     precision : one of :data:`PRECISIONS`.
     cuda_code : CUDA targets only: ``cubin`` (exact architecture, nothing compiled on the device) or
         ``ptx`` (the driver JIT-compiles it for its GPU, same or newer architecture).
+    tuning : apply the model's tuning database for this target when one exists (kernels it does not
+        cover keep default schedules: a build never fails for lack of tuning).
+    tuning_root : where databases live (default ``tuning_logs/``).
     """
 
     model: Path
@@ -53,6 +56,8 @@ class BuildOptions:
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     precision: str = "fp32"
     cuda_code: str = "cubin"
+    tuning: bool = True
+    tuning_root: Path | None = None
 
     def __post_init__(self) -> None:
         from inferx_edge.compiler.cuda import CUDA_CODE_FORMATS
@@ -93,12 +98,37 @@ def _linker(spec: TargetSpec):
     return cc.cross_compiler(spec.cross_compiler)
 
 
+def apply_tuning(mod, target, work_dir: Path) -> tuple[Any, int, int]:
+    """Legalize + fuse, then give each kernel the best schedule ``work_dir``'s database holds.
+
+    Returns the module and (kernels tuned, kernels in total).
+    """
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    from inferx_edge.tune._intrin import import_tensor_intrinsics
+
+    import_tensor_intrinsics()  # traces may replay tensorize steps
+    mod = relax.get_pipeline("zero")(mod)
+    with target, ms.database.JSONDatabase(work_dir=str(work_dir)):
+        mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
+    funcs = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    tuned = sum(1 for f in funcs if f.attrs is not None and "tirx.is_scheduled" in f.attrs)
+    return mod, tuned, len(funcs)
+
+
 def compile_variant(
-    imported: ImportedModel, spec: TargetSpec, out_path: Path, cuda_code: str = "cubin"
+    imported: ImportedModel,
+    spec: TargetSpec,
+    out_path: Path,
+    cuda_code: str = "cubin",
+    tuning_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Compile ``imported.mod`` for ``spec`` and export the shared library to ``out_path``.
 
-    CUDA kernels are compiled here, on the build host (see :mod:`inferx_edge.compiler.cuda`).
+    CUDA kernels are compiled here, on the build host (see :mod:`inferx_edge.compiler.cuda`). With
+    ``tuning_dir`` (a MetaSchedule database) tuned schedules replace the defaults where recorded.
     """
     from tvm import relax
 
@@ -106,10 +136,14 @@ def compile_variant(
 
     target = resolve_tvm_target(spec)
     t0 = time.perf_counter()
+    mod, tuned = imported.mod, None
+    if tuning_dir is not None:
+        mod, n_tuned, n_total = apply_tuning(mod, target, tuning_dir)
+        tuned = {"database": str(tuning_dir), "kernels_tuned": n_tuned, "kernels": n_total}
     cuda_ctx = device_compiler(spec, cuda_code) if spec.is_cuda else contextlib.nullcontext(None)
     try:
         with cuda_ctx as cuda_record, target:
-            executable = relax.build(imported.mod, target, exec_mode="compiled")
+            executable = relax.build(mod, target, exec_mode="compiled")
     except BuildError:
         raise
     except Exception as exc:  # TVMError from any pass or codegen
@@ -131,6 +165,7 @@ def compile_variant(
         "link_s": round(time.perf_counter() - t1, 3),
         "linker": spec.cross_compiler if fcompile is not None else "host",
         "cuda": cuda_record,
+        "tuning": tuned,
     }
 
 
@@ -201,7 +236,26 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
         tmp = Path(tmp)
         log(f"[2/4] compiling variant {name} for {spec.name} ({spec.description})")
         lib = tmp / f"{name}.so"
-        info = compile_variant(imported, spec, lib, opts.cuda_code)
+        tuning_dir = None
+        if opts.tuning:
+            from inferx_edge.tune import database as tdb
+
+            fp = tdb.fingerprint(imported.sha256, {t.name: t.shape for t in imported.inputs}, opts.precision)
+            candidate = tdb.database_dir(spec.name, imported.name, fp, opts.tuning_root)
+            if (candidate / tdb.RECORDS).exists():
+                tuning_dir = candidate
+        info = compile_variant(imported, spec, lib, opts.cuda_code, tuning_dir)
+        if info["tuning"]:
+            t = info["tuning"]
+            log(
+                f"      tuning database {tuning_dir}: {t['kernels_tuned']} of {t['kernels']} kernels tuned, "
+                f"the rest default schedules"
+            )
+        else:
+            log(
+                "      no tuning database for this model and target: default schedules "
+                f"(python -m inferx_edge tune --target {spec.name})"
+            )
         log(f"      compiled in {info['compile_s']:.1f} s, linked in {info['link_s']:.1f} s ({info['linker']})")
 
         log("[3/4] writing weights")
@@ -217,6 +271,8 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
             params=tuple(imported.param_names),
             inputs=imported.inputs,
             outputs=imported.outputs,
+            tuned=bool(info["tuning"] and info["tuning"]["kernels_tuned"]),
+            extra={"tuning": info["tuning"]} if info["tuning"] else {},
         )
         target_record = spec.summary() | {"tvm_target": info["tvm_target"]}
         if info["cuda"]:

@@ -1,0 +1,159 @@
+"""Tuning databases under ``tuning_logs/<target>/<model-fingerprint>/``: locating, locking, repairing,
+counting and pruning MetaSchedule's JSON-lines records.
+
+MetaSchedule's JSONDatabase appends one line per record, so finished trials survive Ctrl-C or kill -9;
+what can be lost is a half-written last line, which :func:`repair` drops (keeping a copy) with a warning.
+Look-ups ignore the target, hence one database per target.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from inferx_edge.errors import InferxError
+
+WORKLOADS = "database_workload.json"
+RECORDS = "database_tuning_record.json"
+FAILED_RUN = 1e9  # MetaSchedule stores failed builds/runs as 1e10 s
+
+
+class DatabaseBusyError(InferxError):
+    """Another process holds the database's lock."""
+
+    exit_code = 8
+
+
+def default_root() -> Path:
+    """``tuning_logs/`` of the checkout, or ``INFERX_TUNING_LOGS``."""
+    env = os.environ.get("INFERX_TUNING_LOGS")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "tuning_logs"
+
+
+def fingerprint(model_sha256: str, input_shapes: dict[str, tuple[int, ...]], precision: str) -> str:
+    """Names a model's database: its content, pinned shapes and precision (12 hex digits)."""
+    key = json.dumps([model_sha256, sorted(input_shapes.items()), precision])
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def database_dir(target: str, model_name: str, fp: str, root: Path | None = None) -> Path:
+    return (root or default_root()) / target / f"{model_name}-{fp}"
+
+
+@contextlib.contextmanager
+def locked(work_dir: Path):
+    """Exclusive lock on a database for the duration of a tuning run."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(work_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+                raise DatabaseBusyError(
+                    f"tuning database {work_dir} is in use by another tuning run (pid {holder}); wait for it "
+                    f"to finish or stop it"
+                ) from None
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield work_dir
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
+def repair(work_dir: Path, warn=lambda m: print(f"warning: {m}", file=sys.stderr)) -> int:
+    """Drop unparseable lines (a kill -9 mid-write) from both files; keep them in ``*.corrupt``.
+
+    Workload lines are indexed by position, so a bad workload line is only dropped when it is the last
+    one (a torn write); a bad line in the middle is reported and the run stops. Returns lines dropped.
+    """
+    dropped = 0
+    workloads = work_dir / WORKLOADS
+    if workloads.exists():
+        lines = workloads.read_bytes().splitlines(keepends=True)
+        bad = [i for i, line in enumerate(lines) if not _parses(line)]
+        if bad and bad != [len(lines) - 1]:
+            raise InferxError(
+                f"{workloads}: corrupt workload line(s) {[b + 1 for b in bad]} in the middle of the "
+                f"file; records index workloads by line, so it cannot be repaired automatically"
+            )
+        if bad:
+            _rewrite(workloads, lines, bad, warn)
+            dropped += 1
+    records = work_dir / RECORDS
+    if records.exists():
+        lines = records.read_bytes().splitlines(keepends=True)
+        n_workloads = sum(1 for _ in open(workloads, "rb")) if workloads.exists() else 0
+        bad = [i for i, line in enumerate(lines) if not _parses(line) or json.loads(line)[0] >= n_workloads]
+        if bad:
+            _rewrite(records, lines, bad, warn)
+            dropped += len(bad)
+    return dropped
+
+
+def _parses(line: bytes) -> bool:
+    if not line.strip():
+        return False
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
+
+
+def _rewrite(path: Path, lines: list[bytes], bad: list[int], warn) -> None:
+    with open(path.with_suffix(".corrupt"), "ab") as f:
+        f.writelines(lines[i].rstrip(b"\n") + b"\n" for i in bad)
+    keep = [line if line.endswith(b"\n") else line + b"\n" for i, line in enumerate(lines) if i not in set(bad)]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(b"".join(keep))
+    os.replace(tmp, path)
+    warn(f"{path.name}: skipped {len(bad)} corrupt line(s) (kept in {path.with_suffix('.corrupt').name})")
+
+
+def trials_per_workload(work_dir: Path) -> dict[int, dict[str, float]]:
+    """``{workload index: {"trials": n, "valid": n, "best_s": seconds}}`` from the records file."""
+    stats: dict[int, dict[str, float]] = defaultdict(lambda: {"trials": 0, "valid": 0, "best_s": float("inf")})
+    records = work_dir / RECORDS
+    if records.exists():
+        for line in open(records, "rb"):
+            if not _parses(line):
+                continue
+            workload, rec = json.loads(line)[:2]
+            secs = rec[1] if len(rec) > 1 else None
+            s = stats[workload]
+            s["trials"] += 1
+            if secs and min(secs) < FAILED_RUN:
+                s["valid"] += 1
+                s["best_s"] = min(s["best_s"], sum(secs) / len(secs))
+    return dict(stats)
+
+
+def prune(work_dir: Path, keep: int = 1) -> tuple[int, int]:
+    """Keep the ``keep`` fastest valid records per workload (what ``build`` uses); returns (before, after).
+
+    Trial counts shrink with it, so a pruned database no longer tells a resumed run how far it got:
+    prune what you commit, not a database you are still tuning.
+    """
+    records = work_dir / RECORDS
+    lines = [line for line in records.read_bytes().splitlines(keepends=True) if _parses(line)]
+    by_workload: dict[int, list[tuple[float, bytes]]] = defaultdict(list)
+    for line in lines:
+        workload, rec = json.loads(line)[:2]
+        secs = rec[1] if len(rec) > 1 else None
+        if secs and min(secs) < FAILED_RUN:
+            by_workload[workload].append((sum(secs) / len(secs), line))
+    kept = [line for recs in by_workload.values() for _, line in sorted(recs, key=lambda r: r[0])[:keep]]
+    tmp = records.with_suffix(".tmp")
+    tmp.write_bytes(b"".join(kept))
+    os.replace(tmp, records)
+    return len(lines), len(kept)

@@ -1,0 +1,246 @@
+"""``tune``: MetaSchedule over every task of a model, resumable, with progress and a wall-clock limit.
+
+Steps: import the model -> legalize + fuse (Relax "zero" pipeline) -> extract tasks -> lock and repair
+the database -> subtract the trials it already holds -> tune with the gradient task scheduler (budget
+goes where the FLOP-weighted expected gain is) -> summary.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from inferx_edge.errors import UsageError
+from inferx_edge.frontend import import_model
+from inferx_edge.targets import get_target
+from inferx_edge.tune import database as tdb
+from inferx_edge.tune.runners import RPCSettings, check_local_measurement, rpc_from_config
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """What to tune and how long.
+
+    Attributes
+    ----------
+    model, target, input_shapes, precision : as for ``build``.
+    trials : total measured candidates the database should hold for this model (a resumed run only
+        adds what is missing).
+    minutes : wall-clock limit for this run (None: until ``trials``).
+    trials_per_task : cap per task (None: the scheduler decides).
+    per_iter : candidates measured per round of a task.
+    rpc : measure on a remote device instead of this machine.
+    root : directory holding databases (default ``tuning_logs/``).
+    """
+
+    model: Path
+    target: str
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    precision: str = "fp32"
+    trials: int = 256
+    minutes: float | None = None
+    trials_per_task: int | None = None
+    per_iter: int = 16
+    rpc: RPCSettings | None = None
+    root: Path | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.trials <= 0:
+            raise UsageError(f"--trials must be positive, got {self.trials}")
+        if self.minutes is not None and self.minutes <= 0:
+            raise UsageError(f"--minutes must be positive, got {self.minutes}")
+        if self.per_iter <= 0:
+            raise UsageError(f"--per-iter must be positive, got {self.per_iter}")
+
+
+@dataclass
+class TuneSummary:
+    work_dir: Path
+    tasks: list[dict]
+    trials_before: int
+    trials_run: int
+    valid_run: int
+    seconds: float
+    cost_model: str
+    stopped_by_time: bool = False
+
+    @property
+    def valid_per_minute(self) -> float:
+        return self.valid_run / (self.seconds / 60) if self.seconds > 0 else 0.0
+
+
+def cost_model_name() -> str:
+    """xgboost's model when installed; otherwise MetaSchedule's random model, which on small budgets
+    (~64 trials per task) performs like xgb (measured) and needs no training data."""
+    try:
+        import xgboost  # noqa: F401
+    except ImportError:
+        return "random"
+    return "xgb"
+
+
+def tune_model(opts: TuneOptions, log=print) -> TuneSummary:
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    from inferx_edge.compiler.build import resolve_tvm_target
+    from inferx_edge.tune._intrin import import_tensor_intrinsics
+    from inferx_edge.tune.builder import PersistentBuilder
+    from inferx_edge.tune.progress import Progress
+
+    spec = get_target(opts.target)
+    rpc = opts.rpc or rpc_from_config(spec.name)
+    if rpc is None:
+        check_local_measurement(spec)
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+
+    log(f"[1/4] importing {opts.model}")
+    imported = import_model(opts.model, opts.input_shapes)
+    shapes = {t.name: t.shape for t in imported.inputs}
+    fp = tdb.fingerprint(imported.sha256, shapes, opts.precision)
+    work_dir = tdb.database_dir(spec.name, imported.name, fp, opts.root)
+    target = resolve_tvm_target(spec)
+    import_tensor_intrinsics()
+    mod = relax.get_pipeline("zero")(imported.mod)
+    extracted = ms.relax_integration.extract_tasks(mod, target)
+    log(f"[2/4] {len(extracted)} tasks; database {work_dir}")
+
+    with tdb.locked(work_dir):
+        tdb.repair(work_dir)
+        database = ms.database.JSONDatabase(work_dir=str(work_dir))
+        index = _workload_index(work_dir)
+        stats = tdb.trials_per_workload(work_dir)
+        before = {t.task_name: stats.get(index.get(_shash(t), -1), {"trials": 0})["trials"] for t in extracted}
+        have = sum(before.values())
+        remaining = opts.trials - have
+        if remaining <= 0:
+            log(f"[3/4] database already holds {have} trials for this model (budget {opts.trials}): nothing to tune")
+            return _summary(work_dir, extracted, index, have, 0, 0, 0.0, "-", False, tdb)
+        per_task_cap = opts.trials_per_task
+        cost = cost_model_name()
+        log(
+            f"[3/4] tuning: {remaining} new trials (database has {have}), {opts.per_iter} per round, "
+            f"cost model '{cost}', {'rpc ' + rpc.host + ':' + str(rpc.port) + '/' + rpc.key if rpc else 'local runner'}"
+            + (f", limit {opts.minutes:g} min" if opts.minutes else "")
+        )
+        contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+            extracted, work_dir=str(work_dir), seed=opts.seed
+        )
+        if rpc:
+            runner = ms.runner.RPCRunner(
+                rpc_config=ms.runner.RPCConfig(
+                    tracker_host=rpc.host, tracker_port=rpc.port, tracker_key=rpc.key, session_timeout_sec=120
+                ),
+                evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=40),
+            )
+        else:
+            runner = ms.runner.LocalRunner(
+                evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=40)
+            )
+        import platform
+
+        cross = spec.cross_compiler if platform.machine() != spec.host_arch else None
+        builder = PersistentBuilder(cross_compiler=cross)
+        progress = Progress([t.task_name for t in extracted], before, remaining, opts.minutes)
+        callbacks = ms.measure_callback.MeasureCallback.create("default") + [progress.callback()]
+        t0 = time.time()
+        try:
+            ms.tune.tune_tasks(
+                tasks=contexts,
+                task_weights=weights,
+                work_dir=str(work_dir),
+                max_trials_global=remaining,
+                max_trials_per_task=per_task_cap,
+                num_trials_per_iter=opts.per_iter,
+                builder=builder,
+                runner=runner,
+                database=database,
+                cost_model=cost,
+                measure_callbacks=callbacks,
+                task_scheduler="gradient",
+            )
+        except KeyboardInterrupt:
+            progress.close()
+            log("interrupted: every finished trial is in the database; run the same command to continue")
+            raise
+        finally:
+            builder.shutdown()
+            progress.close()
+        seconds = time.time() - t0
+        del database  # flushes nothing (append-only), but drops the file handles before counting
+        return _summary(
+            work_dir,
+            extracted,
+            _workload_index(work_dir),
+            have,
+            progress.trials,
+            progress.valid,
+            seconds,
+            cost,
+            progress.stopped_by_time,
+            tdb,
+        )
+
+
+def _shash(task) -> str:
+    """The key MetaSchedule's JSON database files a task's workload under (its structural hash)."""
+    import tvm_ffi
+
+    return str(tvm_ffi.structural_hash(task.dispatched[0]))
+
+
+def _workload_index(work_dir: Path) -> dict[str, int]:
+    import json
+
+    path = work_dir / tdb.WORKLOADS
+    if not path.exists():
+        return {}
+    out = {}
+    for i, line in enumerate(open(path, "rb")):
+        try:
+            out.setdefault(json.loads(line)[0], i)
+        except (ValueError, IndexError):
+            continue
+    return out
+
+
+def _summary(work_dir, extracted, index, before, run, valid, seconds, cost, by_time, tdb) -> TuneSummary:
+    stats = tdb.trials_per_workload(work_dir)
+    tasks = []
+    for t in extracted:
+        s = stats.get(index.get(_shash(t), -1), {"trials": 0, "valid": 0, "best_s": math.inf})
+        tasks.append(
+            {
+                "task": t.task_name,
+                "weight": int(t.weight),
+                "trials": int(s["trials"]),
+                "valid": int(s["valid"]),
+                "best_us": None if math.isinf(s["best_s"]) else s["best_s"] * 1e6,
+            }
+        )
+    return TuneSummary(work_dir, tasks, before, run, valid, seconds, cost, by_time)
+
+
+def print_summary(summary: TuneSummary, out=sys.stdout) -> None:
+    print(f"{'task':40s} {'weight':>6s} {'trials':>6s} {'valid':>6s} {'best':>12s}", file=out)
+    est = 0.0
+    for t in summary.tasks:
+        best = f"{t['best_us']:.1f} us" if t["best_us"] is not None else "untuned"
+        est += (t["best_us"] or 0.0) * t["weight"]
+        print(f"{t['task'][:40]:40s} {t['weight']:6d} {t['trials']:6d} {t['valid']:6d} {best:>12s}", file=out)
+    print(
+        f"tuned kernels sum: {est / 1e3:.3f} ms per inference (kernels without records use default schedules)", file=out
+    )
+    if summary.trials_run:
+        print(
+            f"this run: {summary.trials_run} trials ({summary.valid_run} valid) in {summary.seconds:.0f} s = "
+            f"{summary.valid_per_minute:.1f} valid trials/min; cost model {summary.cost_model}"
+            + ("; stopped at the time limit" if summary.stopped_by_time else ""),
+            file=out,
+        )
+    print(f"database: {summary.work_dir}", file=out)

@@ -1,0 +1,80 @@
+"""Where candidates are measured: this machine, or a device behind a TVM RPC tracker."""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from inferx_edge.errors import UsageError
+from inferx_edge.targets import TargetSpec
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+
+@dataclass(frozen=True)
+class RPCSettings:
+    """A TVM RPC tracker and the key the device registered with (``rpc_server --key``)."""
+
+    host: str
+    port: int
+    key: str
+
+    @classmethod
+    def parse(cls, hostport: str, key: str | None) -> RPCSettings:
+        host, _, port = hostport.rpartition(":")
+        if not host or not port.isdigit():
+            raise UsageError(f"--rpc must be HOST:PORT of a TVM RPC tracker, got '{hostport}'")
+        if not key:
+            raise UsageError("--rpc needs --key: the key the device's rpc_server registered with")
+        return cls(host, int(port), key)
+
+
+def rpc_from_config(target: str, config_dir: Path = CONFIG_DIR) -> RPCSettings | None:
+    """``configs/rpc.yaml``: ``{target: {tracker: HOST:PORT, key: KEY}}`` (see configs/rpc.example.yaml)."""
+    path = config_dir / "rpc.yaml"
+    if not path.exists():
+        return None
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: expected a mapping of target name to {{tracker, key}}")
+    entry = data.get(target)
+    if entry is None:
+        return None
+    unknown = set(entry) - {"tracker", "key"}
+    if unknown:
+        raise UsageError(f"{path}: unknown key(s) {sorted(unknown)} under '{target}'; valid: tracker, key")
+    return RPCSettings.parse(str(entry.get("tracker", "")), entry.get("key"))
+
+
+def is_jetson() -> bool:
+    return Path("/etc/nv_tegra_release").exists()
+
+
+def check_local_measurement(spec: TargetSpec) -> None:
+    """Refuse local tuning for a target this machine cannot run, naming both ways forward."""
+    here = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine().lower())
+    ways = (
+        f"either (1) measure on the device over TVM RPC: on this host run "
+        f"'python -m tvm.exec.rpc_tracker --host 0.0.0.0 --port 9190', on the device "
+        f"'python -m tvm.exec.rpc_server --tracker THIS_HOST:9190 --key {spec.name}', then "
+        f"'python -m inferx_edge tune --target {spec.name} --rpc THIS_HOST:9190 --key {spec.name}' "
+        f"(or put tracker/key in configs/rpc.yaml); or (2) run 'python -m inferx_edge tune --target {spec.name}' "
+        f"on the device itself"
+    )
+    if spec.host_arch != here or (spec.name.startswith("jetson") and not is_jetson()):
+        raise UsageError(
+            f"cannot tune for {spec.name} here: this {here} host is not a {spec.description}. To tune, {ways}"
+        )
+    if spec.is_cuda:
+        import tvm
+
+        dev = tvm.cuda(0)
+        have = dev.compute_version.replace(".", "") if dev.exist else None
+        if have != spec.cuda_arch.removeprefix("sm_").rstrip("a"):
+            found = f"an sm_{have} GPU" if have else "no CUDA GPU"
+            raise UsageError(
+                f"cannot tune for {spec.name} ({spec.cuda_arch}) here: this host has {found}. To tune, {ways}"
+            )
