@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -127,3 +131,82 @@ def arm64_artifact(workdir) -> Path:
     out = workdir / "arm64.ixa"
     build_artifact(BuildOptions(DEFAULT_MODEL, "arm64-cpu", out), log=lambda *a: None)
     return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- TVM RPC tracker + server on 127.0.0.1 ----------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def rpc_tracker():
+    pytest.importorskip("tornado")
+    port, server_port = free_port(), free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    tracker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tvm.exec.rpc_tracker",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--port-end",
+            str(port + 1),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    procs = [tracker]
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.5)
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tvm.exec.rpc_server",
+                "--tracker",
+                f"127.0.0.1:{port}",
+                "--key",
+                "testdev",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(server_port),
+                "--port-end",
+                str(server_port + 1),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        procs.append(server)
+        while time.time() < deadline:
+            r = subprocess.run(
+                [sys.executable, "-m", "tvm.exec.query_rpc_tracker", "--host", "127.0.0.1", "--port", str(port)],
+                capture_output=True,
+                text=True,
+            )
+            if "server:testdev" in r.stdout:
+                break
+            time.sleep(1)
+        else:
+            pytest.skip("RPC server did not register with the tracker in 60 s")
+        yield port
+    finally:
+        for p in procs:  # the server forks popen workers: end the whole process group
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, 15)

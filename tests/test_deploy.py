@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -17,15 +16,9 @@ import pytest
 
 from inferx_edge.deploy import deploy, rollback
 from inferx_edge.deploy.transports import DeployError, LocalTransport, SSHTransport
-from tests.conftest import cli
+from tests.conftest import cli, free_port
 
 QUIET = {"log": lambda *a: None}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _state(root: Path) -> tuple[str | None, str | None, list[str]]:
@@ -123,7 +116,7 @@ def sshd(tmp_path_factory):
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "client_key")], check=True)
     shutil.copy(d / "client_key.pub", d / "authorized_keys")
     os.chmod(d / "authorized_keys", 0o600)
-    port = _free_port()
+    port = free_port()
     (d / "sshd_config").write_text(
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host_key'}\nAuthorizedKeysFile {d / 'authorized_keys'}\n"
         f"PasswordAuthentication no\nPubkeyAuthentication yes\nPermitRootLogin yes\nStrictModes no\nUsePAM no\n"
@@ -202,79 +195,6 @@ def test_ssh_interrupted_and_corrupted_uploads(sshd, default_artifact, second_ar
     with pytest.raises(DeployError, match="checksum mismatch after upload"):
         deploy(second_artifact, dest, ssh_options=sshd["opts"], **QUIET)
     assert _state(root) == before
-
-
-# --- TVM RPC tracker + server on 127.0.0.1 ----------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def rpc_tracker():
-    pytest.importorskip("tornado")
-    port, server_port = _free_port(), _free_port()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    tracker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tvm.exec.rpc_tracker",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--port-end",
-            str(port + 1),
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    procs = [tracker]
-    try:
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.5)
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tvm.exec.rpc_server",
-                "--tracker",
-                f"127.0.0.1:{port}",
-                "--key",
-                "testdev",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(server_port),
-                "--port-end",
-                str(server_port + 1),
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        procs.append(server)
-        while time.time() < deadline:
-            r = subprocess.run(
-                [sys.executable, "-m", "tvm.exec.query_rpc_tracker", "--host", "127.0.0.1", "--port", str(port)],
-                capture_output=True,
-                text=True,
-            )
-            if "server:testdev" in r.stdout:
-                break
-            time.sleep(1)
-        else:
-            pytest.skip("RPC server did not register with the tracker in 60 s")
-        yield port
-    finally:
-        for p in procs:  # the server forks popen workers: end the whole process group
-            with __import__("contextlib").suppress(ProcessLookupError):
-                os.killpg(p.pid, 15)
 
 
 def test_rpc_deploy_uploads_loads_and_runs(rpc_tracker, default_artifact):

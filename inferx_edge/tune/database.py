@@ -138,22 +138,48 @@ def trials_per_workload(work_dir: Path) -> dict[int, dict[str, float]]:
     return dict(stats)
 
 
-def prune(work_dir: Path, keep: int = 1) -> tuple[int, int]:
-    """Keep the ``keep`` fastest valid records per workload (what ``build`` uses); returns (before, after).
+META = "inferx_tuning.json"
 
-    Trial counts shrink with it, so a pruned database no longer tells a resumed run how far it got:
-    prune what you commit, not a database you are still tuning.
-    """
+
+def trials_done(work_dir: Path) -> int:
+    """Trials this database has seen: its records, or more if it was pruned since (see :func:`prune`)."""
     records = work_dir / RECORDS
+    counted = sum(1 for line in open(records, "rb") if _parses(line)) if records.exists() else 0
+    meta = work_dir / META
+    noted = json.loads(meta.read_text()).get("trials", 0) if meta.exists() else 0
+    return max(counted, noted)
+
+
+def note_trials(work_dir: Path, trials: int) -> None:
+    meta = work_dir / META
+    tmp = meta.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"trials": max(trials, trials_done(work_dir))}) + "\n")
+    os.replace(tmp, meta)
+
+
+def prune(work_dir: Path, keep: int = 1) -> tuple[int, int]:
+    """Keep the ``keep`` fastest valid records per workload (what ``build`` uses) and only the workloads
+    they reference; returns (records before, after). The trial count is kept in ``inferx_tuning.json``
+    so a later run with the same budget still knows the work was done."""
+    note_trials(work_dir, trials_done(work_dir))
+    records, workloads = work_dir / RECORDS, work_dir / WORKLOADS
     lines = [line for line in records.read_bytes().splitlines(keepends=True) if _parses(line)]
-    by_workload: dict[int, list[tuple[float, bytes]]] = defaultdict(list)
+    by_workload: dict[int, list[tuple[float, list]]] = defaultdict(list)
     for line in lines:
-        workload, rec = json.loads(line)[:2]
-        secs = rec[1] if len(rec) > 1 else None
+        entry = json.loads(line)
+        secs = entry[1][1] if len(entry[1]) > 1 else None
         if secs and min(secs) < FAILED_RUN:
-            by_workload[workload].append((sum(secs) / len(secs), line))
-    kept = [line for recs in by_workload.values() for _, line in sorted(recs, key=lambda r: r[0])[:keep]]
-    tmp = records.with_suffix(".tmp")
-    tmp.write_bytes(b"".join(kept))
-    os.replace(tmp, records)
+            by_workload[entry[0]].append((sum(secs) / len(secs), entry))
+    wl_lines = workloads.read_bytes().splitlines(keepends=True)
+    order = sorted(by_workload)
+    renumber = {old: new for new, old in enumerate(order)}
+    kept = []
+    for old in order:
+        for _, entry in sorted(by_workload[old], key=lambda r: r[0])[:keep]:
+            entry[0] = renumber[old]
+            kept.append((json.dumps(entry) + "\n").encode())
+    for path, body in ((workloads, b"".join(wl_lines[old] for old in order)), (records, b"".join(kept))):
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(body)
+        os.replace(tmp, path)
     return len(lines), len(kept)

@@ -116,7 +116,7 @@ def tune_model(opts: TuneOptions, log=print) -> TuneSummary:
         index = _workload_index(work_dir)
         stats = tdb.trials_per_workload(work_dir)
         before = {t.task_name: stats.get(index.get(_shash(t), -1), {"trials": 0})["trials"] for t in extracted}
-        have = sum(before.values())
+        have = max(sum(before.values()), tdb.trials_done(work_dir))
         remaining = opts.trials - have
         if remaining <= 0:
             log(f"[3/4] database already holds {have} trials for this model (budget {opts.trials}): nothing to tune")
@@ -171,6 +171,7 @@ def tune_model(opts: TuneOptions, log=print) -> TuneSummary:
         finally:
             builder.shutdown()
             progress.close()
+            tdb.note_trials(work_dir, have + progress.trials)
         seconds = time.time() - t0
         del database  # flushes nothing (append-only), but drops the file handles before counting
         return _summary(

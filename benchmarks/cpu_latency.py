@@ -1,10 +1,11 @@
-"""Embedded model, untuned TVM build vs onnxruntime on this CPU, same process, same inputs.
+"""Embedded model on this CPU: inferx_edge tuned vs untuned vs onnxruntime, same process, same inputs.
 
-    python benchmarks/cpu_untuned.py [--seconds 3] [--batches 1,64]
+    python -m benchmarks.cpu_latency [--seconds 3] [--batches 1,64]
 
-Each system runs warm-up then timed synchronous runs for at least ``--seconds``; we report p50/p90 and
-the ratio onnxruntime_p50 / tvm_p50 (> 1: inferx_edge faster). Untuned means TVM's default schedules:
-the tuning engine's numbers are recorded by its own benchmark.
+"tuned" applies the committed database in tuning_logs/x86-cpu/ (made with
+``python -m inferx_edge tune --trials 400 --input-shape image:B x1x28x28``); "untuned" is TVM's default
+schedules. Each system runs warm-up then timed synchronous runs for at least ``--seconds``; we report
+p50/p90 and ratios of p50s measured in this run.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--batches", default="1,64")
-    ap.add_argument("--name", default=None, help="record name (default cpu_untuned_<target>)")
+    ap.add_argument("--name", default=None, help="record name (default cpu_latency_<target>)")
     args = ap.parse_args()
     import onnxruntime as ort
 
@@ -50,16 +51,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for batch in (int(b) for b in args.batches.split(",")):
             x = np.ascontiguousarray(images[:batch])
-            art = Path(tmp) / f"b{batch}.ixa"
-            build_artifact(BuildOptions(DEFAULT_MODEL, target, art, {"image": (batch, 1, 28, 28)}), log=lambda *a: None)
-            with Engine(art) as engine:
-                diff = float(np.abs(engine.run(x)["logits"] - sess.run(None, {"image": x})[0]).max())
-                tvm_stats = engine.benchmark(x, warmup=10, repeat=50, min_seconds=args.seconds)
-            ort_stats = time_ort(sess, x, args.seconds)
-            for system, s in (
-                ("inferx_edge untuned (TVM default schedules)", tvm_stats),
-                ("onnxruntime CPU", ort_stats),
-            ):
+            stats, extra = {}, {}
+            for tuned in (False, True):
+                art = Path(tmp) / f"b{batch}-{tuned}.ixa"
+                opts = BuildOptions(DEFAULT_MODEL, target, art, {"image": (batch, 1, 28, 28)}, tuning=tuned)
+                build_artifact(opts, log=lambda *a: None)
+                with Engine(art) as engine:
+                    name = "inferx_edge tuned" if tuned else "inferx_edge untuned (TVM default schedules)"
+                    if tuned and not engine.variant.tuned:
+                        print(f"batch {batch}: no tuning database in tuning_logs/; skipping the tuned system")
+                        continue
+                    diff = float(np.abs(engine.run(x)["logits"] - sess.run(None, {"image": x})[0]).max())
+                    stats[name] = engine.benchmark(x, warmup=10, repeat=50, min_seconds=args.seconds)
+                    extra[name] = {"max_abs_diff_vs_onnxruntime": diff}
+                    if tuned:
+                        extra[name] |= {k: engine.variant.extra["tuning"][k] for k in ("kernels_tuned", "kernels")}
+            stats["onnxruntime CPU"] = time_ort(sess, x, args.seconds)
+            ort_p50 = stats["onnxruntime CPU"].p50_ms
+            untuned_p50 = stats["inferx_edge untuned (TVM default schedules)"].p50_ms
+            for system, s in stats.items():
                 results.append(
                     {
                         "system": system,
@@ -71,15 +81,15 @@ def main() -> None:
                         "mean_ms": s.mean_ms,
                         "runs": s.count,
                         "img_s": batch / (s.p50_ms / 1e3),
+                        "onnxruntime_p50_over_this_p50": ort_p50 / s.p50_ms,
+                        "untuned_p50_over_this_p50": untuned_p50 / s.p50_ms,
+                        **extra.get(system, {}),
                     }
                 )
-            ratio = ort_stats.p50_ms / tvm_stats.p50_ms
-            results[-2]["speedup_vs_onnxruntime_p50"] = ratio
-            results[-2]["max_abs_diff_vs_onnxruntime"] = diff
-            print(
-                f"batch {batch}: inferx_edge p50 {tvm_stats.p50_ms:.3f} ms, onnxruntime p50 {ort_stats.p50_ms:.3f} ms "
-                f"-> onnxruntime/inferx_edge = {ratio:.2f}x  (max |diff| {diff:.1e})"
-            )
+                print(
+                    f"batch {batch:3d}  {system:45s} p50 {s.p50_ms:8.3f} ms  "
+                    f"x{untuned_p50 / s.p50_ms:6.2f} vs untuned  x{ort_p50 / s.p50_ms:5.2f} vs onnxruntime"
+                )
     path = write_record(
         args.name or f"cpu_untuned_{target}",
         {

@@ -1,0 +1,173 @@
+"""Tuning end to end on a tiny model on this CPU with a handful of trials: tune -> build applies records,
+resume after kill -9, a torn record line, the lock, RPC measurement, and the no-device error."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from inferx_edge.compiler import BuildOptions, build_artifact
+from inferx_edge.runtime import Engine
+from inferx_edge.targets import host_target_name
+from inferx_edge.tune import TuneOptions, tune_model
+from inferx_edge.tune import database as tdb
+from tests.conftest import REPO, cli
+
+QUIET = {"log": lambda *a: None}
+
+
+def make_mlp(path: Path) -> Path:
+    rng = np.random.default_rng(3)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal(s).astype(np.float32) * 0.2, n)
+        for n, s in (("w1", (64, 128)), ("b1", (128,)), ("w2", (128, 32)), ("b2", (32,)))
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("Add", ["h", "b1"], ["hb"]),
+        helper.make_node("Relu", ["hb"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["o"]),
+        helper.make_node("Add", ["o", "b2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 32])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory) -> Path:
+    return make_mlp(tmp_path_factory.mktemp("mlp") / "mlp.onnx")
+
+
+def _opts(mlp, root, **kw):
+    return TuneOptions(
+        model=mlp, target=host_target_name(), trials=kw.pop("trials", 8), per_iter=4, root=root, seed=0, **kw
+    )
+
+
+def test_tune_then_build_applies_records(mlp, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    summary = tune_model(_opts(mlp, tmp_path), **QUIET)
+    assert summary.trials_run >= 8 and summary.valid_run >= 1  # the builder works on 2 cores
+    assert any(t["best_us"] for t in summary.tasks)
+    assert (summary.work_dir / tdb.RECORDS).exists() and summary.work_dir.parent.name == host_target_name()
+
+    again = tune_model(_opts(mlp, tmp_path), **QUIET)  # same model, target and budget: nothing to do
+    assert again.trials_run == 0 and again.trials_before >= 8
+
+    out = tmp_path / "tuned.ixa"
+    build_artifact(BuildOptions(mlp, host_target_name(), out, tuning_root=tmp_path), **QUIET)
+    x = np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32)
+    with Engine(out) as e:
+        v = e.variant
+        assert v.tuned and v.extra["tuning"]["kernels_tuned"] >= 1
+        got = e.run(x)["y"]
+    (want,) = ort.InferenceSession(str(mlp), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+    untuned = tmp_path / "untuned.ixa"
+    build_artifact(BuildOptions(mlp, host_target_name(), untuned, tuning=False, tuning_root=tmp_path), **QUIET)
+    with Engine(untuned) as e:
+        assert not e.variant.tuned
+
+
+def test_resume_after_kill9_and_torn_line(mlp, tmp_path):
+    cmd = [
+        sys.executable,
+        "-m",
+        "inferx_edge",
+        "tune",
+        "--model",
+        str(mlp),
+        "--trials",
+        "400",
+        "--per-iter",
+        "4",
+        "--tuning-logs",
+        str(tmp_path),
+    ]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    records = None
+    while time.time() < deadline:
+        found = list(tmp_path.glob(f"*/*/{tdb.RECORDS}"))
+        if found and sum(1 for _ in open(found[0])) >= 4:
+            records = found[0]
+            break
+        time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert records is not None, "no records written within 300 s"
+    kept = [json.loads(line) for line in open(records)]
+    with open(records, "a") as f:
+        f.write('[0, [[["GetSBlock", [], ["ro')  # a write torn by the kill
+
+    r = cli("tune", "--model", mlp, "--trials", str(len(kept) + 4), "--per-iter", "4", "--tuning-logs", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "skipped 1 corrupt line" in r.stderr
+    assert f"database has {len(kept)})" in r.stdout
+    after = [json.loads(line) for line in open(records)]
+    assert after[: len(kept)] == kept and len(after) >= len(kept) + 4  # nothing lost, work continued
+    assert records.with_suffix(".corrupt").exists()
+
+
+def test_locked_database_is_refused(mlp, tmp_path):
+    from inferx_edge.frontend import import_model
+
+    imported = import_model(mlp)
+    fp = tdb.fingerprint(imported.sha256, {t.name: t.shape for t in imported.inputs}, "fp32")
+    with tdb.locked(tdb.database_dir(host_target_name(), "mlp", fp, tmp_path)):
+        r = cli("tune", "--model", mlp, "--trials", "4", "--tuning-logs", tmp_path)
+    assert r.returncode == 8 and "in use by another tuning run" in r.stderr
+
+
+def test_prune_keeps_best_and_remembers_trials(mlp, tmp_path):
+    summary = tune_model(_opts(mlp, tmp_path), **QUIET)
+    before = tdb.trials_done(summary.work_dir)
+    n_before, n_after = tdb.prune(summary.work_dir)
+    assert n_after <= len(summary.tasks) and n_after < n_before
+    assert tdb.trials_done(summary.work_dir) == before
+    assert tune_model(_opts(mlp, tmp_path), **QUIET).trials_run == 0
+    out = tmp_path / "pruned.ixa"
+    build_artifact(BuildOptions(mlp, host_target_name(), out, tuning_root=tmp_path), **QUIET)
+    with Engine(out) as e:
+        assert e.variant.extra["tuning"]["kernels_tuned"] >= 1
+
+
+def test_jetson_without_device_names_both_ways(tmp_path):
+    r = cli("tune", "--target", "jetson-orin", "--trials", "4", "--tuning-logs", tmp_path)
+    assert r.returncode == 2
+    assert "cannot tune for jetson-agx-orin-64gb here" in r.stderr
+    assert "rpc_server --tracker" in r.stderr and "--rpc THIS_HOST:9190" in r.stderr
+    assert "on the device itself" in r.stderr
+    r = cli("tune", "--target", "h200", "--trials", "4", "--tuning-logs", tmp_path)
+    assert r.returncode == 2 and "no CUDA GPU" in r.stderr
+
+
+def test_rpc_flag_needs_key(mlp):
+    r = cli("tune", "--model", mlp, "--rpc", "127.0.0.1:9190")
+    assert r.returncode == 2 and "--rpc needs --key" in r.stderr
+
+
+def test_tune_over_rpc(rpc_tracker, mlp, tmp_path):
+    from inferx_edge.tune.runners import RPCSettings
+
+    summary = tune_model(_opts(mlp, tmp_path, trials=4, rpc=RPCSettings("127.0.0.1", rpc_tracker, "testdev")), **QUIET)
+    assert summary.valid_run >= 1
