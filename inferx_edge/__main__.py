@@ -21,6 +21,8 @@ COMMANDS = {
     "build": "compile a model ahead of time into an artifact for a target",
     "run": "run an artifact on input tensors (.npy/.npz) with the on-device runtime",
     "inspect": "verify an artifact and print its manifest",
+    "profile": "sweep an artifact's variants on this device: FPS, latency, power, J/frame",
+    "report": "render a profile: Pareto PNG, HTML page, Markdown/CSV tables, policy picks",
     "deploy": "install an artifact on a device atomically (dir, ssh://, rpc://), self-test, roll back",
 }
 

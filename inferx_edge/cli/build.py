@@ -13,7 +13,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--output", "-o", type=Path, default=None, help="artifact file to write (default: build/<model>-<target>.ixa)"
     )
-    p.add_argument("--precision", default="fp32", help="numeric precision of the variant (default: fp32)")
+    p.add_argument(
+        "--precision",
+        default="fp32",
+        help="numeric precision: fp32 or fp16; a comma list builds one variant per precision (default: fp32)",
+    )
+    p.add_argument(
+        "--batch-sizes",
+        default=None,
+        metavar="B1,B2,...",
+        help="build one variant per batch size (the model's batch dimension must be dynamic)",
+    )
     p.add_argument("--no-tuning", action="store_true", help="ignore tuning databases: default schedules only")
     p.add_argument("--tuning-logs", type=Path, default=None, help="database root (default: tuning_logs/)")
     p.add_argument(
@@ -22,6 +32,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="cubin",
         help="CUDA targets: cubin for the exact GPU (default) or PTX the driver JIT-compiles",
     )
+
+
+def _batch_sizes(value: str | None) -> tuple[int, ...]:
+    from inferx_edge.errors import UsageError
+
+    if not value:
+        return ()
+    try:
+        return tuple(int(b) for b in value.split(","))
+    except ValueError:
+        raise UsageError(f"--batch-sizes must be a comma list of integers, got '{value}'") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,7 +58,9 @@ def run(args: argparse.Namespace) -> int:
         target=spec.name,
         output=output,
         input_shapes=parse_input_shapes(args.input_shape),
-        precision=args.precision,
+        precision=args.precision.split(",")[0],
+        precisions=tuple(args.precision.split(",")),
+        batch_sizes=_batch_sizes(args.batch_sizes),
         cuda_code=args.cuda_code,
         tuning=not args.no_tuning,
         tuning_root=args.tuning_logs,

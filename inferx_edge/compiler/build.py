@@ -28,8 +28,9 @@ from inferx_edge.package import Manifest, Variant, write_artifact
 from inferx_edge.targets import TargetSpec, get_target
 from inferx_edge.targets.registry import HOST_CPU
 
-#: Precisions ``build`` accepts. Quantized ones are added by the quantize stage.
-PRECISIONS = ("fp32",)
+#: Precisions ``build`` accepts. fp16: Relax ToMixedPrecision (fp16 compute and accumulation, the
+#: signature stays fp32). Quantized ones are added by the quantize stage.
+PRECISIONS = ("fp32", "fp16")
 
 
 @dataclass(frozen=True)
@@ -58,12 +59,22 @@ class BuildOptions:
     cuda_code: str = "cubin"
     tuning: bool = True
     tuning_root: Path | None = None
+    batch_sizes: tuple[int, ...] = ()
+    precisions: tuple[str, ...] = ()
+
+    def variant_grid(self, model_batch: int) -> list[tuple[str, int]]:
+        """(precision, batch) of every variant: ``precisions`` x ``batch_sizes`` (defaults: the single
+        ``precision`` and the model's pinned batch)."""
+        return [(p, b) for p in (self.precisions or (self.precision,)) for b in (self.batch_sizes or (model_batch,))]
 
     def __post_init__(self) -> None:
         from inferx_edge.compiler.cuda import CUDA_CODE_FORMATS
 
-        if self.precision not in PRECISIONS:
-            raise UsageError(f"unknown precision '{self.precision}'; valid: {', '.join(PRECISIONS)}")
+        for p in (self.precision, *self.precisions):
+            if p not in PRECISIONS:
+                raise UsageError(f"unknown precision '{p}'; valid: {', '.join(PRECISIONS)}")
+        if any(b <= 0 for b in self.batch_sizes):
+            raise UsageError(f"batch sizes must be positive, got {list(self.batch_sizes)}")
         if self.cuda_code not in CUDA_CODE_FORMATS:
             raise UsageError(f"unknown CUDA code format '{self.cuda_code}'; valid: {', '.join(CUDA_CODE_FORMATS)}")
 
@@ -107,12 +118,18 @@ def apply_tuning(mod, target, work_dir: Path) -> tuple[Any, int, int]:
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
 
+    from inferx_edge.tune import database as tdb
     from inferx_edge.tune._intrin import import_tensor_intrinsics
 
     import_tensor_intrinsics()  # traces may replay tensorize steps
     mod = relax.get_pipeline("zero")(mod)
-    with target, ms.database.JSONDatabase(work_dir=str(work_dir)):
-        mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
+    # Read a snapshot: a tuning run may be appending to the database right now (a torn last line).
+    with tempfile.TemporaryDirectory(prefix="inferx_edge-db-") as snap:
+        for name in (tdb.WORKLOADS, tdb.RECORDS):
+            shutil.copyfile(work_dir / name, Path(snap) / name)
+        tdb.repair(Path(snap), warn=lambda m: None)
+        with target, ms.database.JSONDatabase(work_dir=snap):
+            mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
     funcs = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     tuned = sum(1 for f in funcs if f.attrs is not None and "tirx.is_scheduled" in f.attrs)
     return mod, tuned, len(funcs)
@@ -124,6 +141,7 @@ def compile_variant(
     out_path: Path,
     cuda_code: str = "cubin",
     tuning_dir: Path | None = None,
+    precision: str = "fp32",
 ) -> dict[str, Any]:
     """Compile ``imported.mod`` for ``spec`` and export the shared library to ``out_path``.
 
@@ -137,6 +155,8 @@ def compile_variant(
     target = resolve_tvm_target(spec)
     t0 = time.perf_counter()
     mod, tuned = imported.mod, None
+    if precision == "fp16":
+        mod = relax.transform.ToMixedPrecision(out_dtype="float16")(mod)
     if tuning_dir is not None:
         mod, n_tuned, n_total = apply_tuning(mod, target, tuning_dir)
         tuned = {"database": str(tuning_dir), "kernels_tuned": n_tuned, "kernels": n_total}
@@ -217,63 +237,76 @@ def _toolchain_versions(spec: TargetSpec) -> dict[str, str]:
 def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None) -> Manifest:
     """Run the whole build and write ``opts.output``. Returns the manifest written.
 
+    One variant per (precision, batch size) of ``opts.variant_grid()``; all share one weights file.
     ``spec`` overrides the registry entry named by ``opts.target`` (a derived target, e.g. a device's
     GPU code paired with another host CPU for verification).
     """
     import tvm
 
+    from inferx_edge.tune import database as tdb
+
     spec = spec or get_target(opts.target)
     log(f"[1/4] importing {opts.model}")
-    imported = import_model(opts.model, opts.input_shapes)
-    for t in imported.inputs:
+    base = import_model(opts.model, opts.input_shapes)
+    for t in base.inputs:
         log(f"      input  {t.describe()}")
-    for t in imported.outputs:
+    for t in base.outputs:
         log(f"      output {t.describe()}")
 
-    batch = imported.inputs[0].shape[0] if imported.inputs and imported.inputs[0].shape else 1
-    name = f"{opts.precision}-b{batch}"
+    variants, members, infos = [], {}, []
     with tempfile.TemporaryDirectory(prefix="inferx_edge-build-") as tmp:
         tmp = Path(tmp)
-        log(f"[2/4] compiling variant {name} for {spec.name} ({spec.description})")
-        lib = tmp / f"{name}.so"
-        tuning_dir = None
-        if opts.tuning:
-            from inferx_edge.tune import database as tdb
-
-            fp = tdb.fingerprint(imported.sha256, {t.name: t.shape for t in imported.inputs}, opts.precision)
-            candidate = tdb.database_dir(spec.name, imported.name, fp, opts.tuning_root)
-            if (candidate / tdb.RECORDS).exists():
-                tuning_dir = candidate
-        info = compile_variant(imported, spec, lib, opts.cuda_code, tuning_dir)
-        if info["tuning"]:
-            t = info["tuning"]
-            log(
-                f"      tuning database {tuning_dir}: {t['kernels_tuned']} of {t['kernels']} kernels tuned, "
-                f"the rest default schedules"
+        grid = opts.variant_grid(base.inputs[0].shape[0] if base.inputs and base.inputs[0].shape else 1)
+        for i, (precision, batch) in enumerate(grid, 1):
+            imported = base
+            if batch != (base.inputs[0].shape[0] if base.inputs[0].shape else 1):
+                shapes = {**opts.input_shapes, **{t.name: (batch, *t.shape[1:]) for t in base.inputs}}
+                imported = import_model(opts.model, shapes)
+            name = f"{precision}-b{batch}"
+            log(f"[2/4] compiling variant {name} ({i}/{len(grid)}) for {spec.name} ({spec.description})")
+            lib = tmp / f"{name}.so"
+            tuning_dir = None
+            if opts.tuning:
+                fp = tdb.fingerprint(imported.sha256, {t.name: t.shape for t in imported.inputs}, precision)
+                candidate = tdb.database_dir(spec.name, imported.name, fp, opts.tuning_root)
+                if (candidate / tdb.RECORDS).exists():
+                    tuning_dir = candidate
+            info = compile_variant(imported, spec, lib, opts.cuda_code, tuning_dir, precision)
+            if info["tuning"]:
+                t = info["tuning"]
+                log(
+                    f"      tuning database {tuning_dir}: {t['kernels_tuned']} of {t['kernels']} kernels tuned, "
+                    f"the rest default schedules"
+                )
+            else:
+                log(
+                    f"      no tuning database for this model and target: default schedules "
+                    f"(python -m inferx_edge tune --target {spec.name})"
+                )
+            log(f"      compiled in {info['compile_s']:.1f} s, linked in {info['link_s']:.1f} s ({info['linker']})")
+            variants.append(
+                Variant(
+                    name=name,
+                    precision=precision,
+                    batch=int(batch),
+                    library=f"lib/{name}.so",
+                    weights="weights/fp32.npz",
+                    params=tuple(imported.param_names),
+                    inputs=imported.inputs,
+                    outputs=imported.outputs,
+                    tuned=bool(info["tuning"] and info["tuning"]["kernels_tuned"]),
+                    extra={"tuning": info["tuning"]} if info["tuning"] else {},
+                )
             )
-        else:
-            log(
-                "      no tuning database for this model and target: default schedules "
-                f"(python -m inferx_edge tune --target {spec.name})"
-            )
-        log(f"      compiled in {info['compile_s']:.1f} s, linked in {info['link_s']:.1f} s ({info['linker']})")
+            members[f"lib/{name}.so"] = lib
+            infos.append(info)
 
-        log("[3/4] writing weights")
-        weights = tmp / f"{opts.precision}.npz"
-        np.savez(weights, **dict(zip(imported.param_names, imported.params)))
+        log("[3/4] writing weights (fp32, shared by every variant; lower precisions cast in the graph)")
+        weights = tmp / "fp32.npz"
+        np.savez(weights, **dict(zip(base.param_names, base.params)))
+        members["weights/fp32.npz"] = weights
 
-        variant = Variant(
-            name=name,
-            precision=opts.precision,
-            batch=int(batch or 1),
-            library=f"lib/{name}.so",
-            weights=f"weights/{opts.precision}.npz",
-            params=tuple(imported.param_names),
-            inputs=imported.inputs,
-            outputs=imported.outputs,
-            tuned=bool(info["tuning"] and info["tuning"]["kernels_tuned"]),
-            extra={"tuning": info["tuning"]} if info["tuning"] else {},
-        )
+        info = infos[0]
         target_record = spec.summary() | {"tvm_target": info["tvm_target"]}
         if info["cuda"]:
             target_record |= cuda_requirements(info["cuda"])
@@ -282,17 +315,17 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
             inferx_edge_version=__version__,
             tvm_version=tvm.__version__,
             created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            model=imported.describe(),
+            model=base.describe(),
             target=target_record,
-            variants=(variant,),
-            default_variant=name,
+            variants=tuple(variants),
+            default_variant=variants[0].name,
             files={},
             build={
                 "host": f"{platform.node()} {platform.machine()}",
                 "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
                 "toolchain": _toolchain_versions(spec),
-                "compile_s": info["compile_s"],
+                "compile_s": round(sum(i["compile_s"] for i in infos), 3),
             },
         )
         log(f"[4/4] packaging {opts.output}")
-        return write_artifact(opts.output, manifest, {variant.library: lib, variant.weights: weights})
+        return write_artifact(opts.output, manifest, members)

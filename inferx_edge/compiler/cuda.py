@@ -209,6 +209,48 @@ def _check(lib, rc: int, prog) -> None:
         raise BuildError(f"NVRTC error {rc}: {lib.nvrtcGetErrorString(rc).decode()}")
 
 
+@dataclass(frozen=True)
+class Nvcc:
+    """An nvcc installation, used when no NVRTC of the right CUDA version is found."""
+
+    path: str
+    version: tuple[int, int]
+
+    @property
+    def version_str(self) -> str:
+        return f"{self.version[0]}.{self.version[1]}"
+
+
+def find_nvcc(major: int | None) -> Nvcc | None:
+    import shutil
+
+    for exe in dict.fromkeys(
+        filter(None, [shutil.which("nvcc"), os.environ.get("CUDA_HOME", "") + "/bin/nvcc", "/usr/local/cuda/bin/nvcc"])
+    ):
+        try:
+            out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            continue
+        m = re.search(r"release (\d+)\.(\d+)", out)
+        if m and (major is None or int(m.group(1)) == major):
+            return Nvcc(exe, (int(m.group(1)), int(m.group(2))))
+    return None
+
+
+def nvcc_compile(nvcc: Nvcc, code: str, arch: str, fmt: str) -> bytes:
+    number = arch.removeprefix("sm_")
+    with tempfile.TemporaryDirectory(prefix="inferx_nvcc_") as tmp:
+        src, out = Path(tmp) / "kernels.cu", Path(tmp) / f"kernels.{fmt}"
+        src.write_text(code)
+        flag = "--cubin" if fmt == "cubin" else "--ptx"
+        gpu = f"sm_{number}" if fmt == "cubin" else f"compute_{number}"
+        cmd = [nvcc.path, flag, f"-arch={gpu}", "-O3", "--use_fast_math", "-o", str(out), str(src)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise BuildError(f"nvcc {nvcc.version_str} failed to compile device code for {gpu}:\n{r.stderr[-4000:]}")
+        return out.read_bytes()
+
+
 @contextlib.contextmanager
 def device_compiler(spec: TargetSpec, fmt: str):
     """Within the block, TVM compiles CUDA kernels with the NVRTC matching ``spec``; yields its record."""
@@ -218,7 +260,19 @@ def device_compiler(spec: TargetSpec, fmt: str):
         raise BuildError(f"unknown CUDA code format '{fmt}'; valid: {', '.join(CUDA_CODE_FORMATS)}")
     ensure_cuda_codegen()
     major = int(spec.device_cuda.split(".")[0]) if spec.device_cuda else None
-    nvrtc = find_nvrtc(major)
+    forced = os.environ.get("INFERX_CUDA_COMPILER", "").lower()  # "nvcc" or "nvrtc" to skip the other
+    if forced not in ("", "nvcc", "nvrtc"):
+        raise BuildError(f"INFERX_CUDA_COMPILER must be nvcc or nvrtc, got '{forced}'")
+    try:
+        if forced == "nvcc":
+            raise BuildError("nvcc requested by INFERX_CUDA_COMPILER")
+        tool = find_nvrtc(major)
+        compile_fn, name = nvrtc_compile, f"NVRTC {tool.version_str}"
+    except BuildError:
+        tool = find_nvcc(major) if forced != "nvrtc" else None
+        if tool is None:
+            raise
+        compile_fn, name = nvcc_compile, f"nvcc {tool.version_str}"
     arch = spec.cuda_arch
     if fmt == "ptx" and arch.endswith("a"):
         raise BuildError(f"{spec.name} is {arch}: arch-specific features have no portable PTX; use cubin")
@@ -226,13 +280,13 @@ def device_compiler(spec: TargetSpec, fmt: str):
 
     def compile_cuda(code, *_):
         calls.append(1)
-        return bytearray(nvrtc_compile(nvrtc, str(code), arch, fmt))
+        return bytearray(compile_fn(tool, str(code), arch, fmt))
 
     previous = tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True)
     tvm_ffi.register_global_func("tvm_callback_cuda_compile", compile_cuda, override=True)
     record = {
-        "toolkit": f"NVRTC {nvrtc.version_str}",
-        "nvrtc": str(nvrtc.library),
+        "toolkit": name,
+        "compiler": str(getattr(tool, "library", getattr(tool, "path", ""))),
         "code": fmt,
         "arch": arch if fmt == "cubin" else arch.replace("sm_", "compute_"),
         "kernels_modules": calls,

@@ -28,7 +28,7 @@ def elf_machine(path: Path) -> str:
 def embedded_cuda_code(path: Path) -> dict[str, list[str]]:
     """CUDA device code inside a library: ``{"cubin": ["sm_87", ...], "ptx": ["sm_87", ...]}``.
 
-    Cubins are ELF images with e_machine EM_CUDA whose e_flags' low byte is the SM version; PTX is text
+    Cubins are ELF images with e_machine EM_CUDA whose e_flags hold the SM version; PTX is text
     with a ``.target sm_XX`` directive. CUDA *source* (what TVM leaves when it could not compile) shows
     up as ``"source"`` entries.
     """
@@ -39,7 +39,9 @@ def embedded_cuda_code(path: Path) -> dict[str, list[str]]:
         if o == 0 or len(data) < o + 52 or data[o + 4] != 2:  # 64-bit ELF only
             continue
         if int.from_bytes(data[o + 18 : o + 20], "little") == _EM_CUDA:
-            cubins.append(f"sm_{data[o + 48]}")
+            flags = int.from_bytes(data[o + 48 : o + 52], "little")
+            # CUDA <= 12 cubins (ELF ABI version 7): SM in e_flags bits 0-7; CUDA 13 (ABI 8): bits 8-15
+            cubins.append(f"sm_{(flags >> 8) & 0xFF if data[o + 8] >= 8 else flags & 0xFF}")
     ptx = [t.decode() for t in re.findall(rb"\n\s*\.target\s+(sm_\d+a?)", data)]
     source = ["cuda-c++"] if b'extern "C" __global__' in data else []
     return {"cubin": cubins, "ptx": ptx, "source": source}

@@ -1,0 +1,36 @@
+"""Sweep an artifact's variants on this device: FPS, latency, power, energy per frame (JSON)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("artifact", type=Path)
+    p.add_argument("--output", "-o", type=Path, required=True, help="profile JSON to write")
+    p.add_argument("--window", type=float, default=5.0, help="seconds per measurement window (default 5)")
+    p.add_argument("--repeats", type=int, default=3, help="windows per variant (default 3)")
+    p.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds per variant (default 2)")
+    p.add_argument("--idle", type=float, default=5.0, help="seconds of idle power measured first (default 5)")
+    p.add_argument("--variants", default=None, help="comma list of variants (default: all)")
+    p.add_argument("--telemetry", default=None, help="nvml, jetson-sysfs or jtop (default: the first that works)")
+    p.add_argument("--device-id", type=int, default=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    from inferx_edge.report.profile import profile_artifact
+
+    profile_artifact(
+        args.artifact,
+        args.output,
+        window_s=args.window,
+        repeats=args.repeats,
+        warmup_s=args.warmup,
+        idle_s=args.idle,
+        variants=args.variants.split(",") if args.variants else None,
+        telemetry=args.telemetry,
+        device_id=args.device_id,
+    )
+    print(f"wrote {args.output}")
+    return 0

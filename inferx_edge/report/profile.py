@@ -1,0 +1,156 @@
+"""``profile``: sweep an artifact's variants on the device and measure FPS, latency, power and energy.
+
+Per variant: warm-up, then ``repeats`` windows of at least ``window_s`` seconds of back-to-back
+synchronous inference; energy from the hardware counter where there is one (NVML), else power samples
+integrated over the window. Idle power is measured first (no inference) and subtracted to give the
+energy the inference itself costs (``dynamic_j_per_frame``) next to the total. Runs on the device
+with the runtime only (no compiler).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from inferx_edge.errors import UsageError
+from inferx_edge.runtime import Engine
+from inferx_edge.runtime.telemetry import EnergyMeter, probe
+
+SCHEMA = "inferx_edge.profile/1"
+
+
+def _inputs(variant) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {s.name: rng.standard_normal(s.shape).astype(s.dtype) for s in variant.inputs}
+
+
+def measure_idle(backend, seconds: float) -> float | None:
+    meter = EnergyMeter(backend)
+    meter.start()
+    time.sleep(seconds)
+    w = meter.stop()
+    return w["avg_w"]
+
+
+def profile_artifact(
+    artifact: Path,
+    output: Path,
+    *,
+    window_s: float = 5.0,
+    repeats: int = 3,
+    warmup_s: float = 2.0,
+    idle_s: float = 5.0,
+    variants: list[str] | None = None,
+    telemetry: str | None = None,
+    device_id: int = 0,
+    backend=None,
+    log=print,
+) -> dict:
+    if window_s <= 0 or repeats <= 0:
+        raise UsageError("--window and --repeats must be positive")
+    backend = backend or (probe(telemetry) if telemetry else probe())
+    if backend is None:
+        log(
+            "warning: no power telemetry here (no NVML, no Jetson INA3221, no jtop): recording FPS and "
+            "latency only; energy fields are null"
+        )
+    with Engine(artifact, device_id=device_id, preload=True) as engine:
+        m = engine.manifest
+        names = variants or [v.name for v in m.variants]
+        idle_w = measure_idle(backend, idle_s) if backend else None
+        if backend:
+            log(f"idle power {idle_w:.1f} W over {idle_s:g} s ({backend.name})")
+        rows = []
+        for name in names:
+            v = engine.select(name)
+            x = _inputs(v)
+            t_switch = time.perf_counter()
+            engine.select(name)
+            switch_us = (time.perf_counter() - t_switch) * 1e6
+            engine.benchmark(x, warmup=3, repeat=1, min_seconds=warmup_s)
+            windows = []
+            for _ in range(repeats):
+                meter = EnergyMeter(backend) if backend else None
+                if meter:
+                    meter.start()
+                stats = engine.benchmark(x, warmup=0, repeat=1, min_seconds=window_s)
+                energy = meter.stop() if meter else {"energy_j": None, "avg_w": None, "method": None}
+                frames = stats.count * v.batch
+                seconds = stats.mean_ms * stats.count / 1e3
+                w = {
+                    "frames": frames,
+                    "seconds": seconds,
+                    "fps": frames / seconds,
+                    "p50_ms": stats.p50_ms,
+                    "p90_ms": stats.p90_ms,
+                    "p99_ms": stats.p99_ms,
+                    "energy_j": energy["energy_j"],
+                    "avg_w": energy["avg_w"],
+                    "method": energy["method"],
+                }
+                w["j_per_frame"] = w["energy_j"] / frames if w["energy_j"] is not None else None
+                windows.append(w)
+            row = _summarise(name, v, windows, idle_w)
+            row["select_switch_us"] = switch_us
+            rows.append(row)
+            log(
+                f"{name:12s} {row['fps']:10.1f} fps  p99 {row['p99_ms']:7.3f} ms  "
+                + (f"{row['avg_w']:6.1f} W  {row['j_per_frame'] * 1e3:8.3f} mJ/frame" if row["avg_w"] else "no power")
+            )
+        device = (
+            engine.device.device_name if m.target["device"] == "cuda" else platform.processor() or platform.machine()
+        )
+    report = {
+        "schema": SCHEMA,
+        "artifact": str(artifact),
+        "model": m.model["name"],
+        "target": m.target["name"],
+        "device": device,
+        "driver": getattr(backend, "driver", None),
+        "telemetry": backend.name if backend else None,
+        "power_limit_w": getattr(backend, "power_limit_w", None),
+        "idle_w": idle_w,
+        "window_s": window_s,
+        "repeats": repeats,
+        "host": platform.node(),
+        "variants": rows,
+    }
+    if backend:
+        backend.close()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=output.parent, suffix=".part")
+    with os.fdopen(fd, "w") as f:
+        json.dump(report, f, indent=2)
+    os.replace(tmp, output)
+    return report
+
+
+def _summarise(name, v, windows, idle_w) -> dict:
+    def mean(key):
+        vals = [w[key] for w in windows if w[key] is not None]
+        return float(np.mean(vals)) if vals else None
+
+    row = {
+        "name": name,
+        "precision": v.precision,
+        "batch": v.batch,
+        "fps": mean("fps"),
+        "p50_ms": mean("p50_ms"),
+        "p90_ms": mean("p90_ms"),
+        "p99_ms": max(w["p99_ms"] for w in windows),
+        "avg_w": mean("avg_w"),
+        "j_per_frame": mean("j_per_frame"),
+        "windows": windows,
+    }
+    if row["avg_w"] is not None and idle_w is not None:
+        row["dynamic_w"] = row["avg_w"] - idle_w
+        row["dynamic_j_per_frame"] = row["dynamic_w"] / row["fps"]
+    else:
+        row["dynamic_w"] = row["dynamic_j_per_frame"] = None
+    return row

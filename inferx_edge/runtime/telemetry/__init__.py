@@ -1,0 +1,9 @@
+"""Power and clock telemetry behind one interface: NVML, Jetson INA3221 sysfs, jtop, and replay.
+
+Every backend is optional and probed safely (:func:`probe` returns the first that works, or None).
+Read-only: nothing here changes clocks, power limits or power modes.
+"""
+
+from inferx_edge.runtime.telemetry.base import EnergyMeter, Sample, TelemetryBackend, TelemetryError, probe
+
+__all__ = ["EnergyMeter", "Sample", "TelemetryBackend", "TelemetryError", "probe"]
