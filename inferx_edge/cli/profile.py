@@ -16,6 +16,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variants", default=None, help="comma list of variants (default: all)")
     p.add_argument("--telemetry", default=None, help="nvml, jetson-sysfs or jtop (default: the first that works)")
     p.add_argument("--device-id", type=int, default=0)
+    p.add_argument(
+        "--power-modes",
+        default=None,
+        metavar="ID,ID",
+        help="Jetson: also sweep these nvpmodel modes (needs --allow-power-mode-change and root)",
+    )
+    p.add_argument(
+        "--allow-power-mode-change",
+        action="store_true",
+        help="opt in to switching power modes; the starting mode is restored afterwards",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
         variants=args.variants.split(",") if args.variants else None,
         telemetry=args.telemetry,
         device_id=args.device_id,
+        power_modes=[int(m) for m in args.power_modes.split(",")] if args.power_modes else None,
+        allow_power_mode_change=args.allow_power_mode_change,
     )
     print(f"wrote {args.output}")
     return 0

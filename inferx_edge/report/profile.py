@@ -50,7 +50,38 @@ def profile_artifact(
     telemetry: str | None = None,
     device_id: int = 0,
     backend=None,
+    power_modes: list[int] | None = None,
+    allow_power_mode_change: bool = False,
+    nvpmodel: str | None = None,
     log=print,
+) -> dict:
+    """Profile every variant (x every power mode in ``power_modes``, which needs the explicit
+    ``allow_power_mode_change`` opt-in and restores the starting mode afterwards)."""
+    if power_modes:
+        from inferx_edge.runtime.control import PowerModeSweep
+
+        merged = None
+        with PowerModeSweep(allowed=allow_power_mode_change, nvpmodel=nvpmodel) as set_mode:
+            for mode in power_modes:
+                set_mode(mode)
+                log(f"power mode {mode}")
+                part = _profile(
+                    artifact, output, window_s, repeats, warmup_s, idle_s, variants, telemetry, device_id, backend, log
+                )
+                for row in part["variants"]:
+                    row["power_mode"] = mode
+                    row["name"] = f"{row['name']}@pm{mode}"
+                if merged is None:
+                    merged = part
+                else:
+                    merged["variants"] += part["variants"]
+        _write(output, merged)
+        return merged
+    return _profile(artifact, output, window_s, repeats, warmup_s, idle_s, variants, telemetry, device_id, backend, log)
+
+
+def _profile(
+    artifact, output, window_s, repeats, warmup_s, idle_s, variants, telemetry, device_id, backend, log
 ) -> dict:
     if window_s <= 0 or repeats <= 0:
         raise UsageError("--window and --repeats must be positive")
@@ -123,12 +154,16 @@ def profile_artifact(
     }
     if backend:
         backend.close()
+    _write(output, report)
+    return report
+
+
+def _write(output: Path, report: dict) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=output.parent, suffix=".part")
     with os.fdopen(fd, "w") as f:
         json.dump(report, f, indent=2)
     os.replace(tmp, output)
-    return report
 
 
 def _summarise(name, v, windows, idle_w) -> dict:
