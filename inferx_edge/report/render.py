@@ -53,7 +53,9 @@ def _plots(profile: dict, front: dict[str, set[str]], picks: list[dict]) -> byte
     import matplotlib.pyplot as plt
 
     vs = [v for v in profile["variants"] if v["avg_w"] is not None]
-    picked = {p["pick"]: p["policy"] for p in picks}
+    picked: dict[str, str] = {}
+    for p in picks:  # several policies may pick the same variant
+        picked[p["pick"]] = ", ".join(filter(None, [picked.get(p["pick"]), p["policy"]]))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, (xk, yk, fk, xl, yl) in zip(
         axes,
