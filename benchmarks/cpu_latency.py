@@ -91,7 +91,7 @@ def main() -> None:
                     f"x{untuned_p50 / s.p50_ms:6.2f} vs untuned  x{ort_p50 / s.p50_ms:5.2f} vs onnxruntime"
                 )
     path = write_record(
-        args.name or f"cpu_untuned_{target}",
+        args.name or f"cpu_latency_{target}",
         {
             "device": f"CPU ({target})",
             "driver": None,

@@ -179,8 +179,19 @@ def test_power_mode_changes_are_opt_in(multi_artifact, tmp_path):
 if [ "$1" = "-q" ]; then echo "NV Power Mode: MODE_$(cat {state})"; cat {state}; else echo "$2" > {state}; echo "$2" >> {state}.log; fi
 """)
     fake.chmod(0o755)
-    prof = profile_artifact(multi_artifact, tmp_path / "pm.json", window_s=0.1, repeats=1, warmup_s=0.01, idle_s=0.05,
-                            variants=["fp32-b1"], backend=FakeNVML(), power_modes=[0, 1],
-                            allow_power_mode_change=True, nvpmodel=str(fake), log=lambda *a: None)
+    prof = profile_artifact(
+        multi_artifact,
+        tmp_path / "pm.json",
+        window_s=0.1,
+        repeats=1,
+        warmup_s=0.01,
+        idle_s=0.05,
+        variants=["fp32-b1"],
+        backend=FakeNVML(),
+        power_modes=[0, 1],
+        allow_power_mode_change=True,
+        nvpmodel=str(fake),
+        log=lambda *a: None,
+    )
     assert [v["name"] for v in prof["variants"]] == ["fp32-b1@pm0", "fp32-b1@pm1"]
     assert (tmp_path / "mode.log").read_text().split() == ["0", "1", "2"]  # swept, then restored

@@ -39,19 +39,16 @@ def ensure_cuda_codegen() -> None:
     """Make TVM's CUDA codegen produce device binaries, loading a stub libcuda on GPU-less hosts."""
     from tvm.base import _LOADED_LIBS
 
+    from inferx_edge.runtime._tvm import load_tvm_cuda_library, tvm_lib_dir
+
     if "tvm_runtime_cuda" in _LOADED_LIBS:
         return
-    from tvm_ffi.libinfo import load_lib_ctypes
-
-    runtime_dir = Path(_LOADED_LIBS["tvm_runtime"]._name).resolve().parent
     try:
         ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
     except OSError:
-        ctypes.CDLL(str(_build_stub(runtime_dir / "libtvm_runtime_cuda.so")), mode=ctypes.RTLD_GLOBAL)
+        ctypes.CDLL(str(_build_stub(tvm_lib_dir() / "libtvm_runtime_cuda.so")), mode=ctypes.RTLD_GLOBAL)
     try:
-        _LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes(
-            package="tvm", target_name="tvm_runtime_cuda", extra_lib_paths=[runtime_dir], mode="RTLD_LOCAL"
-        )
+        load_tvm_cuda_library()
     except (OSError, RuntimeError) as exc:
         raise BuildError(
             f"cannot load TVM's CUDA runtime library for code generation ({exc}); it needs the CUDA runtime "

@@ -30,27 +30,36 @@ def import_tvm_runtime():
     return tvm
 
 
+def tvm_lib_dir():
+    """The directory holding the loaded ``libtvm_runtime.so`` (and its backend sidecars)."""
+    from pathlib import Path
+
+    from tvm.base import _LOADED_LIBS
+
+    return Path(_LOADED_LIBS["tvm_runtime"]._name).resolve().parent
+
+
+def load_tvm_cuda_library() -> None:
+    """Load ``libtvm_runtime_cuda.so`` if it is not loaded yet; raises OSError/RuntimeError if it cannot."""
+    from tvm.base import _LOADED_LIBS
+    from tvm_ffi.libinfo import load_lib_ctypes
+
+    if "tvm_runtime_cuda" not in _LOADED_LIBS:
+        _LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes(
+            package="tvm", target_name="tvm_runtime_cuda", extra_lib_paths=[tvm_lib_dir()], mode="RTLD_LOCAL"
+        )
+
+
 def load_cuda_backend(tvm) -> None:
     """Load TVM's CUDA runtime (``libtvm_runtime_cuda.so``), which runtime-only mode leaves out.
 
     It links the NVIDIA driver (``libcuda.so.1``) and the CUDA runtime TVM was built with (apache-tvm
     0.27 wheels: ``libcudart.so.13``); when either is missing CUDA artifacts cannot run here.
     """
-    from tvm.base import _LOADED_LIBS
-
-    if "tvm_runtime_cuda" in _LOADED_LIBS:
-        return
-    from pathlib import Path
-
-    from tvm_ffi.libinfo import load_lib_ctypes
-
     from inferx_edge.errors import TargetMismatchError
 
-    runtime_dir = Path(_LOADED_LIBS["tvm_runtime"]._name).resolve().parent
     try:
-        _LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes(
-            package="tvm", target_name="tvm_runtime_cuda", extra_lib_paths=[runtime_dir], mode="RTLD_LOCAL"
-        )
+        load_tvm_cuda_library()
     except (OSError, RuntimeError) as exc:
         raise TargetMismatchError(
             f"this artifact runs on a CUDA GPU, but TVM's CUDA runtime cannot be loaded here ({exc}): it needs "
