@@ -81,22 +81,14 @@ def run(args: argparse.Namespace) -> int:
 
     artifact = args.artifact
     if artifact is None:
-        from inferx_edge.cli.build import run as build_run
-
-        target = args.target
-        artifact = args.output
-        ns = argparse.Namespace(
-            model=model,
-            target=target,
-            output=artifact,
-            input_shape=args.input_shape,
-            precision="fp32",
-            cuda_code="cubin",
-        )
-        build_run(ns)
+        from inferx_edge.compiler.build import BuildOptions, build_artifact
+        from inferx_edge.frontend import parse_input_shapes
         from inferx_edge.targets import get_target, host_target_name
 
-        artifact = artifact or default_output(model, get_target(target or host_target_name()).name)
+        spec = get_target(args.target or host_target_name())
+        artifact = args.output or default_output(model, spec.name)
+        build_artifact(BuildOptions(model, spec.name, artifact, parse_input_shapes(args.input_shape)))
+        print(f"wrote {artifact}")
 
     with Engine(artifact) as engine:
         spec = engine.variant.inputs[0]
