@@ -34,15 +34,45 @@ def workload():
 
 
 def curve(work_dir: Path) -> list[list[float]]:
-    """[trial number, best latency so far in ms] from the records file, in measurement order."""
+    """[trial number, best latency so far in ms] from the records file, in measurement order.
+
+    After a prune between chunks the file starts with the kept best record; later trial numbers are
+    offset so that they count every trial the database has seen (``inferx_tuning.json``).
+    """
+    from inferx_edge.tune import database as tdb
+
     best, out = float("inf"), []
-    path = work_dir / "database_tuning_record.json"
-    for i, line in enumerate(open(path)):
+    lines = open(work_dir / "database_tuning_record.json").readlines()
+    offset = max(0, tdb.trials_done(work_dir) - len(lines))
+    for i, line in enumerate(lines):
         secs = json.loads(line)[1][1]
         if secs and min(secs) < 1e9:
             best = min(best, sum(secs) / len(secs) * 1e3)
-        out.append([i + 1, best if best < float("inf") else None])
+        out.append([i + 1 + (offset if i else 0), best if best < float("inf") else None])
     return out
+
+
+def plot_curve(rec: dict, path: Path) -> None:
+    """Best-so-far TOPS vs trials, with cuBLASLt's TOPS as a line (needs matplotlib)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ops = 2 * N**3
+    pts = [p for p in rec["curve_trials_best_ms"] if p[1]]
+    plt.figure(figsize=(6, 3.5))
+    plt.plot([p[0] for p in pts], [ops / p[1] / 1e9 for p in pts], label="TVM MetaSchedule (best so far)")
+    plt.axhline(rec["results"][1]["tops"], color="k", ls="--", label="torch._int_mm (cuBLASLt)")
+    plt.xlabel("trials")
+    plt.ylabel("TOPS")
+    plt.title(f"int8 matmul {N}^3 on {rec['device']}")
+    plt.legend()
+    plt.tight_layout()
+    plt.savefig(path, dpi=110)
+    plt.close()
 
 
 def time_cuda(fn, iters: int = 50) -> float:
@@ -139,7 +169,7 @@ def main() -> None:
         "workload": f"C[{N},{N}] int32 = A[{N},{N}] int8 @ B[{N},{N}]^T int8",
         "space": "cuda-tensorcore",
         "cost_model": "random",
-        "trials_in_database": len(pts),
+        "trials_in_database": pts[-1][0] if pts else 0,
         "tuning_seconds_this_run": tune_s,
         "exact_vs_torch": exact,
         "results": [
@@ -157,25 +187,7 @@ def main() -> None:
     except Exception:  # NVML missing: keep torch's device name only
         pass
     path = write_record(f"gpu_int8_matmul_{spec.name}", rec)
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        xs = [p[0] for p in pts if p[1]]
-        ys = [ops / p[1] / 1e9 for p in pts if p[1]]
-        plt.figure(figsize=(6, 3.5))
-        plt.plot(xs, ys, label="TVM MetaSchedule (best so far)")
-        plt.axhline(ops / torch_ms / 1e9, color="k", ls="--", label="torch._int_mm (cuBLASLt)")
-        plt.xlabel("trials")
-        plt.ylabel("TOPS")
-        plt.title(f"int8 matmul {N}^3 on {rec['device']}")
-        plt.legend()
-        plt.tight_layout()
-        plt.savefig(RESULTS / f"gpu_int8_matmul_{spec.name}.png", dpi=110)
-    except ImportError:
-        pass
+    plot_curve(rec, RESULTS / f"gpu_int8_matmul_{spec.name}.png")
     print(
         f"tuned {tvm_ms:.3f} ms ({ops / tvm_ms / 1e9:.0f} TOPS) vs cuBLASLt {torch_ms:.3f} ms "
         f"({ops / torch_ms / 1e9:.0f} TOPS): {torch_ms / tvm_ms * 100:.0f} %; exact={exact}; wrote {path}"
