@@ -7,8 +7,10 @@ goes where the FLOP-weighted expected gain is) -> summary.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import platform
 import sys
 import time
 from dataclasses import dataclass, field
@@ -120,8 +122,7 @@ def tune_model(opts: TuneOptions, log=print) -> TuneSummary:
         remaining = opts.trials - have
         if remaining <= 0:
             log(f"[3/4] database already holds {have} trials for this model (budget {opts.trials}): nothing to tune")
-            return _summary(work_dir, extracted, index, have, 0, 0, 0.0, "-", False, tdb)
-        per_task_cap = opts.trials_per_task
+            return _summary(work_dir, extracted, index, have, 0, 0, 0.0, "-", False)
         cost = cost_model_name()
         log(
             f"[3/4] tuning: {remaining} new trials (database has {have}), {opts.per_iter} per round, "
@@ -142,8 +143,6 @@ def tune_model(opts: TuneOptions, log=print) -> TuneSummary:
             runner = ms.runner.LocalRunner(
                 evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=40)
             )
-        import platform
-
         cross = spec.cross_compiler if platform.machine() != spec.host_arch else None
         builder = PersistentBuilder(cross_compiler=cross)
         progress = Progress([t.task_name for t in extracted], before, remaining, opts.minutes)
@@ -155,7 +154,7 @@ def tune_model(opts: TuneOptions, log=print) -> TuneSummary:
                 task_weights=weights,
                 work_dir=str(work_dir),
                 max_trials_global=remaining,
-                max_trials_per_task=per_task_cap,
+                max_trials_per_task=opts.trials_per_task,
                 num_trials_per_iter=opts.per_iter,
                 builder=builder,
                 runner=runner,
@@ -165,7 +164,7 @@ def tune_model(opts: TuneOptions, log=print) -> TuneSummary:
                 task_scheduler="gradient",
             )
         except KeyboardInterrupt:
-            progress.close()
+            progress.close()  # end the bar before the message
             log("interrupted: every finished trial is in the database; run the same command to continue")
             raise
         finally:
@@ -173,7 +172,6 @@ def tune_model(opts: TuneOptions, log=print) -> TuneSummary:
             progress.close()
             tdb.note_trials(work_dir, have + progress.trials)
         seconds = time.time() - t0
-        del database  # flushes nothing (append-only), but drops the file handles before counting
         return _summary(
             work_dir,
             extracted,
@@ -184,7 +182,6 @@ def tune_model(opts: TuneOptions, log=print) -> TuneSummary:
             seconds,
             cost,
             progress.stopped_by_time,
-            tdb,
         )
 
 
@@ -196,8 +193,6 @@ def _shash(task) -> str:
 
 
 def _workload_index(work_dir: Path) -> dict[str, int]:
-    import json
-
     path = work_dir / tdb.WORKLOADS
     if not path.exists():
         return {}
@@ -210,7 +205,7 @@ def _workload_index(work_dir: Path) -> dict[str, int]:
     return out
 
 
-def _summary(work_dir, extracted, index, before, run, valid, seconds, cost, by_time, tdb) -> TuneSummary:
+def _summary(work_dir, extracted, index, before, run, valid, seconds, cost, by_time) -> TuneSummary:
     stats = tdb.trials_per_workload(work_dir)
     tasks = []
     for t in extracted:
