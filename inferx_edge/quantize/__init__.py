@@ -1,5 +1,6 @@
-"""INT8 quantization: calibration observers and symmetric int8 schemes (Relax rewrites come with the
-quantize stage; see the INT8 issue)."""
+"""INT8 quantization: calibration observers, symmetric int8 schemes, and the Relax rewrite of conv2d /
+matmul to int8 x int8 -> int32 compute (``rewrite.py``). Not yet wired into ``build``/``quantize``
+commands: see the INT8 issue for what remains (CLI, QDQ import, FP16/mixed budget, GPU int8)."""
 
 from inferx_edge.quantize.calibration import (
     OBSERVERS,

@@ -115,10 +115,20 @@ class PercentileObserver(_HistogramObserver):
 
 
 class EntropyObserver(_HistogramObserver):
-    """KL-divergence calibration (TensorRT's entropy calibrator, 128 quantization levels for |x|)."""
+    """KL-divergence calibration (TensorRT's entropy calibrator, 128 quantization levels for |x|).
+
+    Exact zeros are left out of the histogram: they quantize exactly at any threshold, and after a
+    ReLU their mass in the first bin would dominate the divergence and pull the threshold far too low
+    (measured: 84.2 % vs 89.0 % FP32 top-1 on the embedded model with zeros kept).
+    """
 
     name = "entropy"
     levels = QMAX + 1
+
+    def update(self, x: np.ndarray) -> None:
+        a = np.asarray(x).ravel()
+        nonzero = a[a != 0]
+        super().update(nonzero if nonzero.size else a)
 
     def threshold(self) -> float:
         self._check()

@@ -1,0 +1,189 @@
+"""Relax rewrite to real int8 compute: ``conv2d`` and ``matmul`` whose weight is a model parameter
+become int8 x int8 -> int32 ops with float rescaling after.
+
+For each such op with input activation ``x`` (calibrated threshold ``amax_x``) and weight ``W``
+(per-output-channel scales ``s_w``)::
+
+    xq = astype(clip(round(x / s_x), -127, 127), int8)          s_x = amax_x / 127
+    y  = astype(conv2d(xq, Wq, out_dtype=int32), float32) * (s_x * s_w)   # bias/ReLU follow unchanged
+
+``Wq`` replaces ``W`` in the function signature as an int8 parameter (so artifacts store int8
+weights). Legalized, the int8 ops load int8 and accumulate in int32 (checked in the tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from inferx_edge.frontend import ImportedModel
+from inferx_edge.quantize.calibration import QMAX, make_observer, quantize_per_channel
+
+
+@dataclass(frozen=True)
+class QuantTarget:
+    """One conv2d/matmul to quantize: the bound var of its result, its activation input, its weight
+    parameter, and the output-channel axis of that weight."""
+
+    name: str
+    op: str
+    x: object  # relax.Var
+    weight: object  # relax.Var (function parameter)
+    channel_axis: int
+
+
+def _param_of(expr, bindings, params):
+    """The function parameter behind a weight expression (directly, or through permute_dims)."""
+    from tvm import relax
+
+    if isinstance(expr, relax.Var) and expr in params:
+        return expr, False
+    value = bindings.get(expr)
+    if isinstance(value, relax.Call) and value.op.name == "relax.permute_dims" and value.args[0] in params:
+        return value.args[0], True
+    return None, False
+
+
+def find_targets(func) -> list[QuantTarget]:
+    from tvm import relax
+
+    num_input = int(func.attrs["num_input"])
+    params = set(func.params[num_input:])
+    bindings = {b.var: b.value for block in func.body.blocks for b in block.bindings}
+    targets = []
+    for var, value in bindings.items():
+        if not isinstance(value, relax.Call) or not hasattr(value.op, "name"):
+            continue
+        if (
+            value.op.name == "relax.nn.conv2d"
+            and str(value.attrs.kernel_layout) == "OIHW"
+            and int(value.attrs.groups) == 1
+        ):
+            w, _ = _param_of(value.args[1], bindings, params)
+            if w is not None:
+                targets.append(QuantTarget(var.name, "conv2d", value.args[0], w, 0))
+        elif value.op.name == "relax.matmul":
+            w, transposed = _param_of(value.args[1], bindings, params)
+            if w is not None and len(w.ty.shape) == 2:
+                # matmul(x, W^T) with W [out, in] (ONNX Gemm, transB=1) or matmul(x, W) with W [in, out]
+                targets.append(QuantTarget(var.name, "matmul", value.args[0], w, 0 if transposed else 1))
+    return targets
+
+
+def calibrate(
+    imported: ImportedModel, targets: list[QuantTarget], batches, method: str = "entropy", target=None
+) -> dict[str, float]:
+    """Run the FP32 model on ``batches`` (dicts of input arrays) and return ``amax`` per target's input."""
+    import tvm
+    from tvm import relax
+
+    func = relax.transform.ToNonDataflow()(tvm.IRModule({"main": imported.mod["main"]}))["main"]
+    # ToNonDataflow keeps variable identity by name; look the activations up by name
+    by_name = {b.var.name: b.var for block in func.body.blocks for b in block.bindings}
+    by_name.update({p.name: p for p in func.params})
+    outs = [by_name[t.x.name] for t in targets]
+    probe = relax.Function(
+        func.params,
+        relax.SeqExpr(func.body.blocks, relax.Tuple(outs)),
+        ret_ty=relax.TupleType([o.ty for o in outs]),
+        attrs=func.attrs,
+    )
+    mod = relax.transform.Normalize()(tvm.IRModule({"main": probe}))
+    target = target or tvm.target.Target({"kind": "llvm"})
+    vm = relax.VirtualMachine(relax.build(mod, target), tvm.cpu())
+    params = [tvm.runtime.tensor(p) for p in imported.params]
+    observers = [make_observer(method) for _ in targets]
+    names = [s.name for s in imported.inputs]
+    for batch in batches:
+        res = vm["main"](*[tvm.runtime.tensor(batch[n]) for n in names], *params)
+        for obs, r in zip(observers, res):
+            obs.update(r.numpy())
+    return {t.name: obs.threshold() for t, obs in zip(targets, observers)}
+
+
+def quantize_imported(imported: ImportedModel, targets: list[QuantTarget], amax: dict[str, float]) -> ImportedModel:
+    """Return a copy of ``imported`` whose targets compute in int8 and whose weights are int8."""
+    import tvm
+    from tvm import relax
+
+    func = imported.mod["main"]
+    num_input = int(func.attrs["num_input"])
+    param_index = {p: i for i, p in enumerate(func.params[num_input:])}
+    new_params = list(func.params)
+    arrays = list(imported.params)
+    info = {}
+    for t in targets:
+        i = param_index[t.weight]
+        if isinstance(arrays[i], np.ndarray) and arrays[i].dtype == np.int8:
+            w_scales = info[t.weight][1]
+        else:
+            wq, w_scales = quantize_per_channel(arrays[i], axis=t.channel_axis)
+            arrays[i] = wq
+            qvar = relax.Var(t.weight.name + "_int8", relax.TensorType(list(t.weight.ty.shape), "int8"))
+            new_params[num_input + i] = qvar
+            info[t.weight] = (qvar, w_scales)
+        s_x = amax[t.name] / QMAX if amax[t.name] > 0 else 1.0
+        info[t.name] = (s_x, w_scales)
+
+    by_var = {t.name: t for t in targets}
+
+    @relax.expr_functor.mutator
+    class Int8Rewriter(relax.PyExprMutator):
+        def visit_var_binding_(self, binding):
+            t = by_var.get(binding.var.name)
+            if t is None:
+                return super().visit_var_binding_(binding)
+            call = binding.value
+            x = self.visit_expr(call.args[0])
+            w = self.visit_expr(call.args[1])
+            s_x, w_scales = info[t.name]
+            bb = self.builder_
+            xq = bb.emit(
+                relax.op.astype(
+                    relax.op.clip(relax.op.round(relax.op.divide(x, relax.const(np.float32(s_x)))), -QMAX, QMAX), "int8"
+                )
+            )
+            if t.op == "conv2d":
+                a = call.attrs
+                y32 = bb.emit(
+                    relax.op.nn.conv2d(
+                        xq,
+                        w,
+                        strides=a.strides,
+                        padding=a.padding,
+                        dilation=a.dilation,
+                        groups=a.groups,
+                        data_layout=a.data_layout,
+                        kernel_layout=a.kernel_layout,
+                        out_layout=a.out_layout,
+                        out_dtype="int32",
+                    )
+                )
+                scale = (s_x * w_scales).astype(np.float32).reshape(1, -1, 1, 1)
+            else:
+                y32 = bb.emit(relax.op.matmul(xq, w, out_dtype="int32"))
+                scale = (s_x * w_scales).astype(np.float32)
+            y = relax.op.multiply(relax.op.astype(y32, "float32"), relax.const(scale))
+            self.set_var_remap(binding.var, bb.emit(y))
+
+    rewriter = Int8Rewriter()
+    for old, new in zip(func.params, new_params):
+        if old is not new:
+            rewriter.set_var_remap(old, new)
+    body = rewriter.visit_expr(func.body)
+    new_func = relax.Function(new_params, body, ret_ty=func.ret_ty, attrs=func.attrs)
+    mod = relax.transform.Normalize()(tvm.IRModule({"main": new_func}))
+    from inferx_edge.frontend.model import ImportedModel as IM
+
+    return IM(
+        imported.name,
+        imported.format,
+        imported.source,
+        imported.sha256,
+        mod,
+        list(imported.param_names),
+        arrays,
+        imported.inputs,
+        imported.outputs,
+    )
