@@ -93,3 +93,49 @@ def test_embedded_model_int8_accuracy_on_real_data(method):
     w32 = sum(p.nbytes for p, n in zip(im.params, im.param_names) if any(n.endswith(q_) for q_ in quantized))
     w8 = sum(p.nbytes for p in q.params if p.dtype == np.int8)
     assert w8 <= 0.3 * w32
+
+
+def test_build_int8_variant_with_report_and_int8_weights(tmp_path):
+    from inferx_edge.cli._common import DEFAULT_MODEL
+    from inferx_edge.compiler import BuildOptions, build_artifact
+    from inferx_edge.package import open_artifact
+    from inferx_edge.runtime import Engine
+    from inferx_edge.targets import host_target_name
+
+    out = tmp_path / "i8.ixa"
+    build_artifact(
+        BuildOptions(
+            DEFAULT_MODEL, host_target_name(), out, precisions=("fp32", "int8"), tuning=False, calib_method="minmax"
+        ),
+        log=lambda *a: None,
+    )
+    with open_artifact(out) as art:
+        v = art.manifest.variant("int8-b1")
+        rep = v.extra["quantization"]
+        assert rep["calibration"] == "minmax" and rep["int8_mac_share"] == 1.0 and len(rep["layers"]) == 4
+        assert art.member("weights/int8.npz").stat().st_size <= 0.3 * art.member("weights/fp32.npz").stat().st_size
+    x = np.random.default_rng(0).random((1, 1, 28, 28)).astype(np.float32)
+    with Engine(out, preload=True) as e:
+        ref = e.run(x)["logits"]
+        e.select("int8-b1")
+        got = e.run(x)["logits"]
+    assert got.argmax() == ref.argmax() and np.abs(got - ref).max() < 0.1 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize(
+    "bad,msg",
+    [
+        (np.full((4, 1, 28, 28), np.nan, np.float32), "NaN/Inf"),
+        (np.zeros((4, 28, 28), np.float32), "has shape 4x28x28, expected"),
+        (np.zeros((4, 1, 28, 28), np.float64), "is float64"),
+    ],
+)
+def test_bad_calibration_data_is_refused(tmp_path, bad, msg):
+    from tests.conftest import cli
+
+    np.save(tmp_path / "calib.npy", bad)
+    r = cli("build", "--precision", "int8", "--calib", tmp_path / "calib.npy", "-o", tmp_path / "x.ixa")
+    assert r.returncode == 6 and msg in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "x.ixa").exists()
+    r = cli("build", "--precision", "int8", "--calib", tmp_path / "nope", "-o", tmp_path / "x.ixa")
+    assert r.returncode == 2 and "calibration data not found" in r.stderr

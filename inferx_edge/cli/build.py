@@ -24,6 +24,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="B1,B2,...",
         help="build one variant per batch size (the model's batch dimension must be dynamic)",
     )
+    p.add_argument(
+        "--calib",
+        type=Path,
+        default=None,
+        help="int8 calibration data: .npz keyed by input name, .npy, or a directory of them "
+        "(default for the embedded model: its 128 calibration images)",
+    )
+    p.add_argument(
+        "--calib-method",
+        default="entropy",
+        choices=["minmax", "percentile", "entropy", "mse"],
+        help="int8 activation calibration (default entropy)",
+    )
     p.add_argument("--no-tuning", action="store_true", help="ignore tuning databases: default schedules only")
     p.add_argument("--tuning-logs", type=Path, default=None, help="database root (default: tuning_logs/)")
     p.add_argument(
@@ -63,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
         batch_sizes=_batch_sizes(args.batch_sizes),
         cuda_code=args.cuda_code,
         tuning=not args.no_tuning,
+        calib=args.calib,
+        calib_method=args.calib_method,
         tuning_root=args.tuning_logs,
     )
     manifest = build_artifact(opts)

@@ -36,6 +36,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="where to write the built artifact (default: build/<model>-<target>.ixa)",
     )
     p.add_argument("--report", type=Path, default=None, help="also write the report as JSON here")
+    p.add_argument(
+        "--precision",
+        default="fp32",
+        choices=["fp32", "fp16", "int8"],
+        help="precision to build and evaluate (int8 calibrates on the embedded calibration set or --calib)",
+    )
+    p.add_argument("--calib", type=Path, default=None, help="int8 calibration data (see build --help)")
 
 
 def load_holdout(data: Path | None) -> tuple[np.ndarray, np.ndarray, str]:
@@ -87,7 +94,16 @@ def run(args: argparse.Namespace) -> int:
 
         spec = get_target(args.target or host_target_name())
         artifact = args.output or default_output(model, spec.name)
-        build_artifact(BuildOptions(model, spec.name, artifact, parse_input_shapes(args.input_shape)))
+        build_artifact(
+            BuildOptions(
+                model,
+                spec.name,
+                artifact,
+                parse_input_shapes(args.input_shape),
+                precision=args.precision,
+                calib=args.calib,
+            )
+        )
         print(f"wrote {artifact}")
 
     with Engine(artifact) as engine:

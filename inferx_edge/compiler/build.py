@@ -29,8 +29,8 @@ from inferx_edge.targets import TargetSpec, get_target
 from inferx_edge.targets.registry import HOST_CPU
 
 #: Precisions ``build`` accepts. fp16: Relax ToMixedPrecision (fp16 compute and accumulation, the
-#: signature stays fp32). Quantized ones are added by the quantize stage.
-PRECISIONS = ("fp32", "fp16")
+#: signature stays fp32). int8: calibrated int8 x int8 -> int32 conv2d/matmul (inferx_edge.quantize).
+PRECISIONS = ("fp32", "fp16", "int8")
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,8 @@ class BuildOptions:
     tuning_root: Path | None = None
     batch_sizes: tuple[int, ...] = ()
     precisions: tuple[str, ...] = ()
+    calib: Path | None = None
+    calib_method: str = "entropy"
 
     def variant_grid(self, model_batch: int) -> list[tuple[str, int]]:
         """(precision, batch) of every variant: ``precisions`` x ``batch_sizes`` (defaults: the single
@@ -254,14 +256,29 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
         log(f"      output {t.describe()}")
 
     variants, members, infos = [], {}, []
+    weights_of = {"fp32": ("weights/fp32.npz", base)}  # fp16 casts in the graph: it shares fp32 weights
+    grid = opts.variant_grid(base.inputs[0].shape[0] if base.inputs and base.inputs[0].shape else 1)
+    int8 = None
+    if any(p == "int8" for p, _ in grid):
+        from inferx_edge.quantize.driver import apply_int8, quantize_for_build
+
+        log("[1/4] calibrating for int8")
+        int8 = quantize_for_build(opts.model, opts.input_shapes, base, opts.calib, opts.calib_method, log)
     with tempfile.TemporaryDirectory(prefix="inferx_edge-build-") as tmp:
         tmp = Path(tmp)
-        grid = opts.variant_grid(base.inputs[0].shape[0] if base.inputs and base.inputs[0].shape else 1)
         for i, (precision, batch) in enumerate(grid, 1):
             imported = base
             if batch != (base.inputs[0].shape[0] if base.inputs[0].shape else 1):
                 shapes = {**opts.input_shapes, **{t.name: (batch, *t.shape[1:]) for t in base.inputs}}
                 imported = import_model(opts.model, shapes)
+            quant_report = None
+            if precision == "int8":
+                imported, quant_report = apply_int8(imported, *int8)
+                weights_of.setdefault("int8", ("weights/int8.npz", imported))
+                log(
+                    f"      int8: {len(quant_report['layers'])} layers, {quant_report['int8_mac_share'] * 100:.1f} % "
+                    f"of conv/matmul MACs"
+                )
             name = f"{precision}-b{batch}"
             log(f"[2/4] compiling variant {name} ({i}/{len(grid)}) for {spec.name} ({spec.description})")
             lib = tmp / f"{name}.so"
@@ -290,21 +307,25 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
                     precision=precision,
                     batch=int(batch),
                     library=f"lib/{name}.so",
-                    weights="weights/fp32.npz",
+                    weights=weights_of["int8" if precision == "int8" else "fp32"][0],
                     params=tuple(imported.param_names),
                     inputs=imported.inputs,
                     outputs=imported.outputs,
                     tuned=bool(info["tuning"] and info["tuning"]["kernels_tuned"]),
-                    extra={"tuning": info["tuning"]} if info["tuning"] else {},
+                    extra=({"tuning": info["tuning"]} if info["tuning"] else {})
+                    | ({"quantization": quant_report} if quant_report else {}),
                 )
             )
             members[f"lib/{name}.so"] = lib
             infos.append(info)
 
-        log("[3/4] writing weights (fp32, shared by every variant; lower precisions cast in the graph)")
-        weights = tmp / "fp32.npz"
-        np.savez(weights, **dict(zip(base.param_names, base.params)))
-        members["weights/fp32.npz"] = weights
+        log("[3/4] writing weights (fp32 shared by fp32/fp16 variants; int8 variants share int8 weights)")
+        used = {v.weights for v in variants}
+        for member, source in weights_of.values():
+            if member in used:
+                path = tmp / Path(member).name
+                np.savez(path, **dict(zip(source.param_names, source.params)))
+                members[member] = path
 
         info = infos[0]
         target_record = spec.summary() | {"tvm_target": info["tvm_target"]}
