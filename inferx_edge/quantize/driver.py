@@ -103,14 +103,14 @@ def _shape(expr) -> list[int]:
     return [int(d) for d in expr.ty.shape.values]
 
 
+def _op_macs(op: str, out: list[int], w: list[int], reduce_axis: int) -> int:
+    """Multiply-accumulates of a conv2d (OIHW weight) or a matmul (reduction over ``w[reduce_axis]``)."""
+    return int(np.prod(out)) * (int(np.prod(w[1:])) if op == "conv2d" else w[reduce_axis])
+
+
 def _macs(imported: ImportedModel, t) -> int:
     bindings = {b.var.name: b for blk in imported.mod["main"].body.blocks for b in blk.bindings}
-    out = _shape(bindings[t.name].var)
-    w = _shape(t.weight)
-    if t.op == "conv2d":
-        return int(np.prod(out)) * int(np.prod(w[1:]))
-    k = w[1 - t.channel_axis]
-    return int(np.prod(out)) * k
+    return _op_macs(t.op, _shape(bindings[t.name].var), _shape(t.weight), 1 - t.channel_axis)
 
 
 def _other_macs(imported: ImportedModel, done: set[str]) -> int:
@@ -124,6 +124,6 @@ def _other_macs(imported: ImportedModel, done: set[str]) -> int:
             if b.var.name in done or not isinstance(v, relax.Call) or not hasattr(v.op, "name"):
                 continue
             if v.op.name in ("relax.nn.conv2d", "relax.matmul"):
-                out, w = _shape(b.var), _shape(v.args[1])
-                total += int(np.prod(out)) * (int(np.prod(w[1:])) if v.op.name == "relax.nn.conv2d" else w[-2])
+                op = "conv2d" if v.op.name == "relax.nn.conv2d" else "matmul"
+                total += _op_macs(op, _shape(b.var), _shape(v.args[1]), -2)
     return total
