@@ -40,8 +40,8 @@ def export(model: str, path: Path) -> None:
 
 
 def online(engine, backend, governor, windows: int, window_s: float) -> list[dict]:
+    from inferx_edge.report.profile import measure_window
     from inferx_edge.runtime.governor import VariantStats
-    from inferx_edge.runtime.telemetry import EnergyMeter
 
     rng = np.random.default_rng(0)
     log = []
@@ -49,22 +49,10 @@ def online(engine, backend, governor, windows: int, window_s: float) -> list[dic
         v = engine.select(governor.current)
         x = rng.standard_normal(v.inputs[0].shape).astype("float32")
         engine.benchmark(x, warmup=3, repeat=1, min_seconds=0.5)
-        meter = EnergyMeter(backend)
-        meter.start()
-        st = engine.benchmark(x, warmup=0, repeat=1, min_seconds=window_s)
-        e = meter.stop()
-        frames, secs = st.count * v.batch, st.mean_ms * st.count / 1e3
-        s = VariantStats(
-            v.name,
-            frames / secs,
-            e["avg_w"],
-            e["energy_j"] / frames if e["energy_j"] else None,
-            st.p99_ms,
-            v.batch,
-            v.precision,
-        )
+        w = measure_window(engine, x, v.batch, backend, window_s)
+        s = VariantStats(v.name, w["fps"], w["avg_w"], w["j_per_frame"], w["p99_ms"], v.batch, v.precision)
         governor.observe(s)
-        nxt = governor.decide(time.monotonic(), telemetry_ok=e["energy_j"] is not None)
+        nxt = governor.decide(time.monotonic(), telemetry_ok=w["energy_j"] is not None)
         log.append({"window": i, "ran": v.name, "fps": s.fps, "w": s.watts, "j_per_frame": s.j_per_frame, "next": nxt})
     return log
 

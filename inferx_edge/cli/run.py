@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -82,18 +80,13 @@ def _write_outputs(path: Path, outputs: dict[str, np.ndarray]) -> None:
         raise UsageError(f"--output must end in .npy or .npz, got '{path.name}'")
     if suffix == ".npy" and len(outputs) != 1:
         raise UsageError(f"model has {len(outputs)} outputs ({', '.join(outputs)}): write them to a .npz")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            if suffix == ".npy":
-                np.save(f, next(iter(outputs.values())))
-            else:
-                np.savez(f, **outputs)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from inferx_edge.package.atomic import atomic_write
+
+    with atomic_write(path) as f:
+        if suffix == ".npy":
+            np.save(f, next(iter(outputs.values())))
+        else:
+            np.savez(f, **outputs)
 
 
 def run(args: argparse.Namespace) -> int:

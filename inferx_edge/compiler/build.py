@@ -257,7 +257,8 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
 
     variants, members, infos = [], {}, []
     weights_of = {"fp32": ("weights/fp32.npz", base)}  # fp16 casts in the graph: it shares fp32 weights
-    grid = opts.variant_grid(base.inputs[0].shape[0] if base.inputs and base.inputs[0].shape else 1)
+    base_batch = base.inputs[0].shape[0] if base.inputs and base.inputs[0].shape else 1
+    grid = opts.variant_grid(base_batch)
     int8 = None
     if any(p == "int8" for p, _ in grid):
         from inferx_edge.quantize.driver import apply_int8, quantize_for_build
@@ -268,7 +269,7 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
         tmp = Path(tmp)
         for i, (precision, batch) in enumerate(grid, 1):
             imported = base
-            if batch != (base.inputs[0].shape[0] if base.inputs[0].shape else 1):
+            if batch != base_batch:
                 shapes = {**opts.input_shapes, **{t.name: (batch, *t.shape[1:]) for t in base.inputs}}
                 imported = import_model(opts.model, shapes)
             quant_report = None

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path, PurePosixPath
 
 from inferx_edge.errors import ArtifactError, ChecksumError, UsageError
+from inferx_edge.package.atomic import atomic_write
 from inferx_edge.package.manifest import MANIFEST_NAME, Manifest
 
 _CHUNK = 1 << 20
@@ -52,23 +53,15 @@ def write_artifact(out_path: str | os.PathLike, manifest: Manifest, members: dic
     manifest = dataclasses.replace(manifest, files=files)
     text = manifest.to_json().encode()
 
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".part", dir=out_path.parent)
-    try:
-        with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
-            info = tarfile.TarInfo(MANIFEST_NAME)
-            info.size, info.mode = len(text), 0o644
-            tar.addfile(info, io.BytesIO(text))
-            for name, local in sorted(members.items()):
-                info = tarfile.TarInfo(name)
-                info.size, info.mode = os.path.getsize(local), 0o644
-                with open(local, "rb") as f:
-                    tar.addfile(info, f)
-        os.replace(tmp, out_path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(out_path) as raw, tarfile.open(fileobj=raw, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo(MANIFEST_NAME)
+        info.size, info.mode = len(text), 0o644
+        tar.addfile(info, io.BytesIO(text))
+        for name, local in sorted(members.items()):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = os.path.getsize(local), 0o644
+            with open(local, "rb") as f:
+                tar.addfile(info, f)
     return manifest
 
 

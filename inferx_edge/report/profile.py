@@ -10,15 +10,14 @@ with the runtime only (no compiler).
 from __future__ import annotations
 
 import json
-import os
 import platform
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 from inferx_edge.errors import UsageError
+from inferx_edge.package.atomic import atomic_write
 from inferx_edge.runtime import Engine
 from inferx_edge.runtime.telemetry import EnergyMeter, probe
 
@@ -36,6 +35,30 @@ def measure_idle(backend, seconds: float) -> float | None:
     time.sleep(seconds)
     w = meter.stop()
     return w["avg_w"]
+
+
+def measure_window(engine: Engine, x, batch: int, backend, seconds: float) -> dict:
+    """Back-to-back synchronous runs of the current variant for ``seconds``: throughput, latency
+    percentiles, and energy (None without telemetry) per frame."""
+    meter = EnergyMeter(backend) if backend else None
+    if meter:
+        meter.start()
+    stats = engine.benchmark(x, warmup=0, repeat=1, min_seconds=seconds)
+    energy = meter.stop() if meter else {"energy_j": None, "avg_w": None, "method": None}
+    frames = stats.count * batch
+    elapsed = stats.mean_ms * stats.count / 1e3
+    return {
+        "frames": frames,
+        "seconds": elapsed,
+        "fps": frames / elapsed,
+        "p50_ms": stats.p50_ms,
+        "p90_ms": stats.p90_ms,
+        "p99_ms": stats.p99_ms,
+        "energy_j": energy["energy_j"],
+        "avg_w": energy["avg_w"],
+        "method": energy["method"],
+        "j_per_frame": energy["energy_j"] / frames if energy["energy_j"] is not None else None,
+    }
 
 
 def profile_artifact(
@@ -105,28 +128,7 @@ def _profile(
             engine.select(name)
             switch_us = (time.perf_counter() - t_switch) * 1e6
             engine.benchmark(x, warmup=3, repeat=1, min_seconds=warmup_s)
-            windows = []
-            for _ in range(repeats):
-                meter = EnergyMeter(backend) if backend else None
-                if meter:
-                    meter.start()
-                stats = engine.benchmark(x, warmup=0, repeat=1, min_seconds=window_s)
-                energy = meter.stop() if meter else {"energy_j": None, "avg_w": None, "method": None}
-                frames = stats.count * v.batch
-                seconds = stats.mean_ms * stats.count / 1e3
-                w = {
-                    "frames": frames,
-                    "seconds": seconds,
-                    "fps": frames / seconds,
-                    "p50_ms": stats.p50_ms,
-                    "p90_ms": stats.p90_ms,
-                    "p99_ms": stats.p99_ms,
-                    "energy_j": energy["energy_j"],
-                    "avg_w": energy["avg_w"],
-                    "method": energy["method"],
-                }
-                w["j_per_frame"] = w["energy_j"] / frames if w["energy_j"] is not None else None
-                windows.append(w)
+            windows = [measure_window(engine, x, v.batch, backend, window_s) for _ in range(repeats)]
             row = _summarise(name, v, windows, idle_w)
             row["select_switch_us"] = switch_us
             rows.append(row)
@@ -159,11 +161,8 @@ def _profile(
 
 
 def _write(output: Path, report: dict) -> None:
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=output.parent, suffix=".part")
-    with os.fdopen(fd, "w") as f:
+    with atomic_write(output, "w") as f:
         json.dump(report, f, indent=2)
-    os.replace(tmp, output)
 
 
 def _summarise(name, v, windows, idle_w) -> dict:

@@ -19,6 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from inferx_edge.errors import InferxError
+from inferx_edge.package.atomic import atomic_write
 
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
@@ -113,10 +114,10 @@ def _parses(line: bytes) -> bool:
 def _rewrite(path: Path, lines: list[bytes], bad: list[int], warn) -> None:
     with open(path.with_suffix(".corrupt"), "ab") as f:
         f.writelines(lines[i].rstrip(b"\n") + b"\n" for i in bad)
-    keep = [line if line.endswith(b"\n") else line + b"\n" for i, line in enumerate(lines) if i not in set(bad)]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(b"".join(keep))
-    os.replace(tmp, path)
+    drop = set(bad)
+    keep = [line if line.endswith(b"\n") else line + b"\n" for i, line in enumerate(lines) if i not in drop]
+    with atomic_write(path) as f:
+        f.write(b"".join(keep))
     warn(f"{path.name}: skipped {len(bad)} corrupt line(s) (kept in {path.with_suffix('.corrupt').name})")
 
 
@@ -151,10 +152,9 @@ def trials_done(work_dir: Path) -> int:
 
 
 def note_trials(work_dir: Path, trials: int) -> None:
-    meta = work_dir / META
-    tmp = meta.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"trials": max(trials, trials_done(work_dir))}) + "\n")
-    os.replace(tmp, meta)
+    total = max(trials, trials_done(work_dir))
+    with atomic_write(work_dir / META, "w") as f:
+        f.write(json.dumps({"trials": total}) + "\n")
 
 
 def prune(work_dir: Path, keep: int = 1) -> tuple[int, int]:
@@ -179,7 +179,6 @@ def prune(work_dir: Path, keep: int = 1) -> tuple[int, int]:
             entry[0] = renumber[old]
             kept.append((json.dumps(entry) + "\n").encode())
     for path, body in ((workloads, b"".join(wl_lines[old] for old in order)), (records, b"".join(kept))):
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(body)
-        os.replace(tmp, path)
+        with atomic_write(path) as f:
+            f.write(body)
     return len(lines), len(kept)
