@@ -18,6 +18,7 @@ COMMANDS = {
     "evaluate": "build the model, run it on its labelled holdout set, report accuracy and latency",
     "targets": "list the targets inferx_edge builds for",
     "tune": "tune a model's kernels with MetaSchedule (tuning_logs/), locally or on a device over RPC",
+    "quantize": "calibrate for int8, measure per-layer sensitivity, choose mixed precision under an accuracy budget",
     "build": "compile a model ahead of time into an artifact for a target",
     "run": "run an artifact on input tensors (.npy/.npz) with the on-device runtime",
     "inspect": "verify an artifact and print its manifest",

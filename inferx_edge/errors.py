@@ -53,6 +53,12 @@ class InputError(InferxError):
     exit_code = 6
 
 
+class BudgetError(InferxError):
+    """A quantization accuracy budget cannot be met (nothing is written)."""
+
+    exit_code = 10
+
+
 def did_you_mean(value: str, choices: Iterable[str]) -> str:
     """Return ``" did you mean 'x'?"`` for the closest choice, or ``""`` if none is close."""
     close = difflib.get_close_matches(value, list(choices), n=1, cutoff=0.5)

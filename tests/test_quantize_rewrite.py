@@ -36,7 +36,7 @@ def test_gemm_rewrite_is_exact_against_numpy_int32(tmp_path):
     targets = find_targets(im.mod["main"])
     assert [(t.op, t.channel_axis) for t in targets] == [("matmul", 0)]
     x = rng.standard_normal((8, 32)).astype(np.float32)
-    amax = {targets[0].name: 2.5}  # clips some inputs on purpose
+    amax = {targets[0].key: 2.5}  # clips some inputs on purpose
     q = quantize_imported(im, targets, amax)
     assert q.params[0].dtype == np.int8
     got = _run(q.mod, q.params, x)
@@ -56,7 +56,7 @@ def test_int8_ops_legalize_to_int8_loads_and_int32_accumulation():
     im = import_model(DEFAULT_MODEL, {"image": (1, 1, 28, 28)})
     targets = find_targets(im.mod["main"])
     assert [t.op for t in targets] == ["conv2d", "conv2d", "conv2d", "matmul"]
-    q = quantize_imported(im, targets, {t.name: 2.0 for t in targets})
+    q = quantize_imported(im, targets, {t.key: 2.0 for t in targets})
     lowered = relax.get_pipeline("zero")(q.mod)
     compute = {
         gv.name_hint: f.script()

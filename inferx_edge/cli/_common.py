@@ -38,3 +38,54 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 def default_output(model: Path, target: str) -> Path:
     return Path("build") / f"{model.stem}-{target}.ixa"
+
+
+def add_quantization_arguments(p: argparse.ArgumentParser, plan: bool = True) -> None:
+    """Calibration and accuracy-budget flags shared by quantize, build and evaluate."""
+    p.add_argument(
+        "--calib",
+        type=Path,
+        default=None,
+        help="int8 calibration data: .npz keyed by input name, .npy, or a directory of them "
+        "(default for the embedded model: its 128 calibration images)",
+    )
+    p.add_argument(
+        "--calib-method",
+        default="entropy",
+        choices=["minmax", "percentile", "entropy", "mse"],
+        help="int8 activation calibration (default entropy)",
+    )
+    p.add_argument(
+        "--max-accuracy-drop",
+        type=float,
+        default=None,
+        metavar="POINTS",
+        help="top-1 budget in points against fp32: mixed keeps the most sensitive layers in fp32 until it holds "
+        "(default 0.5 for mixed); int8 is checked against it",
+    )
+    p.add_argument(
+        "--min-int8-share",
+        type=float,
+        default=0.5,
+        metavar="FRACTION",
+        help="mixed: the budget counts as unmet if fewer than this share of conv/matmul MACs stay int8 (default 0.5)",
+    )
+    p.add_argument(
+        "--eval-data",
+        type=Path,
+        default=None,
+        help="data the budget is measured on: .npz with one array per input (or 'x') and optional integer "
+        "'labels'/'y' (default: the embedded model's holdout; else the calibration data, as agreement with fp32)",
+    )
+    p.add_argument(
+        "--allow-over-budget",
+        action="store_true",
+        help="when the budget cannot be met, keep the best mix found (with a warning) instead of failing",
+    )
+    if plan:
+        p.add_argument(
+            "--quant-plan",
+            type=Path,
+            default=None,
+            help="apply a plan written by 'quantize' (thresholds and per-layer precisions) instead of calibrating",
+        )

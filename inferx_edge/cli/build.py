@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from inferx_edge.cli._common import DEFAULT_MODEL, add_model_arguments, default_output
+from inferx_edge.cli._common import DEFAULT_MODEL, add_model_arguments, add_quantization_arguments, default_output
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -16,7 +16,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--precision",
         default="fp32",
-        help="numeric precision: fp32 or fp16; a comma list builds one variant per precision (default: fp32)",
+        help="numeric precision: fp32, fp16, int8 (calibrated) or mixed (int8 with fp32 layers where an "
+        "accuracy budget needs them); a comma list builds one variant per precision (default: fp32)",
     )
     p.add_argument(
         "--batch-sizes",
@@ -24,19 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="B1,B2,...",
         help="build one variant per batch size (the model's batch dimension must be dynamic)",
     )
-    p.add_argument(
-        "--calib",
-        type=Path,
-        default=None,
-        help="int8 calibration data: .npz keyed by input name, .npy, or a directory of them "
-        "(default for the embedded model: its 128 calibration images)",
-    )
-    p.add_argument(
-        "--calib-method",
-        default="entropy",
-        choices=["minmax", "percentile", "entropy", "mse"],
-        help="int8 activation calibration (default entropy)",
-    )
+    add_quantization_arguments(p)
     p.add_argument("--no-tuning", action="store_true", help="ignore tuning databases: default schedules only")
     p.add_argument("--tuning-logs", type=Path, default=None, help="database root (default: tuning_logs/)")
     p.add_argument(
@@ -78,6 +67,11 @@ def run(args: argparse.Namespace) -> int:
         tuning=not args.no_tuning,
         calib=args.calib,
         calib_method=args.calib_method,
+        quant_plan=args.quant_plan,
+        max_accuracy_drop=args.max_accuracy_drop,
+        min_int8_share=args.min_int8_share,
+        eval_data=args.eval_data,
+        allow_over_budget=args.allow_over_budget,
         tuning_root=args.tuning_logs,
     )
     manifest = build_artifact(opts)

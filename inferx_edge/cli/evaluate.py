@@ -12,7 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
-from inferx_edge.cli._common import DEFAULT_DATA, DEFAULT_MODEL, add_model_arguments, default_output
+from inferx_edge.cli._common import (
+    DEFAULT_DATA,
+    DEFAULT_MODEL,
+    add_model_arguments,
+    add_quantization_arguments,
+    default_output,
+)
 from inferx_edge.errors import UsageError
 
 
@@ -39,10 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--precision",
         default="fp32",
-        choices=["fp32", "fp16", "int8"],
-        help="precision to build and evaluate (int8 calibrates on the embedded calibration set or --calib)",
+        choices=["fp32", "fp16", "int8", "mixed"],
+        help="precision to build and evaluate (int8/mixed calibrate on the embedded calibration set or --calib)",
     )
-    p.add_argument("--calib", type=Path, default=None, help="int8 calibration data (see build --help)")
+    add_quantization_arguments(p)
 
 
 def load_holdout(data: Path | None) -> tuple[np.ndarray, np.ndarray, str]:
@@ -102,6 +108,12 @@ def run(args: argparse.Namespace) -> int:
                 parse_input_shapes(args.input_shape),
                 precision=args.precision,
                 calib=args.calib,
+                calib_method=args.calib_method,
+                quant_plan=args.quant_plan,
+                max_accuracy_drop=args.max_accuracy_drop,
+                min_int8_share=args.min_int8_share,
+                eval_data=args.eval_data,
+                allow_over_budget=args.allow_over_budget,
             )
         )
         print(f"wrote {artifact}")

@@ -30,7 +30,9 @@ from inferx_edge.targets.registry import HOST_CPU
 
 #: Precisions ``build`` accepts. fp16: Relax ToMixedPrecision (fp16 compute and accumulation, the
 #: signature stays fp32). int8: calibrated int8 x int8 -> int32 conv2d/matmul (inferx_edge.quantize).
-PRECISIONS = ("fp32", "fp16", "int8")
+#: mixed: int8 except the layers an accuracy budget keeps in fp32 (per-layer sensitivity).
+PRECISIONS = ("fp32", "fp16", "int8", "mixed")
+QUANTIZED = ("int8", "mixed")
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,10 @@ class BuildOptions:
     tuning : apply the model's tuning database for this target when one exists (kernels it does not
         cover keep default schedules: a build never fails for lack of tuning).
     tuning_root : where databases live (default ``tuning_logs/``).
+    calib, calib_method : int8/mixed calibration data and method (:mod:`inferx_edge.quantize`).
+    quant_plan : a plan written by ``quantize`` (thresholds and per-layer precisions): no recalibration.
+    max_accuracy_drop, min_int8_share, eval_data, allow_over_budget : the accuracy budget (top-1
+        points) that mixed (and, when given, int8) must hold on ``eval_data`` (:mod:`inferx_edge.quantize.mixed`).
     """
 
     model: Path
@@ -63,6 +69,11 @@ class BuildOptions:
     precisions: tuple[str, ...] = ()
     calib: Path | None = None
     calib_method: str = "entropy"
+    quant_plan: Path | None = None
+    max_accuracy_drop: float | None = None
+    min_int8_share: float = 0.5
+    eval_data: Path | None = None
+    allow_over_budget: bool = False
 
     def variant_grid(self, model_batch: int) -> list[tuple[str, int]]:
         """(precision, batch) of every variant: ``precisions`` x ``batch_sizes`` (defaults: the single
@@ -259,12 +270,28 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
     weights_of = {"fp32": ("weights/fp32.npz", base)}  # fp16 casts in the graph: it shares fp32 weights
     base_batch = base.inputs[0].shape[0] if base.inputs and base.inputs[0].shape else 1
     grid = opts.variant_grid(base_batch)
-    int8 = None
-    if any(p == "int8" for p, _ in grid):
-        from inferx_edge.quantize.driver import apply_int8, quantize_for_build
+    plans = {}
+    for precision in dict.fromkeys(p for p, _ in grid if p in QUANTIZED):
+        from inferx_edge.quantize.driver import QuantPlan, make_plan
 
-        log("[1/4] calibrating for int8")
-        int8 = quantize_for_build(opts.model, opts.input_shapes, base, opts.calib, opts.calib_method, log)
+        if opts.quant_plan is not None:
+            log(f"[1/4] {precision}: quantization plan {opts.quant_plan}")
+            plans[precision] = QuantPlan.load(opts.quant_plan, base.sha256)
+            continue
+        log(f"[1/4] calibrating for {precision}")
+        plans[precision] = make_plan(
+            opts.model,
+            opts.input_shapes,
+            base,
+            opts.calib,
+            opts.calib_method,
+            precision,
+            opts.max_accuracy_drop,
+            opts.min_int8_share,
+            opts.eval_data,
+            opts.allow_over_budget,
+            log,
+        )
     with tempfile.TemporaryDirectory(prefix="inferx_edge-build-") as tmp:
         tmp = Path(tmp)
         for i, (precision, batch) in enumerate(grid, 1):
@@ -273,12 +300,15 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
                 shapes = {**opts.input_shapes, **{t.name: (batch, *t.shape[1:]) for t in base.inputs}}
                 imported = import_model(opts.model, shapes)
             quant_report = None
-            if precision == "int8":
-                imported, quant_report = apply_int8(imported, *int8)
-                weights_of.setdefault("int8", ("weights/int8.npz", imported))
+            if precision in QUANTIZED:
+                from inferx_edge.quantize.driver import apply_plan
+
+                imported, quant_report = apply_plan(imported, plans[precision], precision)
+                weights_of.setdefault(precision, (f"weights/{precision}.npz", imported))
+                n8 = sum(1 for r in quant_report["layers"] if r["precision"] == "int8")
                 log(
-                    f"      int8: {len(quant_report['layers'])} layers, {quant_report['int8_mac_share'] * 100:.1f} % "
-                    f"of conv/matmul MACs"
+                    f"      {precision}: {n8} of {len(quant_report['layers'])} layers int8, "
+                    f"{quant_report['int8_mac_share'] * 100:.1f} % of conv/matmul MACs"
                 )
             name = f"{precision}-b{batch}"
             log(f"[2/4] compiling variant {name} ({i}/{len(grid)}) for {spec.name} ({spec.description})")
@@ -308,7 +338,7 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
                     precision=precision,
                     batch=int(batch),
                     library=f"lib/{name}.so",
-                    weights=weights_of["int8" if precision == "int8" else "fp32"][0],
+                    weights=weights_of[precision if precision in QUANTIZED else "fp32"][0],
                     params=tuple(imported.param_names),
                     inputs=imported.inputs,
                     outputs=imported.outputs,
@@ -320,7 +350,7 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
             members[f"lib/{name}.so"] = lib
             infos.append(info)
 
-        log("[3/4] writing weights (fp32 shared by fp32/fp16 variants; int8 variants share int8 weights)")
+        log("[3/4] writing weights (fp32 shared by fp32/fp16 variants; int8 and mixed variants have their own)")
         used = {v.weights for v in variants}
         for member, source in weights_of.values():
             if member in used:

@@ -1,18 +1,23 @@
-"""Quantize an imported model to int8 for ``build --precision int8``: load calibration data, calibrate,
-rewrite, and describe what was quantized (the manifest's quantization report)."""
+"""Quantize an imported model for ``quantize`` and ``build --precision int8|mixed``: load calibration
+data, calibrate, choose per-layer precisions under an accuracy budget (a :class:`QuantPlan`), rewrite, and
+describe what was quantized (the manifest's quantization report)."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from inferx_edge.errors import UsageError
+from inferx_edge.errors import BudgetError, UsageError
 from inferx_edge.frontend import ImportedModel, import_model
 from inferx_edge.quantize.calibration import OBSERVERS, check_calibration_batch
 from inferx_edge.quantize.rewrite import calibrate, find_targets, quantize_imported
 
 CALIB_CHUNK = 16
+#: Default top-1 budget (points) of ``--precision mixed`` without ``--max-accuracy-drop``.
+DEFAULT_MAX_DROP = 0.5
 
 
 def load_calibration(path: Path | None, model: Path, inputs) -> dict[str, np.ndarray]:
@@ -56,12 +61,79 @@ def load_calibration(path: Path | None, model: Path, inputs) -> dict[str, np.nda
     return {n: np.concatenate(v) for n, v in parts.items()}
 
 
-def quantize_for_build(
-    model: Path, input_shapes: dict, base: ImportedModel, calib: Path | None, method: str, log=print
-) -> tuple[dict[str, float], dict]:
-    """Calibrate once per model; returns per-target thresholds and the quantization report."""
+PLAN_SCHEMA = 1
+
+
+@dataclass
+class QuantPlan:
+    """What ``quantize`` decides and ``build`` applies (a calibration cache with per-layer precisions):
+    activation thresholds by layer, the layers kept in float, and the measurements behind them."""
+
+    model_sha256: str
+    calibration: str
+    calibration_samples: int
+    amax: dict[str, float]
+    float_layers: list[str] = field(default_factory=list)
+    layers: list[dict] = field(default_factory=list)
+    accuracy: dict | None = None
+
+    def to_json(self) -> str:
+        return json.dumps({"schema": PLAN_SCHEMA, **asdict(self)}, indent=2) + "\n"
+
+    @classmethod
+    def load(cls, path: Path, model_sha256: str) -> QuantPlan:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"cannot read quantization plan {path}: {exc}") from exc
+        if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
+            raise UsageError(f"{path} is not an inferx_edge quantization plan (schema {PLAN_SCHEMA})")
+        if data.get("model_sha256") != model_sha256:
+            raise UsageError(
+                f"quantization plan {path} was made for another model (sha256 {str(data.get('model_sha256'))[:12]}, "
+                f"this model {model_sha256[:12]}): run quantize again"
+            )
+        data.pop("schema")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise UsageError(f"quantization plan {path} is malformed: {exc}") from exc
+
+    def report(self) -> dict:
+        """The calibration part of the manifest's quantization report."""
+        out = {"calibration": self.calibration, "calibration_samples": self.calibration_samples}
+        return out | ({"accuracy": self.accuracy} if self.accuracy else {})
+
+
+def make_plan(
+    model: Path,
+    input_shapes: dict,
+    base: ImportedModel,
+    calib: Path | None,
+    method: str,
+    precision: str = "int8",
+    max_drop: float | None = None,
+    min_int8_share: float = 0.5,
+    eval_data: Path | None = None,
+    allow_over_budget: bool = False,
+    log=print,
+) -> QuantPlan:
+    """Calibrate ``model``; for ``mixed`` (or an ``int8`` with a budget) measure per-layer sensitivity
+    and keep the most sensitive layers in float until the top-1 drop is within ``max_drop`` points.
+
+    A budget that cannot be met raises :class:`BudgetError`, unless ``allow_over_budget`` (then the
+    best mix found is returned, with a warning).
+    """
     if method not in OBSERVERS:
         raise UsageError(f"unknown calibration method '{method}'; valid: {', '.join(OBSERVERS)}")
+    if precision not in ("int8", "mixed"):
+        raise UsageError(f"quantization plans are for int8 or mixed precision, not '{precision}'")
+    if precision == "mixed" and max_drop is None:
+        max_drop = DEFAULT_MAX_DROP
+    if max_drop is not None and max_drop < 0:
+        raise UsageError(f"--max-accuracy-drop must be >= 0 points, got {max_drop}")
+    if not 0 <= min_int8_share <= 1:
+        raise UsageError(f"--min-int8-share must be within 0..1, got {min_int8_share}")
     data = load_calibration(calib, model, base.inputs)
     n = min(len(v) for v in data.values())
     for spec in base.inputs:
@@ -75,28 +147,71 @@ def quantize_for_build(
     batches = [{k: v[i : i + chunk] for k, v in data.items()} for i in range(0, n - chunk + 1, chunk)]
     log(f"      calibrating {len(targets)} layers on {len(batches) * chunk} samples ({method})")
     amax = calibrate(probe_model, targets, batches, method)
-    return amax, {"calibration": method, "calibration_samples": len(batches) * chunk}
+    plan = QuantPlan(base.sha256, method, len(batches) * chunk, amax)
+    macs = {t.key: _macs(base, t) for t in find_targets(base.mod["main"])}
+    total = sum(macs.values()) + _other_macs(base, {t.name for t in find_targets(base.mod["main"])})
+    if max_drop is None:
+        plan.layers = [{"layer": k, "op": t.op, "precision": "int8", "macs": macs[k]} for k, t in zip(amax, targets)]
+        return plan
+    from inferx_edge.quantize.mixed import choose_mix, format_table, load_eval_set
+
+    eval_set = load_eval_set(eval_data, model, base.inputs, data)
+    if precision == "int8":  # no float fallback allowed: only check the budget
+        min_int8_share = 1.0
+    mix = choose_mix(model, input_shapes, base, amax, eval_set, max_drop, min_int8_share, macs, total, chunk, log)
+    if precision == "int8":
+        mix.float_layers = []
+        for r in mix.layers:
+            r["precision"] = "int8"
+        mix.accuracy["mixed"] = mix.accuracy["int8"]
+        mix.accuracy["drop"] = mix.accuracy["fp32"] - mix.accuracy["int8"]
+        mix.accuracy["int8_mac_share"] = sum(macs.values()) / total
+        mix.met = mix.accuracy["drop"] <= max_drop
+    plan.float_layers, plan.layers, plan.accuracy = mix.float_layers, mix.layers, mix.accuracy
+    log(format_table(plan.layers))
+    a = mix.accuracy
+    summary = (
+        f"{a['metric']}: fp32 {a['fp32']:.2f} %, all-int8 {a['int8']:.2f} %, {precision} {a['mixed']:.2f} % "
+        f"(drop {a['drop']:.2f} points, budget {max_drop}); int8 share of MACs {a['int8_mac_share'] * 100:.1f} %"
+    )
+    if not mix.met:
+        why = (
+            f"int8 share {a['int8_mac_share'] * 100:.1f} % < --min-int8-share {min_int8_share * 100:.0f} %"
+            if a["drop"] <= max_drop
+            else f"drop {a['drop']:.2f} points > {max_drop}"
+        )
+        if not allow_over_budget:
+            raise BudgetError(
+                f"accuracy budget not met ({why}); {summary}. Nothing written. Raise "
+                f"--max-accuracy-drop, lower --min-int8-share, or pass --allow-over-budget to keep "
+                f"the best mix found"
+            )
+        log(f"warning: accuracy budget not met ({why}); keeping the best mix found (--allow-over-budget)")
+    log(f"      {summary}")
+    return plan
 
 
-def apply_int8(imported: ImportedModel, amax: dict[str, float], report: dict) -> tuple[ImportedModel, dict]:
+def apply_plan(imported: ImportedModel, plan: QuantPlan, precision: str) -> tuple[ImportedModel, dict]:
+    """Rewrite ``imported`` by ``plan``: every quantizable layer int8 except the plan's float layers
+    (``mixed``; ``int8`` ignores them). Returns the model and the manifest's quantization report."""
     targets = find_targets(imported.mod["main"])
-    q = quantize_imported(imported, targets, amax)
-    layers, total, int8 = [], 0, 0
+    unknown = set(plan.amax) ^ {t.key for t in targets}
+    if unknown:
+        raise UsageError(f"the quantization plan does not match this model's layers ({sorted(unknown)[:5]})")
+    keep = set(plan.float_layers) if precision == "mixed" else set()
+    chosen = [t for t in targets if t.key not in keep]
+    q = quantize_imported(imported, chosen, plan.amax)
+    info = {r["layer"]: r for r in plan.layers}
+    layers, int8 = [], 0
     for t in targets:
         macs = _macs(imported, t)
-        layers.append(
-            {
-                "layer": t.name,
-                "op": t.op,
-                "weight": t.weight.name,
-                "precision": "int8",
-                "macs": macs,
-                "amax": amax[t.name],
-            }
-        )
-        int8 += macs
-    total = int8 + _other_macs(imported, {t.name for t in targets})
-    return q, report | {"layers": layers, "int8_mac_share": int8 / total if total else 0.0}
+        row = {"layer": t.key, "op": t.op, "weight": t.weight.name, "precision": "fp32" if t.key in keep else "int8"}
+        row |= {"macs": macs, "amax": plan.amax[t.key]}
+        row |= {k: info[t.key][k] for k in ("drop", "rel_error") if k in info.get(t.key, {})}
+        layers.append(row)
+        int8 += macs if t.key not in keep else 0
+    total = sum(r["macs"] for r in layers) + _other_macs(imported, {t.name for t in targets})
+    return q, plan.report() | {"layers": layers, "int8_mac_share": int8 / total if total else 0.0}
 
 
 def _shape(expr) -> list[int]:

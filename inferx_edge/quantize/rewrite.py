@@ -31,6 +31,7 @@ class QuantTarget:
     x: object  # relax.Var
     weight: object  # relax.Var (function parameter)
     channel_axis: int
+    key: str = ""  # stable, user-facing layer name: the weight's name (suffixed #k if a weight is shared)
 
 
 def _param_of(expr, bindings, params):
@@ -68,7 +69,13 @@ def find_targets(func) -> list[QuantTarget]:
             if w is not None and len(w.ty.shape) == 2:
                 # matmul(x, W^T) with W [out, in] (ONNX Gemm, transB=1) or matmul(x, W) with W [in, out]
                 targets.append(QuantTarget(var.name, "matmul", value.args[0], w, 0 if transposed else 1))
-    return targets
+    seen: dict[str, int] = {}
+    keyed = []
+    for t in targets:
+        n = seen.get(t.weight.name, 0)
+        seen[t.weight.name] = n + 1
+        keyed.append(QuantTarget(t.name, t.op, t.x, t.weight, t.channel_axis, t.weight.name + (f"#{n}" if n else "")))
+    return keyed
 
 
 def calibrate(
@@ -99,11 +106,29 @@ def calibrate(
         res = vm["main"](*[tvm.runtime.tensor(batch[n]) for n in names], *params)
         for obs, r in zip(observers, res):
             obs.update(r.numpy())
-    return {t.name: obs.threshold() for t, obs in zip(targets, observers)}
+    return {t.key: obs.threshold() for t, obs in zip(targets, observers)}
 
 
-def quantize_imported(imported: ImportedModel, targets: list[QuantTarget], amax: dict[str, float]) -> ImportedModel:
-    """Return a copy of ``imported`` whose targets compute in int8 and whose weights are int8."""
+#: Name of the extra input of a :func:`quantize_imported` ``blend=True`` module: one float per target,
+#: 1 = that layer computes in int8, 0 = it keeps float (per-layer sensitivity from a single compile).
+MASK_INPUT = "inferx_int8_mask"
+
+
+def quantize_imported(
+    imported: ImportedModel,
+    targets: list[QuantTarget],
+    amax: dict[str, float],
+    blend: bool = False,
+    fixed_weights: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+) -> ImportedModel:
+    """Return a copy of ``imported`` whose ``targets`` compute in int8 and whose weights are int8.
+
+    ``amax`` holds each target's activation threshold (by ``target.key``). ``fixed_weights`` gives
+    already-quantized weights and their per-channel scales by key (a QDQ model's own); others are
+    quantized here. With ``blend`` the module keeps its float weights and gets an extra input
+    :data:`MASK_INPUT`: target ``i`` outputs ``float + mask[i] * (int8 - float)``, so one compiled
+    module evaluates any mix of int8 and float layers (sensitivity analysis; never shipped).
+    """
     import tvm
     from tvm import relax
 
@@ -112,32 +137,44 @@ def quantize_imported(imported: ImportedModel, targets: list[QuantTarget], amax:
     param_index = {p: i for i, p in enumerate(func.params[num_input:])}
     new_params = list(func.params)
     arrays = list(imported.params)
+    fixed_weights = fixed_weights or {}
     info = {}
     for t in targets:
         i = param_index[t.weight]
-        if isinstance(arrays[i], np.ndarray) and arrays[i].dtype == np.int8:
-            w_scales = info[t.weight][1]
+        if t.weight in info:
+            qvar, w_scales, wq = info[t.weight]
         else:
-            wq, w_scales = quantize_per_channel(arrays[i], axis=t.channel_axis)
-            arrays[i] = wq
-            qvar = relax.Var(t.weight.name + "_int8", relax.TensorType(list(t.weight.ty.shape), "int8"))
-            new_params[num_input + i] = qvar
-            info[t.weight] = (qvar, w_scales)
-        s_x = amax[t.name] / QMAX if amax[t.name] > 0 else 1.0
-        info[t.name] = (s_x, w_scales)
+            if t.key in fixed_weights:
+                wq, w_scales = fixed_weights[t.key]
+            else:
+                wq, w_scales = quantize_per_channel(arrays[i], axis=t.channel_axis)
+            if blend:
+                qvar = relax.const(wq)
+            else:
+                arrays[i] = wq
+                qvar = relax.Var(t.weight.name + "_int8", relax.TensorType(list(t.weight.ty.shape), "int8"))
+                new_params[num_input + i] = qvar
+            info[t.weight] = (qvar, w_scales, wq)
+        s_x = amax[t.key] / QMAX if amax[t.key] > 0 else 1.0
+        info[t.name] = (s_x, w_scales, qvar)
 
-    by_var = {t.name: t for t in targets}
+    by_var = {t.name: (k, t) for k, t in enumerate(targets)}
+    mask = relax.Var(MASK_INPUT, relax.TensorType([len(targets)], "float32")) if blend else None
 
     @relax.expr_functor.mutator
     class Int8Rewriter(relax.PyExprMutator):
         def visit_var_binding_(self, binding):
-            t = by_var.get(binding.var.name)
-            if t is None:
+            hit = by_var.get(binding.var.name)
+            if hit is None:
                 return super().visit_var_binding_(binding)
+            k, t = hit
             call = binding.value
             x = self.visit_expr(call.args[0])
-            w = self.visit_expr(call.args[1])
-            s_x, w_scales = info[t.name]
+            s_x, w_scales, wq = info[t.name]
+            if blend:  # int8 weights are constants here; permute them as the float weight was
+                w = wq if call.args[1].same_as(t.weight) else relax.op.permute_dims(wq)
+            else:  # the weight parameter (or its permute_dims) now refers to the int8 parameter
+                w = self.visit_expr(call.args[1])
             bb = self.builder_
             xq = bb.emit(
                 relax.op.astype(
@@ -165,6 +202,10 @@ def quantize_imported(imported: ImportedModel, targets: list[QuantTarget], amax:
                 y32 = bb.emit(relax.op.matmul(xq, w, out_dtype="int32"))
                 scale = (s_x * w_scales).astype(np.float32)
             y = relax.op.multiply(relax.op.astype(y32, "float32"), relax.const(scale))
+            if blend:
+                f = bb.emit(self.visit_expr(call))
+                m = relax.op.strided_slice(mask, axes=[0], begin=[k], end=[k + 1])
+                y = relax.op.add(f, relax.op.multiply(m, relax.op.subtract(bb.emit(y), f)))
             self.set_var_remap(binding.var, bb.emit(y))
 
     rewriter = Int8Rewriter()
@@ -172,7 +213,11 @@ def quantize_imported(imported: ImportedModel, targets: list[QuantTarget], amax:
         if old is not new:
             rewriter.set_var_remap(old, new)
     body = rewriter.visit_expr(func.body)
-    new_func = relax.Function(new_params, body, ret_ty=func.ret_ty, attrs=func.attrs)
+    attrs = func.attrs
+    if blend:
+        new_params = [*new_params[:num_input], mask, *new_params[num_input:]]
+        attrs = tvm.ir.make_node("ir.DictAttrs", **{**dict(func.attrs), "num_input": num_input + 1})
+    new_func = relax.Function(new_params, body, ret_ty=func.ret_ty, attrs=attrs)
     mod = relax.transform.Normalize()(tvm.IRModule({"main": new_func}))
     from inferx_edge.frontend.model import ImportedModel as IM
 

@@ -1,0 +1,225 @@
+"""Per-layer sensitivity and mixed int8/float precision under an accuracy budget.
+
+One module is compiled for the host CPU in which every quantizable layer computes both ways and an
+extra input picks, per layer, int8 or float (:func:`~inferx_edge.quantize.rewrite.quantize_imported`
+with ``blend=True``). Any mix is then one run over the evaluation set, no recompilation:
+
+1. float (all layers float): the reference; all layers int8;
+2. each layer alone in int8: its sensitivity (top-1 drop in points, and the relative L2 error of the
+   outputs against float, which orders layers whose drop rounds to the same number of samples);
+3. greedy: starting from all int8, the most sensitive layer goes back to float until the drop fits
+   the budget;
+4. the chosen mix is compiled for real (int8 kernels) and measured; while it still misses the budget,
+   the next layer goes back to float.
+
+Accuracy is top-1 against labels when the evaluation set has them, otherwise top-1 agreement with the
+float model (its complement bounds the accuracy drop from above).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from inferx_edge.errors import UsageError
+
+
+@dataclass
+class EvalSet:
+    inputs: dict[str, np.ndarray]
+    labels: np.ndarray | None
+    description: str
+
+    def __len__(self) -> int:
+        return len(next(iter(self.inputs.values())))
+
+    @property
+    def metric(self) -> str:
+        return "top-1 accuracy" if self.labels is not None else "top-1 agreement with the float model"
+
+
+def load_eval_set(path: Path | None, model: Path, inputs, calib: dict[str, np.ndarray]) -> EvalSet:
+    """The data that measures accuracy: ``path`` (.npz with one array per input name, or ``x``, plus
+    optional integer ``labels``/``y``); else the embedded model's labelled holdout; else the calibration
+    data without labels."""
+    from inferx_edge.cli._common import DEFAULT_DATA, DEFAULT_MODEL
+    from inferx_edge.quantize.calibration import check_calibration_batch
+
+    names = [s.name for s in inputs]
+    if path is None:
+        if Path(model).resolve() == DEFAULT_MODEL.resolve():
+            with np.load(DEFAULT_DATA) as d:
+                x = d["holdout_images"][:, None].astype(np.float32) / np.float32(255)
+                return EvalSet({names[0]: x}, d["holdout_labels"].astype(np.int64), "embedded holdout (500 images)")
+        return EvalSet(calib, None, "calibration data (no labels)")
+    try:
+        with np.load(path, allow_pickle=False) as d:
+            arrays = {k: d[k] for k in d.files}
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read evaluation data {path}: {exc}") from exc
+    labels = arrays.pop("labels", arrays.pop("y", None))
+    if len(names) == 1 and names[0] not in arrays and "x" in arrays:
+        arrays[names[0]] = arrays.pop("x")
+    missing = [n for n in names if n not in arrays]
+    if missing:
+        raise UsageError(f"evaluation data {path} lacks arrays for inputs {missing} (has {sorted(arrays)})")
+    for spec in inputs:
+        check_calibration_batch(arrays[spec.name], spec.name, (None, *spec.shape[1:]), spec.dtype)
+    n = {len(arrays[n]) for n in names}
+    if labels is not None:
+        labels = np.asarray(labels).astype(np.int64).reshape(-1)
+        n.add(len(labels))
+    if len(n) != 1:
+        raise UsageError(f"evaluation data {path}: inputs and labels differ in sample count ({sorted(n)})")
+    return EvalSet({k: arrays[k] for k in names}, labels, str(path))
+
+
+class Evaluator:
+    """Runs a compiled (host CPU) module over an evaluation set in fixed-size chunks."""
+
+    def __init__(self, imported, eval_set: EvalSet, chunk: int):
+        import tvm
+        from tvm import relax
+
+        self.tvm = tvm
+        self.eval_set = eval_set
+        self.chunk = chunk
+        self.names = [s.name for s in imported.inputs]
+        exe = relax.build(imported.mod, tvm.target.Target({"kind": "llvm"}))
+        self.vm = relax.VirtualMachine(exe, tvm.cpu())
+        self.params = [tvm.runtime.tensor(p) for p in imported.params]
+
+    def logits(self, *extra: np.ndarray) -> np.ndarray:
+        tvm, n, out = self.tvm, len(self.eval_set), []
+        extra_t = [tvm.runtime.tensor(e) for e in extra]
+        for start in range(0, n, self.chunk):
+            feeds = []
+            for name in self.names:
+                x = self.eval_set.inputs[name][start : start + self.chunk]
+                rows = len(x)
+                if rows < self.chunk:  # pad the last chunk; padded rows are dropped
+                    x = np.concatenate([x, np.repeat(x[-1:], self.chunk - rows, axis=0)])
+                feeds.append(tvm.runtime.tensor(np.ascontiguousarray(x)))
+            res = self.vm["main"](*feeds, *extra_t, *self.params)
+            if not isinstance(res, tvm.runtime.Tensor):  # several outputs: the first one scores
+                res = res[0]
+            out.append(res.numpy()[:rows])
+        logits = np.concatenate(out)
+        if logits.ndim != 2:
+            raise UsageError(
+                f"accuracy budgets need a classifier output (samples x classes); the first output has shape "
+                f"{list(logits.shape)}"
+            )
+        return logits
+
+
+def score(eval_set: EvalSet, logits: np.ndarray, reference: np.ndarray) -> dict[str, float]:
+    """Top-1 (percent) and relative L2 error against the float ``reference``."""
+    pred = logits.argmax(axis=1)
+    truth = eval_set.labels if eval_set.labels is not None else reference.argmax(axis=1)
+    rel = float(np.linalg.norm(logits - reference) / max(np.linalg.norm(reference), 1e-30))
+    return {"top1": float((pred == truth).mean() * 100), "rel_error": rel}
+
+
+@dataclass
+class MixResult:
+    float_layers: list[str]  # layer keys kept in float
+    layers: list[dict]  # per-layer table rows
+    accuracy: dict  # fp32 / int8 / mixed (predicted and measured), metric, data
+    met: bool
+
+
+def choose_mix(
+    model: Path,
+    input_shapes: dict,
+    base,
+    amax: dict[str, float],
+    eval_set: EvalSet,
+    max_drop: float,
+    min_int8_share: float,
+    macs: dict[str, int],
+    total_macs: int,
+    chunk: int = 16,
+    log=print,
+) -> MixResult:
+    """Sensitivity of every layer, then the largest int8 set whose measured drop fits ``max_drop``."""
+    from inferx_edge.frontend import import_model
+    from inferx_edge.quantize.rewrite import find_targets, quantize_imported
+
+    shapes = {**input_shapes, **{s.name: (chunk, *s.shape[1:]) for s in base.inputs}}
+    imported = import_model(model, shapes)
+    targets = find_targets(imported.mod["main"])
+    keys = [t.key for t in targets]
+    log(f"      sensitivity: compiling the layer-switchable model ({len(targets)} layers) for the host CPU")
+    probe = Evaluator(quantize_imported(imported, targets, amax, blend=True), eval_set, chunk)
+
+    def run(mask: np.ndarray, ref=None) -> tuple[np.ndarray, dict]:
+        lg = probe.logits(mask.astype(np.float32))
+        return lg, score(eval_set, lg, lg if ref is None else ref)
+
+    ref, fp = run(np.zeros(len(keys)))
+    _, all8 = run(np.ones(len(keys)), ref)
+    log(f"      {eval_set.metric} on {eval_set.description}: float {fp['top1']:.2f} %, all int8 {all8['top1']:.2f} %")
+    rows = []
+    for i, k in enumerate(keys):
+        _, s = run(np.eye(len(keys))[i], ref)
+        rows.append({"layer": k, "op": targets[i].op, "macs": macs[k], "drop": fp["top1"] - s["top1"], **s})
+    order = sorted(range(len(keys)), key=lambda i: (rows[i]["drop"], rows[i]["rel_error"]), reverse=True)
+
+    def share(mask):
+        return sum(macs[k] for k, m in zip(keys, mask) if m) / total_macs if total_macs else 0.0
+
+    mask = np.ones(len(keys))
+    predicted = all8
+    queue = list(order)
+    while fp["top1"] - predicted["top1"] > max_drop and queue:
+        mask[queue.pop(0)] = 0
+        _, predicted = run(mask, ref)
+
+    def measure(mask) -> dict:
+        chosen = [t for t, m in zip(targets, mask) if m]
+        real = Evaluator(quantize_imported(imported, chosen, amax), eval_set, chunk)
+        return score(eval_set, real.logits(), ref)
+
+    measured = measure(mask)
+    while fp["top1"] - measured["top1"] > max_drop and queue:
+        i = queue.pop(0)
+        mask[i] = 0
+        log(f"      measured drop {fp['top1'] - measured['top1']:.2f} points is over budget: {keys[i]} back to float")
+        measured = measure(mask)
+    met = fp["top1"] - measured["top1"] <= max_drop and share(mask) >= min_int8_share
+    for i, r in enumerate(rows):
+        r["precision"] = "int8" if mask[i] else "fp32"
+    return MixResult(
+        float_layers=[k for k, m in zip(keys, mask) if not m],
+        layers=rows,
+        accuracy={
+            "metric": eval_set.metric,
+            "data": eval_set.description,
+            "samples": len(eval_set),
+            "fp32": fp["top1"],
+            "int8": all8["top1"],
+            "mixed": measured["top1"],
+            "mixed_rel_error": measured["rel_error"],
+            "max_drop": max_drop,
+            "drop": fp["top1"] - measured["top1"],
+            "int8_mac_share": share(mask),
+            "min_int8_share": min_int8_share,
+        },
+        met=met,
+    )
+
+
+def format_table(layers: list[dict]) -> str:
+    """The per-layer table printed by ``quantize`` and ``build``: layer, op, precision, MACs, sensitivity."""
+    head = f"{'layer':<28} {'op':<7} {'precision':<9} {'MMACs':>9} {'drop pts':>9} {'rel err':>9}"
+    lines = [head, "-" * len(head)]
+    for r in layers:
+        drop = "" if r.get("drop") is None else f"{r['drop']:9.2f}"
+        rel = "" if r.get("rel_error") is None else f"{r['rel_error']:9.4f}"
+        lines.append(
+            f"{r['layer'][:28]:<28} {r['op']:<7} {r['precision']:<9} {r['macs'] / 1e6:9.3f} {drop:>9} {rel:>9}"
+        )
+    return "\n".join(lines)
