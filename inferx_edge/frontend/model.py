@@ -32,6 +32,8 @@ class ImportedModel:
     params: list[np.ndarray]
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    #: a QDQ model's own int8 weights and activation scales (:mod:`inferx_edge.frontend.qdq`)
+    qdq: Any = None
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "format": self.format, "source": self.source.name, "sha256": self.sha256}

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from inferx_edge.errors import ModelError
 from inferx_edge.frontend.model import ImportedModel, finish_import
+from inferx_edge.frontend.qdq import is_qdq, strip_qdq
 from inferx_edge.frontend.shapes import resolve_shapes
 
 
@@ -46,6 +47,9 @@ def import_onnx(path: Path, overrides: dict[str, tuple[int, ...]]) -> ImportedMo
     from onnx import helper
 
     model = load_onnx(path)
+    qdq = None
+    if is_qdq(model):
+        model, qdq = strip_qdq(model)
     missing = _unsupported_ops(model)
     if missing:
         detail = "; ".join(
@@ -79,4 +83,8 @@ def import_onnx(path: Path, overrides: dict[str, tuple[int, ...]]) -> ImportedMo
         )
     except Exception as exc:  # the frontend raises TVMError, ValueError, NotImplementedError, ...
         raise ModelError(f"TVM could not import {path.name}: {type(exc).__name__}: {exc}") from exc
-    return finish_import(path.stem, "onnx", path, mod, [n for n, _ in declared], [o.name for o in model.graph.output])
+    imported = finish_import(
+        path.stem, "onnx", path, mod, [n for n, _ in declared], [o.name for o in model.graph.output]
+    )
+    imported.qdq = qdq
+    return imported

@@ -83,8 +83,16 @@ class QuantPlan:
     @classmethod
     def load(cls, path: Path, model_sha256: str) -> QuantPlan:
         try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise UsageError(f"cannot read quantization plan {path}: {exc}") from exc
+        return cls.load_text(text, model_sha256, str(path))
+
+    @classmethod
+    def load_text(cls, text: str, model_sha256: str, path: str = "<plan>") -> QuantPlan:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
             raise UsageError(f"cannot read quantization plan {path}: {exc}") from exc
         if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
             raise UsageError(f"{path} is not an inferx_edge quantization plan (schema {PLAN_SCHEMA})")
@@ -134,24 +142,39 @@ def make_plan(
         raise UsageError(f"--max-accuracy-drop must be >= 0 points, got {max_drop}")
     if not 0 <= min_int8_share <= 1:
         raise UsageError(f"--min-int8-share must be within 0..1, got {min_int8_share}")
-    data = load_calibration(calib, model, base.inputs)
-    n = min(len(v) for v in data.values())
-    for spec in base.inputs:
-        check_calibration_batch(data[spec.name], spec.name, (None, *spec.shape[1:]), spec.dtype)
-    chunk = min(CALIB_CHUNK, n)
-    shapes = {**input_shapes, **{s.name: (chunk, *s.shape[1:]) for s in base.inputs}}
-    probe_model = import_model(model, shapes)
-    targets = find_targets(probe_model.mod["main"])
-    if not targets:
-        raise UsageError("the model has no conv2d/matmul with constant weights to quantize")
-    batches = [{k: v[i : i + chunk] for k, v in data.items()} for i in range(0, n - chunk + 1, chunk)]
-    log(f"      calibrating {len(targets)} layers on {len(batches) * chunk} samples ({method})")
-    amax = calibrate(probe_model, targets, batches, method)
-    plan = QuantPlan(base.sha256, method, len(batches) * chunk, amax)
+    qdq = base.qdq if base.qdq is not None and base.qdq.activations else None
+    data = None
+    if qdq is None or calib is not None:
+        data = load_calibration(calib, model, base.inputs)
+        for spec in base.inputs:
+            check_calibration_batch(data[spec.name], spec.name, (None, *spec.shape[1:]), spec.dtype)
+    if qdq is not None:
+        targets = find_targets(base.mod["main"])
+        amax = {t.key: qdq.activations[t.key] for t in targets if t.key in qdq.activations}
+        log(f"      QDQ model: {len(amax)} of {len(targets)} layers int8 with the model's own scales (no calibration)")
+        for note in qdq.notes:
+            log(f"      note: {note}")
+        plan = QuantPlan(base.sha256, "qdq", 0, amax)
+        chunk = CALIB_CHUNK
+    else:
+        n = min(len(v) for v in data.values())
+        chunk = min(CALIB_CHUNK, n)
+        shapes = {**input_shapes, **{s.name: (chunk, *s.shape[1:]) for s in base.inputs}}
+        probe_model = import_model(model, shapes)
+        targets = find_targets(probe_model.mod["main"])
+        if not targets:
+            raise UsageError("the model has no conv2d/matmul with constant weights to quantize")
+        batches = [{k: v[i : i + chunk] for k, v in data.items()} for i in range(0, n - chunk + 1, chunk)]
+        log(f"      calibrating {len(targets)} layers on {len(batches) * chunk} samples ({method})")
+        amax = calibrate(probe_model, targets, batches, method)
+        plan = QuantPlan(base.sha256, method, len(batches) * chunk, amax)
     macs = {t.key: _macs(base, t) for t in find_targets(base.mod["main"])}
     total = sum(macs.values()) + _other_macs(base, {t.name for t in find_targets(base.mod["main"])})
     if max_drop is None:
-        plan.layers = [{"layer": k, "op": t.op, "precision": "int8", "macs": macs[k]} for k, t in zip(amax, targets)]
+        plan.layers = [
+            {"layer": t.key, "op": t.op, "precision": "int8" if t.key in amax else "fp32", "macs": macs[t.key]}
+            for t in targets
+        ]
         return plan
     from inferx_edge.quantize.mixed import choose_mix, format_table, load_eval_set
 
@@ -195,12 +218,14 @@ def apply_plan(imported: ImportedModel, plan: QuantPlan, precision: str) -> tupl
     """Rewrite ``imported`` by ``plan``: every quantizable layer int8 except the plan's float layers
     (``mixed``; ``int8`` ignores them). Returns the model and the manifest's quantization report."""
     targets = find_targets(imported.mod["main"])
-    unknown = set(plan.amax) ^ {t.key for t in targets}
+    unknown = set(plan.amax) - {t.key for t in targets}
     if unknown:
         raise UsageError(f"the quantization plan does not match this model's layers ({sorted(unknown)[:5]})")
-    keep = set(plan.float_layers) if precision == "mixed" else set()
+    # layers without a threshold (float in a QDQ model) stay float in every precision
+    keep = {t.key for t in targets if t.key not in plan.amax}
+    keep |= set(plan.float_layers) if precision == "mixed" else set()
     chosen = [t for t in targets if t.key not in keep]
-    q = quantize_imported(imported, chosen, plan.amax)
+    q = quantize_imported(imported, chosen, plan.amax, fixed_weights=qdq_weights(imported, chosen))
     info = {r["layer"]: r for r in plan.layers}
     layers, int8 = [], 0
     for t in targets:
@@ -212,6 +237,24 @@ def apply_plan(imported: ImportedModel, plan: QuantPlan, precision: str) -> tupl
         int8 += macs if t.key not in keep else 0
     total = sum(r["macs"] for r in layers) + _other_macs(imported, {t.name for t in targets})
     return q, plan.report() | {"layers": layers, "int8_mac_share": int8 / total if total else 0.0}
+
+
+def qdq_weights(imported: ImportedModel, targets) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
+    """A QDQ model's own int8 weights and per-output-channel scales for ``targets`` (by key)."""
+    if imported.qdq is None:
+        return None
+    fixed = {}
+    for t in targets:
+        if t.weight.name not in imported.qdq.weights:
+            continue
+        q, scale, axis = imported.qdq.weights[t.weight.name]
+        channels = q.shape[t.channel_axis]
+        if np.ndim(scale) == 0:
+            fixed[t.key] = (q, np.full(channels, float(scale), np.float32))
+        elif axis % q.ndim == t.channel_axis and len(scale) == channels:
+            fixed[t.key] = (q, scale.astype(np.float32))
+        # scales along another axis: requantized per output channel from the dequantized weight
+    return fixed
 
 
 def _shape(expr) -> list[int]:

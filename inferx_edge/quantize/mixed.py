@@ -40,7 +40,7 @@ class EvalSet:
         return "top-1 accuracy" if self.labels is not None else "top-1 agreement with the float model"
 
 
-def load_eval_set(path: Path | None, model: Path, inputs, calib: dict[str, np.ndarray]) -> EvalSet:
+def load_eval_set(path: Path | None, model: Path, inputs, calib: dict[str, np.ndarray] | None) -> EvalSet:
     """The data that measures accuracy: ``path`` (.npz with one array per input name, or ``x``, plus
     optional integer ``labels``/``y``); else the embedded model's labelled holdout; else the calibration
     data without labels."""
@@ -53,6 +53,8 @@ def load_eval_set(path: Path | None, model: Path, inputs, calib: dict[str, np.nd
             with np.load(DEFAULT_DATA) as d:
                 x = d["holdout_images"][:, None].astype(np.float32) / np.float32(255)
                 return EvalSet({names[0]: x}, d["holdout_labels"].astype(np.int64), "embedded holdout (500 images)")
+        if calib is None:
+            raise UsageError("measuring an accuracy budget needs data: --eval-data FILE.npz (or --calib)")
         return EvalSet(calib, None, "calibration data (no labels)")
     try:
         with np.load(path, allow_pickle=False) as d:
@@ -146,14 +148,16 @@ def choose_mix(
 ) -> MixResult:
     """Sensitivity of every layer, then the largest int8 set whose measured drop fits ``max_drop``."""
     from inferx_edge.frontend import import_model
+    from inferx_edge.quantize.driver import qdq_weights
     from inferx_edge.quantize.rewrite import find_targets, quantize_imported
 
     shapes = {**input_shapes, **{s.name: (chunk, *s.shape[1:]) for s in base.inputs}}
     imported = import_model(model, shapes)
-    targets = find_targets(imported.mod["main"])
+    targets = [t for t in find_targets(imported.mod["main"]) if t.key in amax]
+    fixed = qdq_weights(imported, targets)
     keys = [t.key for t in targets]
     log(f"      sensitivity: compiling the layer-switchable model ({len(targets)} layers) for the host CPU")
-    probe = Evaluator(quantize_imported(imported, targets, amax, blend=True), eval_set, chunk)
+    probe = Evaluator(quantize_imported(imported, targets, amax, blend=True, fixed_weights=fixed), eval_set, chunk)
 
     def run(mask: np.ndarray, ref=None) -> tuple[np.ndarray, dict]:
         lg = probe.logits(mask.astype(np.float32))
@@ -180,7 +184,7 @@ def choose_mix(
 
     def measure(mask) -> dict:
         chosen = [t for t, m in zip(targets, mask) if m]
-        real = Evaluator(quantize_imported(imported, chosen, amax), eval_set, chunk)
+        real = Evaluator(quantize_imported(imported, chosen, amax, fixed_weights=fixed), eval_set, chunk)
         return score(eval_set, real.logits(), ref)
 
     measured = measure(mask)
