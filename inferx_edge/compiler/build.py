@@ -176,7 +176,12 @@ def compile_variant(
     cuda_ctx = device_compiler(spec, cuda_code) if spec.is_cuda else contextlib.nullcontext(None)
     try:
         with cuda_ctx as cuda_record, target:
-            executable = relax.build(mod, target, exec_mode="compiled")
+            pipeline = "default"
+            if spec.is_cuda:
+                from inferx_edge.compiler.cuda_pipeline import cuda_pipeline
+
+                pipeline = cuda_pipeline(target)
+            executable = relax.build(mod, target, relax_pipeline=pipeline, exec_mode="compiled")
     except BuildError:
         raise
     except Exception as exc:  # TVMError from any pass or codegen

@@ -116,7 +116,9 @@ def find_nvrtc(major: int | None) -> Nvrtc:
             str(nv / "cu*" / "lib" / "libnvrtc.so.*")
         ):
             root = Path(lib).parent.parent
-            incs = [nv / "cuda_runtime" / "include", nv / "cuda_cccl" / "include", root / "include"]
+            # cuda_nvcc holds crt/mma.h, which the tensor-core (wmma) kernels include through mma.h
+            incs = [nv / "cuda_runtime" / "include", nv / "cuda_cccl" / "include", nv / "cuda_nvcc" / "include"]
+            incs.append(root / "include")
             candidates.append((Path(lib), [p for p in incs if p.is_dir()]))
     for cuda in [
         os.environ.get("CUDA_HOME", ""),
@@ -148,7 +150,8 @@ def find_nvrtc(major: int | None) -> Nvrtc:
         raise BuildError(
             f"no NVRTC for {want} found to compile device code; install it with "
             f"pip install 'nvidia-cuda-nvrtc-cu{major or 12}' 'nvidia-cuda-runtime-cu{major or 12}' "
-            f"'nvidia-cuda-cccl-cu{major or 12}' (or the 'cuda{major or 12}' extra of inferx_edge)"
+            f"'nvidia-cuda-cccl-cu{major or 12}' 'nvidia-cuda-nvcc-cu{major or 12}' (or the 'cuda{major or 12}' extra "
+            f"of inferx_edge)"
         )
     return max(found, key=lambda n: n.version)
 

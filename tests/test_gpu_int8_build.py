@@ -1,0 +1,91 @@
+"""INT8 variants for sm_80 / sm_87 / sm_90 built on this GPU-less host, and the int8 tensor-core
+workaround for TVM 0.27's dlight schedule (checked on the scheduled TIR and by compiling)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from inferx_edge.cli._common import DEFAULT_MODEL
+from inferx_edge.compiler import BuildOptions, build_artifact
+from inferx_edge.package import open_artifact
+from inferx_edge.package.elf import elf_machine, embedded_cuda_code
+from tests.test_cross_targets import needs_cross, needs_nvrtc
+
+
+@needs_nvrtc
+@pytest.mark.parametrize(
+    "target,sm,machine",
+    [
+        ("a100", "sm_80", "x86_64"),
+        ("h200", "sm_90", "x86_64"),
+        pytest.param("jetson-orin", "sm_87", "aarch64", marks=needs_cross),
+    ],
+)
+def test_int8_variant_compiles_for_each_gpu_architecture(tmp_path, target, sm, machine):
+    out = tmp_path / f"{target}.ixa"
+    build_artifact(BuildOptions(DEFAULT_MODEL, target, out, precisions=("int8",), tuning=False), log=lambda *a: None)
+    with open_artifact(out) as art:
+        v = art.manifest.variant("int8-b1")
+        lib = art.member(v.library)
+        assert elf_machine(lib) == machine and set(embedded_cuda_code(lib)["cubin"]) == {sm}
+        assert v.extra["quantization"]["int8_mac_share"] == 1.0
+        with np.load(art.member(v.weights)) as w:
+            assert sum(w[k].dtype == np.int8 for k in w.files) == 4
+
+
+def _int8_matmul_module(m: int):
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, m), "int8"))
+    w = relax.Var("w", relax.TensorType((m, m), "int8"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, relax.op.permute_dims(w), out_dtype="int32"))
+            out = bb.emit_output(relax.op.multiply(relax.op.astype(y, "float32"), relax.const(np.float32(0.5))))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("target", ["a100", "h200"])
+def test_large_int8_matmul_uses_tensor_cores_and_compiles(target):
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.build import resolve_tvm_target
+    from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.compiler.cuda_pipeline import cuda_pipeline
+    from inferx_edge.targets import get_target
+    from inferx_edge.tune._intrin import import_tensor_intrinsics
+
+    import_tensor_intrinsics()
+    spec = get_target(target)
+    tvm_target = resolve_tvm_target(spec)
+    mod = _int8_matmul_module(256)
+    with device_compiler(spec, "cubin") as record, tvm_target:
+        scheduled = cuda_pipeline(tvm_target)(mod)
+        scripts = [f.script() for _, f in scheduled.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+        mma = [s for s in scripts if "wmma.matrix_a" in s]
+        assert mma and all('"int8"' in s and '"int32"' in s for s in mma)  # int8 in, int32 accumulate
+        assert not any("software_pipeline" in s for s in mma)
+        relax.build(mod, tvm_target, relax_pipeline=cuda_pipeline(tvm_target))
+    assert record["kernels_modules"]
+
+
+@needs_nvrtc
+def test_stock_dlight_int8_tensorization_still_fails_to_compile():
+    """Guards the workaround: when a TVM upgrade fixes dlight's int8 wmma pipeline, this fails and
+    ``inferx_edge.compiler.cuda_pipeline`` can go."""
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.build import resolve_tvm_target
+    from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.targets import get_target
+
+    spec = get_target("a100")
+    tvm_target = resolve_tvm_target(spec)
+    with device_compiler(spec, "cubin"), tvm_target, pytest.raises(tvm.error.InternalError, match="fragment_info_"):
+        relax.build(_int8_matmul_module(256), tvm_target)
