@@ -206,7 +206,9 @@ def quantize_imported(
                 f = bb.emit(self.visit_expr(call))
                 m = relax.op.strided_slice(mask, axes=[0], begin=[k], end=[k + 1])
                 y = relax.op.add(f, relax.op.multiply(m, relax.op.subtract(bb.emit(y), f)))
-            self.set_var_remap(binding.var, bb.emit(y))
+            # a graph output (not a dataflow var) must stay visible outside the dataflow block
+            emit = bb.emit if isinstance(binding.var, relax.DataflowVar) else bb.emit_output
+            self.set_var_remap(binding.var, emit(y))
 
     rewriter = Int8Rewriter()
     for old, new in zip(func.params, new_params):
