@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._record import versions, write_record
-from benchmarks.gpu_governor import export
 
 SYSTEMS = ("inferx-int8", "inferx-fp16", "torch-eager", "torch-compile", "tvm-default")
 
@@ -55,12 +54,34 @@ def rel_error(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
-def torch_system(name: str, model: str, batch: int, x: np.ndarray):
+def make_net(model: str):
+    """The torchvision architecture with seeded random weights: every system runs the same network."""
     import torch
     import torchvision
 
-    net = getattr(torchvision.models, model)(weights=None).eval().cuda().half()
-    net = net.to(memory_format=torch.channels_last)
+    torch.manual_seed(0)
+    return getattr(torchvision.models, model)(weights=None).eval()
+
+
+def export(net, path: Path) -> None:
+    import torch
+
+    torch.onnx.export(
+        net,
+        (torch.zeros(1, 3, 224, 224),),
+        str(path),
+        dynamo=False,
+        opset_version=17,
+        input_names=["image"],
+        output_names=["logits"],
+        dynamic_axes={"image": {0: "N"}, "logits": {0: "N"}},
+    )
+
+
+def torch_system(name: str, model: str, batch: int, x: np.ndarray):
+    import torch
+
+    net = make_net(model).cuda().half().to(memory_format=torch.channels_last)
     xt = torch.from_numpy(x).cuda().half().contiguous(memory_format=torch.channels_last)
     if name == "torch-compile":
         net = torch.compile(net, mode="reduce-overhead")
@@ -160,17 +181,14 @@ def main() -> None:
         )
         (args.out / rec.name).write_text(rec.read_text())
 
-    import torchvision
-
     for model in args.models.split(","):
         onnx_path = args.out / f"{model}.onnx"
-        export(model, onnx_path)
+        export(make_net(model), onnx_path)
+        ref_net = make_net(model).cuda()
         for batch in (int(b) for b in args.batches.split(",")):
             x = rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)
-            ref_net = getattr(torchvision.models, model)(weights=None).eval().cuda()
             with torch.inference_mode():
                 ref = ref_net(torch.from_numpy(x).cuda()).double().cpu().numpy()
-            del ref_net
             for system in systems:
                 row = {"system": system, "model": model, "batch": batch}
                 t0 = time.time()
@@ -202,6 +220,7 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
                 save()
                 torch.cuda.empty_cache()
+        del ref_net
     backend.close()
     print(f"wrote {record_name}.json")
 

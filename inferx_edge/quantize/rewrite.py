@@ -46,6 +46,16 @@ def _param_of(expr, bindings, params):
     return None, False
 
 
+def with_main(mod, func):
+    """``mod`` with ``main`` replaced by ``func``; the other functions (PrimFuncs the importer emitted,
+    e.g. for ONNX Clip) stay, under the same global names the calls refer to."""
+    import tvm
+
+    new = tvm.IRModule(dict(mod.functions_items()))
+    new[mod.get_global_var("main")] = func
+    return new
+
+
 def find_targets(func) -> list[QuantTarget]:
     from tvm import relax
 
@@ -85,7 +95,7 @@ def calibrate(
     import tvm
     from tvm import relax
 
-    func = relax.transform.ToNonDataflow()(tvm.IRModule({"main": imported.mod["main"]}))["main"]
+    func = relax.transform.ToNonDataflow()(imported.mod)["main"]
     # ToNonDataflow keeps variable identity by name; look the activations up by name
     by_name = {b.var.name: b.var for block in func.body.blocks for b in block.bindings}
     by_name.update({p.name: p for p in func.params})
@@ -96,7 +106,7 @@ def calibrate(
         ret_ty=relax.TupleType([o.ty for o in outs]),
         attrs=func.attrs,
     )
-    mod = relax.transform.Normalize()(tvm.IRModule({"main": probe}))
+    mod = relax.transform.Normalize()(with_main(imported.mod, probe))
     target = target or tvm.target.Target({"kind": "llvm"})
     vm = relax.VirtualMachine(relax.build(mod, target), tvm.cpu())
     params = [tvm.runtime.tensor(p) for p in imported.params]
@@ -220,7 +230,7 @@ def quantize_imported(
         new_params = [*new_params[:num_input], mask, *new_params[num_input:]]
         attrs = tvm.ir.make_node("ir.DictAttrs", **{**dict(func.attrs), "num_input": num_input + 1})
     new_func = relax.Function(new_params, body, ret_ty=func.ret_ty, attrs=attrs)
-    mod = relax.transform.Normalize()(tvm.IRModule({"main": new_func}))
+    mod = relax.transform.Normalize()(with_main(imported.mod, new_func))
     from inferx_edge.frontend.model import ImportedModel as IM
 
     return IM(
