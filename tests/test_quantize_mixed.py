@@ -120,3 +120,23 @@ def test_mixed_on_the_embedded_model_meets_the_default_budget(tmp_path):
     assert r.returncode == 0, r.stderr
     acc = json.loads((tmp_path / "p.json").read_text())["accuracy"]
     assert acc["fp32"] - acc["mixed"] <= 0.5 and acc["int8_mac_share"] >= 0.9
+
+
+def test_tune_tunes_the_kernels_build_compiles_for_each_precision():
+    from tvm import relax
+
+    from inferx_edge.cli._common import DEFAULT_MODEL
+    from inferx_edge.frontend import import_model
+    from inferx_edge.tune.driver import TuneOptions, _precision_module
+
+    im = import_model(DEFAULT_MODEL, {"image": (1, 1, 28, 28)})
+
+    def dtypes(precision):
+        opts = TuneOptions(DEFAULT_MODEL, "x86-cpu", {"image": (1, 1, 28, 28)}, precision=precision)
+        mod = relax.get_pipeline("zero")(_precision_module(im, opts, log=lambda *a: None))
+        return " ".join(f.script() for gv, f in mod.functions_items() if "conv2d" in gv.name_hint)
+
+    assert '"int8"' in dtypes("int8") and '"int8"' not in dtypes("fp32")
+    assert '"float16"' in dtypes("fp16")
+    with pytest.raises(Exception, match="unknown precision 'int4'"):
+        TuneOptions(DEFAULT_MODEL, "x86-cpu", precision="int4")

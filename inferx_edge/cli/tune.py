@@ -10,7 +10,12 @@ from inferx_edge.cli._common import DEFAULT_MODEL, add_model_arguments
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    p.add_argument("--precision", default="fp32", help="precision to tune (default fp32)")
+    p.add_argument(
+        "--precision", default="fp32", help="precision to tune: fp32, fp16, int8 or mixed, as built (default fp32)"
+    )
+    p.add_argument("--calib", type=Path, default=None, help="int8/mixed: calibration data (see build --help)")
+    p.add_argument("--calib-method", default="entropy", choices=["minmax", "percentile", "entropy", "mse"])
+    p.add_argument("--quant-plan", type=Path, default=None, help="int8/mixed: a plan written by 'quantize'")
     p.add_argument(
         "--trials",
         type=int,
@@ -50,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
         per_iter=args.per_iter,
         rpc=rpc,
         root=args.tuning_logs,
+        calib=args.calib,
+        calib_method=args.calib_method,
+        quant_plan=args.quant_plan,
     )
     summary = tune_model(opts)
     print_summary(summary)

@@ -29,7 +29,9 @@ class TuneOptions:
 
     Attributes
     ----------
-    model, target, input_shapes, precision : as for ``build``.
+    model, target, input_shapes, precision : as for ``build``; the kernels tuned are the ones ``build``
+        compiles for that precision (fp16 after mixed precision, int8/mixed after quantization with
+        ``calib``/``calib_method`` or ``quant_plan``, as ``build`` does).
     trials : total measured candidates the database should hold for this model (a resumed run only
         adds what is missing).
     minutes : wall-clock limit for this run (None: until ``trials``).
@@ -50,14 +52,40 @@ class TuneOptions:
     rpc: RPCSettings | None = None
     root: Path | None = None
     seed: int | None = None
+    calib: Path | None = None
+    calib_method: str = "entropy"
+    quant_plan: Path | None = None
 
     def __post_init__(self) -> None:
+        from inferx_edge.compiler.build import PRECISIONS
+
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"unknown precision '{self.precision}'; valid: {', '.join(PRECISIONS)}")
         if self.trials <= 0:
             raise UsageError(f"--trials must be positive, got {self.trials}")
         if self.minutes is not None and self.minutes <= 0:
             raise UsageError(f"--minutes must be positive, got {self.minutes}")
         if self.per_iter <= 0:
             raise UsageError(f"--per-iter must be positive, got {self.per_iter}")
+
+
+def _precision_module(imported, opts: TuneOptions, log):
+    """The Relax module ``build`` compiles for ``opts.precision`` (same rewrites, same kernels)."""
+    from tvm import relax
+
+    if opts.precision == "fp16":
+        return relax.transform.ToMixedPrecision(out_dtype="float16")(imported.mod)
+    if opts.precision in ("int8", "mixed"):
+        from inferx_edge.quantize.driver import QuantPlan, apply_plan, make_plan
+
+        if opts.quant_plan is not None:
+            plan = QuantPlan.load(opts.quant_plan, imported.sha256)
+        else:
+            plan = make_plan(
+                opts.model, opts.input_shapes, imported, opts.calib, opts.calib_method, opts.precision, log=log
+            )
+        return apply_plan(imported, plan, opts.precision)[0].mod
+    return imported.mod
 
 
 @dataclass
@@ -108,7 +136,7 @@ def tune_model(opts: TuneOptions, log=print) -> TuneSummary:
     work_dir = tdb.database_dir(spec.name, imported.name, fp, opts.root)
     target = resolve_tvm_target(spec)
     import_tensor_intrinsics()
-    mod = relax.get_pipeline("zero")(imported.mod)
+    mod = relax.get_pipeline("zero")(_precision_module(imported, opts, log))
     extracted = ms.relax_integration.extract_tasks(mod, target)
     log(f"[2/4] {len(extracted)} tasks; database {work_dir}")
 
