@@ -1,6 +1,7 @@
-"""INT8 quantization: calibration observers, symmetric int8 schemes, and the Relax rewrite of conv2d /
-matmul to int8 x int8 -> int32 compute (``rewrite.py``). Not yet wired into ``build``/``quantize``
-commands: see the INT8 issue for what remains (CLI, QDQ import, FP16/mixed budget, GPU int8)."""
+"""INT8 quantization: calibration observers and symmetric int8 schemes (``calibration.py``), the Relax
+rewrite of conv2d / matmul to int8 x int8 -> int32 compute (``rewrite.py``), per-layer sensitivity and
+mixed int8/fp32 precision under an accuracy budget (``mixed.py``), and the plans ``quantize`` writes and
+``build`` applies (``driver.py``). QDQ ONNX models are read in ``inferx_edge.frontend.qdq``."""
 
 from inferx_edge.quantize.calibration import (
     OBSERVERS,
