@@ -20,23 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._record import versions, write_record
-
-
-def export(model: str, path: Path) -> None:
-    import torch
-    import torchvision
-
-    net = getattr(torchvision.models, model)(weights=None).eval()
-    torch.onnx.export(
-        net,
-        (torch.zeros(1, 3, 224, 224),),
-        str(path),
-        dynamo=False,
-        opset_version=17,
-        input_names=["image"],
-        output_names=["logits"],
-        dynamic_axes={"image": {0: "N"}, "logits": {0: "N"}},
-    )
+from benchmarks.gpu_vision import export, make_net
 
 
 def online(engine, backend, governor, windows: int, window_s: float) -> list[dict]:
@@ -77,7 +61,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     onnx_path = Path("/tmp") / f"{args.model}.onnx"
     t0 = time.time()
-    export(args.model, onnx_path)
+    export(make_net(args.model), onnx_path)
     art = Path("/tmp") / f"{args.model}-{args.target}.ixa"
     batches = tuple(int(b) for b in args.batches.split(","))
     build_artifact(BuildOptions(onnx_path, args.target, art, precisions=("fp32", "fp16"), batch_sizes=batches))

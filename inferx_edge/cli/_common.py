@@ -89,3 +89,20 @@ def add_quantization_arguments(p: argparse.ArgumentParser, plan: bool = True) ->
             default=None,
             help="apply a plan written by 'quantize' (thresholds and per-layer precisions) instead of calibrating",
         )
+
+
+#: BuildOptions fields set by :func:`add_quantization_arguments` (same names as the parsed arguments).
+QUANTIZATION_OPTIONS = (
+    "calib",
+    "calib_method",
+    "quant_plan",
+    "max_accuracy_drop",
+    "min_int8_share",
+    "eval_data",
+    "allow_over_budget",
+)
+
+
+def quantization_options(args: argparse.Namespace) -> dict:
+    """The quantization arguments as ``BuildOptions`` keywords."""
+    return {name: getattr(args, name) for name in QUANTIZATION_OPTIONS}

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from inferx_edge.cli._common import DEFAULT_MODEL, add_model_arguments, add_quantization_arguments, default_output
+from inferx_edge.cli._common import (
+    DEFAULT_MODEL,
+    add_model_arguments,
+    add_quantization_arguments,
+    default_output,
+    quantization_options,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -65,13 +71,7 @@ def run(args: argparse.Namespace) -> int:
         batch_sizes=_batch_sizes(args.batch_sizes),
         cuda_code=args.cuda_code,
         tuning=not args.no_tuning,
-        calib=args.calib,
-        calib_method=args.calib_method,
-        quant_plan=args.quant_plan,
-        max_accuracy_drop=args.max_accuracy_drop,
-        min_int8_share=args.min_int8_share,
-        eval_data=args.eval_data,
-        allow_over_budget=args.allow_over_budget,
+        **quantization_options(args),
         tuning_root=args.tuning_logs,
     )
     manifest = build_artifact(opts)

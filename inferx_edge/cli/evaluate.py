@@ -18,6 +18,7 @@ from inferx_edge.cli._common import (
     add_model_arguments,
     add_quantization_arguments,
     default_output,
+    quantization_options,
 )
 from inferx_edge.errors import UsageError
 
@@ -107,13 +108,7 @@ def run(args: argparse.Namespace) -> int:
                 artifact,
                 parse_input_shapes(args.input_shape),
                 precision=args.precision,
-                calib=args.calib,
-                calib_method=args.calib_method,
-                quant_plan=args.quant_plan,
-                max_accuracy_drop=args.max_accuracy_drop,
-                min_int8_share=args.min_int8_share,
-                eval_data=args.eval_data,
-                allow_over_budget=args.allow_over_budget,
+                **quantization_options(args),
             )
         )
         print(f"wrote {artifact}")
