@@ -13,7 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tvm  # noqa: F401
 from onnx import TensorProto, helper, numpy_helper
+
+# The test process is a build host: TVM is loaded with its compiler here, before an in-process Engine
+# could load it runtime-only (TVM_USE_RUNTIME_LIB), which breaks compiler use later in the same run
+# (test order decided whether it worked). Runtime-only loading is tested in a subprocess (test_runtime).
 
 REPO = Path(__file__).resolve().parent.parent
 
