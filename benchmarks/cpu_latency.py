@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,18 +20,12 @@ from benchmarks._record import versions, write_record
 from inferx_edge.cli._common import DEFAULT_DATA, DEFAULT_MODEL
 from inferx_edge.compiler import BuildOptions, build_artifact
 from inferx_edge.runtime import Engine, LatencyStats
+from inferx_edge.runtime.engine import time_calls
 from inferx_edge.targets import host_target_name
 
 
 def time_ort(sess, x: np.ndarray, seconds: float) -> LatencyStats:
-    for _ in range(10):
-        sess.run(None, {"image": x})
-    samples, start = [], time.perf_counter()
-    while len(samples) < 50 or time.perf_counter() - start < seconds:
-        t0 = time.perf_counter()
-        sess.run(None, {"image": x})
-        samples.append(time.perf_counter() - t0)
-    return LatencyStats.from_seconds(samples)
+    return time_calls(lambda: sess.run(None, {"image": x}), lambda: None, 10, 50, seconds)
 
 
 def main() -> None:

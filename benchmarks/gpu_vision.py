@@ -34,19 +34,9 @@ class Timed:
         self.fn, self.sync = fn, sync
 
     def benchmark(self, _x, warmup: int = 5, repeat: int = 50, min_seconds: float = 0.0):
-        from inferx_edge.runtime.engine import LatencyStats
+        from inferx_edge.runtime.engine import time_calls
 
-        for _ in range(warmup):
-            self.fn()
-        self.sync()
-        samples: list[float] = []
-        start = time.perf_counter()
-        while len(samples) < repeat or time.perf_counter() - start < min_seconds:
-            t0 = time.perf_counter()
-            self.fn()
-            self.sync()
-            samples.append(time.perf_counter() - t0)
-        return LatencyStats.from_seconds(samples)
+        return time_calls(self.fn, self.sync, warmup, repeat, min_seconds)
 
 
 def rel_error(got: np.ndarray, ref: np.ndarray) -> float:

@@ -277,20 +277,17 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
     grid = opts.variant_grid(base_batch)
     plans = {}
     for precision in dict.fromkeys(p for p, _ in grid if p in QUANTIZED):
-        from inferx_edge.quantize.driver import QuantPlan, make_plan
+        from inferx_edge.quantize.driver import resolve_plan
 
-        if opts.quant_plan is not None:
-            log(f"[1/4] {precision}: quantization plan {opts.quant_plan}")
-            plans[precision] = QuantPlan.load(opts.quant_plan, base.sha256)
-            continue
-        log(f"[1/4] calibrating for {precision}")
-        plans[precision] = make_plan(
+        log(f"[1/4] quantizing for {precision}")
+        plans[precision] = resolve_plan(
             opts.model,
             opts.input_shapes,
             base,
+            precision,
+            opts.quant_plan,
             opts.calib,
             opts.calib_method,
-            precision,
             opts.max_accuracy_drop,
             opts.min_int8_share,
             opts.eval_data,

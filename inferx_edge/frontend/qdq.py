@@ -42,7 +42,7 @@ def is_qdq(model) -> bool:
     return any(n.op_type in QDQ_OPS and n.domain in ("", "ai.onnx") for n in model.graph.node)
 
 
-def _const(model, name: str, inits: dict[str, np.ndarray], consts: dict[str, np.ndarray]) -> np.ndarray | None:
+def _const(name: str, inits: dict[str, np.ndarray], consts: dict[str, np.ndarray]) -> np.ndarray | None:
     return inits.get(name, consts.get(name))
 
 
@@ -72,8 +72,8 @@ def strip_qdq(model):
     drop, new_inits, rename = set(), {}, {}
 
     def qparams(node):
-        scale = _const(model, node.input[1], inits, consts)
-        zp = _const(model, node.input[2], inits, consts) if len(node.input) > 2 and node.input[2] else None
+        scale = _const(node.input[1], inits, consts)
+        zp = _const(node.input[2], inits, consts) if len(node.input) > 2 and node.input[2] else None
         if scale is None:
             raise ModelError(f"{node.op_type} '{node.name}': scale '{node.input[1]}' is not a constant")
         return scale, zp

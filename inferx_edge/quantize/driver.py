@@ -148,8 +148,9 @@ def make_plan(
         data = load_calibration(calib, model, base.inputs)
         for spec in base.inputs:
             check_calibration_batch(data[spec.name], spec.name, (None, *spec.shape[1:]), spec.dtype)
+    base_targets = find_targets(base.mod["main"])
     if qdq is not None:
-        targets = find_targets(base.mod["main"])
+        targets = base_targets
         amax = {t.key: qdq.activations[t.key] for t in targets if t.key in qdq.activations}
         log(f"      QDQ model: {len(amax)} of {len(targets)} layers int8 with the model's own scales (no calibration)")
         for note in qdq.notes:
@@ -168,8 +169,8 @@ def make_plan(
         log(f"      calibrating {len(targets)} layers on {len(batches) * chunk} samples ({method})")
         amax = calibrate(probe_model, targets, batches, method)
         plan = QuantPlan(base.sha256, method, len(batches) * chunk, amax)
-    macs = {t.key: _macs(base, t) for t in find_targets(base.mod["main"])}
-    total = sum(macs.values()) + _other_macs(base, {t.name for t in find_targets(base.mod["main"])})
+    macs = {t.key: _macs(base, t) for t in base_targets}
+    total = sum(macs.values()) + _other_macs(base, {t.name for t in base_targets})
     if max_drop is None:
         plan.layers = [
             {"layer": t.key, "op": t.op, "precision": "int8" if t.key in amax else "fp32", "macs": macs[t.key]}
@@ -212,6 +213,30 @@ def make_plan(
         log(f"warning: accuracy budget not met ({why}); keeping the best mix found (--allow-over-budget)")
     log(f"      {summary}")
     return plan
+
+
+def resolve_plan(
+    model: Path,
+    input_shapes: dict,
+    base: ImportedModel,
+    precision: str,
+    quant_plan: Path | None = None,
+    calib: Path | None = None,
+    calib_method: str = "entropy",
+    max_drop: float | None = None,
+    min_int8_share: float = 0.5,
+    eval_data: Path | None = None,
+    allow_over_budget: bool = False,
+    log=print,
+) -> QuantPlan:
+    """The plan ``build`` and ``tune`` quantize ``precision`` by: ``quant_plan`` when given, else a new one."""
+    if quant_plan is not None:
+        log(f"      {precision}: quantization plan {quant_plan}")
+        return QuantPlan.load(quant_plan, base.sha256)
+    return make_plan(
+        model, input_shapes, base, calib, calib_method, precision, max_drop, min_int8_share, eval_data,
+        allow_over_budget, log,
+    )  # fmt: skip
 
 
 def apply_plan(imported: ImportedModel, plan: QuantPlan, precision: str) -> tuple[ImportedModel, dict]:

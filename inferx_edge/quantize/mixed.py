@@ -44,15 +44,15 @@ def load_eval_set(path: Path | None, model: Path, inputs, calib: dict[str, np.nd
     """The data that measures accuracy: ``path`` (.npz with one array per input name, or ``x``, plus
     optional integer ``labels``/``y``); else the embedded model's labelled holdout; else the calibration
     data without labels."""
-    from inferx_edge.cli._common import DEFAULT_DATA, DEFAULT_MODEL
+    from inferx_edge.cli._common import DEFAULT_MODEL
+    from inferx_edge.cli.evaluate import load_holdout
     from inferx_edge.quantize.calibration import check_calibration_batch
 
     names = [s.name for s in inputs]
     if path is None:
         if Path(model).resolve() == DEFAULT_MODEL.resolve():
-            with np.load(DEFAULT_DATA) as d:
-                x = d["holdout_images"][:, None].astype(np.float32) / np.float32(255)
-                return EvalSet({names[0]: x}, d["holdout_labels"].astype(np.int64), "embedded holdout (500 images)")
+            x, y, description = load_holdout(None)
+            return EvalSet({names[0]: x}, y, description)
         if calib is None:
             raise UsageError("measuring an accuracy budget needs data: --eval-data FILE.npz (or --calib)")
         return EvalSet(calib, None, "calibration data (no labels)")

@@ -61,6 +61,22 @@ class _LoadedVariant:
                 self.params = [tvm.runtime.tensor(npz[p], device) for p in variant.params]
 
 
+def time_calls(call, sync, warmup: int = 5, repeat: int = 50, min_seconds: float = 0.0) -> LatencyStats:
+    """Time ``call`` followed by ``sync`` (wait for the device): ``warmup`` untimed calls, then at least
+    ``repeat`` timed ones, more until ``min_seconds`` have passed."""
+    for _ in range(warmup):
+        call()
+    sync()
+    samples: list[float] = []
+    start = time.perf_counter()
+    while len(samples) < repeat or time.perf_counter() - start < min_seconds:
+        t0 = time.perf_counter()
+        call()
+        sync()
+        samples.append(time.perf_counter() - t0)
+    return LatencyStats.from_seconds(samples)
+
+
 class Engine:
     """Load an artifact, check it belongs on this machine, and run it.
 
@@ -156,17 +172,7 @@ class Engine:
         """Time synchronous runs with inputs already on the device: ``warmup`` untimed, then at least
         ``repeat`` timed (more until ``min_seconds`` have passed)."""
         tensors = [self._tvm.runtime.tensor(a, self.device) for a in self.check_inputs(inputs)]
-        for _ in range(warmup):
-            self._invoke(tensors)
-        self.device.sync()
-        samples: list[float] = []
-        start = time.perf_counter()
-        while len(samples) < repeat or time.perf_counter() - start < min_seconds:
-            t0 = time.perf_counter()
-            self._invoke(tensors)
-            self.device.sync()
-            samples.append(time.perf_counter() - t0)
-        return LatencyStats.from_seconds(samples)
+        return time_calls(lambda: self._invoke(tensors), self.device.sync, warmup, repeat, min_seconds)
 
     def close(self) -> None:
         self._loaded.clear()

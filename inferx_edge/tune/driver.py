@@ -76,14 +76,12 @@ def _precision_module(imported, opts: TuneOptions, log):
     if opts.precision == "fp16":
         return relax.transform.ToMixedPrecision(out_dtype="float16")(imported.mod)
     if opts.precision in ("int8", "mixed"):
-        from inferx_edge.quantize.driver import QuantPlan, apply_plan, make_plan
+        from inferx_edge.quantize.driver import apply_plan, resolve_plan
 
-        if opts.quant_plan is not None:
-            plan = QuantPlan.load(opts.quant_plan, imported.sha256)
-        else:
-            plan = make_plan(
-                opts.model, opts.input_shapes, imported, opts.calib, opts.calib_method, opts.precision, log=log
-            )
+        plan = resolve_plan(
+            opts.model, opts.input_shapes, imported, opts.precision, opts.quant_plan, opts.calib, opts.calib_method,
+            log=log,
+        )  # fmt: skip
         return apply_plan(imported, plan, opts.precision)[0].mod
     return imported.mod
 
