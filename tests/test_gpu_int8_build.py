@@ -89,3 +89,76 @@ def test_stock_dlight_int8_tensorization_still_fails_to_compile():
     tvm_target = resolve_tvm_target(spec)
     with device_compiler(spec, "cubin"), tvm_target, pytest.raises(tvm.error.InternalError, match="fragment_info_"):
         relax.build(_int8_matmul_module(256), tvm_target)
+
+
+def _conv_module(kind: str):
+    """A depthwise conv (+ReLU6, + int8 quantize), a 3x3 max pool, or an fp16 3x3 conv, NCHW batch 8."""
+    from tvm import relax
+
+    dtype = "float16" if kind == "fp16-conv" else "float32"
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([8, 96, 56, 56], dtype))
+    w = relax.Var("w", relax.TensorType([96, 1 if kind == "depthwise" else 96, 3, 3], dtype))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            if kind == "depthwise":
+                y = bb.emit(
+                    relax.op.clip(relax.op.nn.conv2d(x, w, strides=[2, 2], padding=[1, 1, 1, 1], groups=96), 0, 6)
+                )
+                y = relax.op.astype(relax.op.round(relax.op.divide(y, relax.const(np.float32(0.05)))), "int8")
+            elif kind == "pool":
+                y = relax.op.nn.max_pool2d(x, pool_size=[3, 3], strides=[2, 2], padding=[1, 1, 1, 1])
+            else:
+                y = relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=[1, 1, 1, 1], out_dtype="float16"))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _schedule_and_compile(target: str, mod):
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.build import resolve_tvm_target
+    from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.compiler.cuda_pipeline import cuda_pipeline
+    from inferx_edge.targets import get_target
+    from inferx_edge.tune._intrin import import_tensor_intrinsics
+
+    import_tensor_intrinsics()
+    spec = get_target(target)
+    tvm_target = resolve_tvm_target(spec)
+    with device_compiler(spec, "cubin") as record, tvm_target:
+        scheduled = cuda_pipeline(tvm_target)(mod)
+        relax.build(mod, tvm_target, relax_pipeline=cuda_pipeline(tvm_target))
+    assert record["kernels_modules"]
+    return [f.script() for _, f in scheduled.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("kind", ["depthwise", "pool"])
+def test_small_reductions_get_one_output_per_thread(kind):
+    """dlight gave these one 256-thread block per output element (9 products shared by 256 threads)."""
+    (script,) = _schedule_and_compile("h200", _conv_module(kind))
+    assert 'thread="threadIdx.x"' in script and "T.unroll" in script
+    assert 'scope="local"' in script or kind == "pool"  # the epilogue runs in the same thread
+    assert "cross_thread" not in script and "tvm_thread_allreduce" not in script
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("target", ["a100", "h200"])
+def test_fp16_convolution_uses_tensor_cores(target):
+    """dlight's own rule skips fp16 tensor cores on sm_90a (its arch parser rejects the 'a')."""
+    (script,) = _schedule_and_compile(target, _conv_module("fp16-conv"))
+    assert "wmma.matrix_a" in script and "tvm_mma_sync" in script and "software_pipeline" not in script
+
+
+@needs_nvrtc
+def test_cuda_graph_is_on_by_default_and_can_be_turned_off(tmp_path):
+    for graph in (True, False):
+        out = tmp_path / f"g{graph}.ixa"
+        build_artifact(BuildOptions(DEFAULT_MODEL, "h200", out, tuning=False, cuda_graph=graph), log=lambda *a: None)
+        with open_artifact(out) as art:
+            v = art.manifest.variants[0]
+            assert v.extra.get("cuda_graph", False) is graph
+            assert (b"vm.builtin.cuda_graph.run_or_capture" in art.member(v.library).read_bytes()) is graph

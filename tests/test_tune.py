@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from inferx_edge.compiler import BuildOptions, build_artifact
 from inferx_edge.runtime import Engine
-from inferx_edge.targets import host_target_name
+from inferx_edge.targets import get_target, host_target_name
 from inferx_edge.tune import TuneOptions, tune_model
 from inferx_edge.tune import database as tdb
 from tests.conftest import REPO, cli
@@ -132,8 +132,7 @@ def test_locked_database_is_refused(mlp, tmp_path):
     from inferx_edge.frontend import import_model
 
     imported = import_model(mlp)
-    fp = tdb.fingerprint(imported.sha256, {t.name: t.shape for t in imported.inputs}, "fp32")
-    with tdb.locked(tdb.database_dir(host_target_name(), "mlp", fp, tmp_path)):
+    with tdb.locked(tdb.model_database_dir(get_target(host_target_name()), imported, "fp32", tmp_path)):
         r = cli("tune", "--model", mlp, "--trials", "4", "--tuning-logs", tmp_path)
     assert r.returncode == 8 and "in use by another tuning run" in r.stderr
 
@@ -144,11 +143,36 @@ def test_prune_keeps_best_and_remembers_trials(mlp, tmp_path):
     n_before, n_after = tdb.prune(summary.work_dir)
     assert n_after <= len(summary.tasks) and n_after < n_before
     assert tdb.trials_done(summary.work_dir) == before
+    # pruned = packed: the workload file is gzipped, and a rerun that has nothing to do leaves it so
+    packed = summary.work_dir / tdb.PACKED_WORKLOADS
+    assert packed.exists() and not (summary.work_dir / tdb.WORKLOADS).exists()
     assert tune_model(_opts(mlp, tmp_path), **QUIET).trials_run == 0
+    assert packed.exists() and not (summary.work_dir / tdb.WORKLOADS).exists()
+    more = tune_model(_opts(mlp, tmp_path, trials=before + 4), **QUIET)  # resuming unpacks, keeps the best
+    assert more.trials_run > 0 and not packed.exists() and (summary.work_dir / tdb.WORKLOADS).exists()
+    assert sum(s["trials"] for s in tdb.trials_per_workload(summary.work_dir).values()) == n_after + more.trials_run
     out = tmp_path / "pruned.ixa"
     build_artifact(BuildOptions(mlp, host_target_name(), out, tuning_root=tmp_path), **QUIET)
     with Engine(out) as e:
         assert e.variant.extra["tuning"]["kernels_tuned"] >= 1
+
+
+def test_host_cpu_databases_are_per_microarchitecture(mlp, monkeypatch):
+    """Records measured on one CPU are not reused on another (Zen 3 records ran 2x slower on a Zen 4);
+    GPU targets do not depend on the build host."""
+    import tvm
+
+    from inferx_edge.frontend import import_model
+
+    imported = import_model(mlp)
+    dirs = {}
+    for cpu in ("znver3", "znver4"):
+        monkeypatch.setattr(tvm.target.codegen, "llvm_get_system_cpu", lambda cpu=cpu: cpu)
+        dirs[cpu] = {
+            t: tdb.model_database_dir(get_target(t), imported, "fp32") for t in (host_target_name(), "h200")
+        }
+    assert dirs["znver3"][host_target_name()] != dirs["znver4"][host_target_name()]
+    assert dirs["znver3"]["h200"] == dirs["znver4"]["h200"]
 
 
 def test_jetson_without_device_names_both_ways(tmp_path):

@@ -40,6 +40,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="cubin",
         help="CUDA targets: cubin for the exact GPU (default) or PTX the driver JIT-compiles",
     )
+    p.add_argument(
+        "--no-cuda-graph",
+        action="store_true",
+        help="CUDA targets: launch every kernel from the VM instead of replaying CUDA graphs of the static "
+        "parts of the model (captured on the first run)",
+    )
 
 
 def _batch_sizes(value: str | None) -> tuple[int, ...]:
@@ -70,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         precisions=tuple(args.precision.split(",")),
         batch_sizes=_batch_sizes(args.batch_sizes),
         cuda_code=args.cuda_code,
+        cuda_graph=not args.no_cuda_graph,
         tuning=not args.no_tuning,
         **quantization_options(args),
         tuning_root=args.tuning_logs,

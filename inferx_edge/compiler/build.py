@@ -48,6 +48,10 @@ class BuildOptions:
     precision : one of :data:`PRECISIONS`.
     cuda_code : CUDA targets only: ``cubin`` (exact architecture, nothing compiled on the device) or
         ``ptx`` (the driver JIT-compiles it for its GPU, same or newer architecture).
+    cuda_graph : CUDA targets only: the static parts of the model run as CUDA graphs (Relax
+        ``RewriteCUDAGraph``), captured on a variant's first run and replayed after: one launch
+        instead of one per kernel. Weights must stay at the addresses they had at capture (the
+        runtime loads them once per variant).
     tuning : apply the model's tuning database for this target when one exists (kernels it does not
         cover keep default schedules: a build never fails for lack of tuning).
     tuning_root : where databases live (default ``tuning_logs/``).
@@ -63,6 +67,7 @@ class BuildOptions:
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     precision: str = "fp32"
     cuda_code: str = "cubin"
+    cuda_graph: bool = True
     tuning: bool = True
     tuning_root: Path | None = None
     batch_sizes: tuple[int, ...] = ()
@@ -138,14 +143,37 @@ def apply_tuning(mod, target, work_dir: Path) -> tuple[Any, int, int]:
     mod = relax.get_pipeline("zero")(mod)
     # Read a snapshot: a tuning run may be appending to the database right now (a torn last line).
     with tempfile.TemporaryDirectory(prefix="inferx_edge-db-") as snap:
-        for name in (tdb.WORKLOADS, tdb.RECORDS):
-            shutil.copyfile(work_dir / name, Path(snap) / name)
-        tdb.repair(Path(snap), warn=lambda m: None)
+        tdb.snapshot(work_dir, Path(snap))
         with target, ms.database.JSONDatabase(work_dir=snap):
             mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
     funcs = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     tuned = sum(1 for f in funcs if f.attrs is not None and "tirx.is_scheduled" in f.attrs)
     return mod, tuned, len(funcs)
+
+
+def prepare_module(imported: ImportedModel, target, precision: str = "fp32", tuning_dir: Path | None = None):
+    """The Relax module a variant compiles: fp16 cast for ``fp16``; tuned schedules from ``tuning_dir``.
+
+    Returns the module and the tuning summary (None without a database).
+    """
+    from tvm import relax
+
+    mod, tuned = imported.mod, None
+    if precision == "fp16":
+        mod = relax.transform.ToMixedPrecision(out_dtype="float16")(mod)
+    if tuning_dir is not None:
+        mod, n_tuned, n_total = apply_tuning(mod, target, tuning_dir)
+        tuned = {"database": str(tuning_dir), "kernels_tuned": n_tuned, "kernels": n_total}
+    return mod, tuned
+
+
+def relax_pipeline(spec: TargetSpec, target):
+    """The Relax pipeline for ``spec``: TVM's default, or ours for CUDA (:mod:`.cuda_pipeline`)."""
+    if not spec.is_cuda:
+        return "default"
+    from inferx_edge.compiler.cuda_pipeline import cuda_pipeline
+
+    return cuda_pipeline(target)
 
 
 def compile_variant(
@@ -155,6 +183,7 @@ def compile_variant(
     cuda_code: str = "cubin",
     tuning_dir: Path | None = None,
     precision: str = "fp32",
+    cuda_graph: bool = True,
 ) -> dict[str, Any]:
     """Compile ``imported.mod`` for ``spec`` and export the shared library to ``out_path``.
 
@@ -167,20 +196,12 @@ def compile_variant(
 
     target = resolve_tvm_target(spec)
     t0 = time.perf_counter()
-    mod, tuned = imported.mod, None
-    if precision == "fp16":
-        mod = relax.transform.ToMixedPrecision(out_dtype="float16")(mod)
-    if tuning_dir is not None:
-        mod, n_tuned, n_total = apply_tuning(mod, target, tuning_dir)
-        tuned = {"database": str(tuning_dir), "kernels_tuned": n_tuned, "kernels": n_total}
+    mod, tuned = prepare_module(imported, target, precision, tuning_dir)
     cuda_ctx = device_compiler(spec, cuda_code) if spec.is_cuda else contextlib.nullcontext(None)
+    cuda_graph = cuda_graph and spec.is_cuda
     try:
-        with cuda_ctx as cuda_record, target:
-            pipeline = "default"
-            if spec.is_cuda:
-                from inferx_edge.compiler.cuda_pipeline import cuda_pipeline
-
-                pipeline = cuda_pipeline(target)
+        with cuda_ctx as cuda_record, target, pass_config(cuda_graph):
+            pipeline = relax_pipeline(spec, target)
             executable = relax.build(mod, target, relax_pipeline=pipeline, exec_mode="compiled")
     except BuildError:
         raise
@@ -203,8 +224,16 @@ def compile_variant(
         "link_s": round(time.perf_counter() - t1, 3),
         "linker": spec.cross_compiler if fcompile is not None else "host",
         "cuda": cuda_record,
+        "cuda_graph": cuda_graph,
         "tuning": tuned,
     }
+
+
+def pass_config(cuda_graph: bool = False):
+    """The PassContext a variant compiles under."""
+    import tvm
+
+    return tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": bool(cuda_graph)})
 
 
 #: Oldest JetPack whose driver supports a given CUDA version (6.0: CUDA 12.2; 6.1/6.2: 12.6; 7: 13.0).
@@ -317,11 +346,10 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
             lib = tmp / f"{name}.so"
             tuning_dir = None
             if opts.tuning:
-                fp = tdb.fingerprint(imported.sha256, {t.name: t.shape for t in imported.inputs}, precision)
-                candidate = tdb.database_dir(spec.name, imported.name, fp, opts.tuning_root)
-                if (candidate / tdb.RECORDS).exists():
+                candidate = tdb.model_database_dir(spec, imported, precision, opts.tuning_root)
+                if tdb.has_database(candidate):
                     tuning_dir = candidate
-            info = compile_variant(imported, spec, lib, opts.cuda_code, tuning_dir, precision)
+            info = compile_variant(imported, spec, lib, opts.cuda_code, tuning_dir, precision, opts.cuda_graph)
             if info["tuning"]:
                 t = info["tuning"]
                 log(
@@ -346,6 +374,7 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
                     outputs=imported.outputs,
                     tuned=bool(info["tuning"] and info["tuning"]["kernels_tuned"]),
                     extra=({"tuning": info["tuning"]} if info["tuning"] else {})
+                    | ({"cuda_graph": True} if info["cuda_graph"] else {})
                     | ({"quantization": quant_report} if quant_report else {}),
                 )
             )

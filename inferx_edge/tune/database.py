@@ -3,7 +3,13 @@ counting and pruning MetaSchedule's JSON-lines records.
 
 MetaSchedule's JSONDatabase appends one line per record, so finished trials survive Ctrl-C or kill -9;
 what can be lost is a half-written last line, which :func:`repair` drops (keeping a copy) with a warning.
-Look-ups ignore the target, hence one database per target.
+Look-ups ignore the target, hence one database per target, and for targets that compile for the build
+host's own CPU, one per CPU microarchitecture (a schedule measured on one CPU is no guide on another:
+records from a Zen 3 ran 2x slower on a Zen 4 than records tuned there) -- see :func:`fingerprint`.
+
+A pruned database is *packed*: its workload file (serialized TIR, ~95 % of the bytes) is stored
+gzipped as ``database_workload.json.gz``, small enough to commit. ``tune`` unpacks before it appends;
+``build`` reads either form.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import gzip
 import hashlib
 import json
 import os
@@ -22,6 +29,7 @@ from inferx_edge.errors import InferxError
 from inferx_edge.package.atomic import atomic_write
 
 WORKLOADS = "database_workload.json"
+PACKED_WORKLOADS = WORKLOADS + ".gz"
 RECORDS = "database_tuning_record.json"
 FAILED_RUN = 1e9  # MetaSchedule stores failed builds/runs as 1e10 s
 
@@ -38,10 +46,72 @@ def default_root() -> Path:
     return Path(env) if env else Path(__file__).resolve().parents[2] / "tuning_logs"
 
 
-def fingerprint(model_sha256: str, input_shapes: dict[str, tuple[int, ...]], precision: str) -> str:
-    """Names a model's database: its content, pinned shapes and precision (12 hex digits)."""
-    key = json.dumps([model_sha256, sorted(input_shapes.items()), precision])
+def fingerprint(
+    model_sha256: str, input_shapes: dict[str, tuple[int, ...]], precision: str, cpu: str | None = None
+) -> str:
+    """Names a model's database: its content, pinned shapes, precision and, for targets that compile
+    for the build host's CPU, that CPU's microarchitecture (LLVM's name, e.g. ``znver4``) (12 hex digits)."""
+    key = json.dumps([model_sha256, sorted(input_shapes.items()), precision] + ([cpu] if cpu else []))
     return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def host_cpu_of(spec) -> str | None:
+    """The CPU microarchitecture a target's kernels are tuned for when it is "this host's CPU", else None."""
+    from inferx_edge.targets.registry import HOST_CPU
+
+    if spec.is_cuda or spec.tvm_target.get("mcpu") != HOST_CPU:
+        return None
+    import tvm
+
+    return str(tvm.target.codegen.llvm_get_system_cpu())
+
+
+def model_database_dir(spec, imported, precision: str, root: Path | None = None) -> Path:
+    """Where the database for ``imported`` (an :class:`~inferx_edge.frontend.ImportedModel` with its
+    shapes pinned) at ``precision`` on target ``spec`` lives."""
+    shapes = {t.name: t.shape for t in imported.inputs}
+    fp = fingerprint(imported.sha256, shapes, precision, host_cpu_of(spec))
+    return database_dir(spec.name, imported.name, fp, root)
+
+
+def has_database(work_dir: Path) -> bool:
+    return (work_dir / RECORDS).exists() and ((work_dir / WORKLOADS).exists() or (work_dir / PACKED_WORKLOADS).exists())
+
+
+def workload_bytes(work_dir: Path) -> bytes:
+    """The workload file's content, packed or not (b"" when there is none)."""
+    if (work_dir / WORKLOADS).exists():
+        return (work_dir / WORKLOADS).read_bytes()
+    if (work_dir / PACKED_WORKLOADS).exists():
+        return gzip.decompress((work_dir / PACKED_WORKLOADS).read_bytes())
+    return b""
+
+
+def unpack(work_dir: Path) -> None:
+    """Make the workload file plain for MetaSchedule to append to (a no-op when it is)."""
+    packed, plain = work_dir / PACKED_WORKLOADS, work_dir / WORKLOADS
+    if packed.exists():
+        if not plain.exists():  # both exist only after an unpack killed before its last step
+            with atomic_write(plain) as f:
+                f.write(gzip.decompress(packed.read_bytes()))
+        packed.unlink()
+
+
+def pack(work_dir: Path) -> None:
+    """Gzip the workload file (deterministic bytes: no name, no time stamp)."""
+    plain = work_dir / WORKLOADS
+    if plain.exists():
+        with atomic_write(work_dir / PACKED_WORKLOADS) as f:
+            f.write(gzip.compress(plain.read_bytes(), compresslevel=9, mtime=0))
+        plain.unlink()
+
+
+def snapshot(work_dir: Path, dest: Path) -> None:
+    """Copy a database into ``dest`` in the plain form MetaSchedule reads, dropping a torn last line
+    (a tuning run may be appending right now)."""
+    (dest / WORKLOADS).write_bytes(workload_bytes(work_dir))
+    (dest / RECORDS).write_bytes((work_dir / RECORDS).read_bytes())
+    repair(dest, warn=lambda m: None)
 
 
 def database_dir(target: str, model_name: str, fp: str, root: Path | None = None) -> Path:
@@ -93,7 +163,7 @@ def repair(work_dir: Path, warn=lambda m: print(f"warning: {m}", file=sys.stderr
     records = work_dir / RECORDS
     if records.exists():
         lines = records.read_bytes().splitlines(keepends=True)
-        n_workloads = sum(1 for _ in open(workloads, "rb")) if workloads.exists() else 0
+        n_workloads = len(workload_bytes(work_dir).splitlines())
         bad = [i for i, line in enumerate(lines) if not _parses(line) or json.loads(line)[0] >= n_workloads]
         if bad:
             _rewrite(records, lines, bad, warn)
@@ -160,8 +230,9 @@ def note_trials(work_dir: Path, trials: int) -> None:
 def prune(work_dir: Path, keep: int = 1) -> tuple[int, int]:
     """Keep the ``keep`` fastest valid records per workload (what ``build`` uses) and only the workloads
     they reference; returns (records before, after). The trial count is kept in ``inferx_tuning.json``
-    so a later run with the same budget still knows the work was done."""
+    so a later run with the same budget still knows the work was done. The result is packed (:func:`pack`)."""
     note_trials(work_dir, trials_done(work_dir))
+    unpack(work_dir)
     records, workloads = work_dir / RECORDS, work_dir / WORKLOADS
     lines = [line for line in records.read_bytes().splitlines(keepends=True) if _parses(line)]
     by_workload: dict[int, list[tuple[float, list]]] = defaultdict(list)
@@ -181,4 +252,5 @@ def prune(work_dir: Path, keep: int = 1) -> tuple[int, int]:
     for path, body in ((workloads, b"".join(wl_lines[old] for old in order)), (records, b"".join(kept))):
         with atomic_write(path) as f:
             f.write(body)
+    pack(work_dir)
     return len(lines), len(kept)

@@ -129,9 +129,7 @@ def tune_model(opts: TuneOptions, log=print) -> TuneSummary:
 
     log(f"[1/4] importing {opts.model}")
     imported = import_model(opts.model, opts.input_shapes)
-    shapes = {t.name: t.shape for t in imported.inputs}
-    fp = tdb.fingerprint(imported.sha256, shapes, opts.precision)
-    work_dir = tdb.database_dir(spec.name, imported.name, fp, opts.root)
+    work_dir = tdb.model_database_dir(spec, imported, opts.precision, opts.root)
     target = resolve_tvm_target(spec)
     import_tensor_intrinsics()
     mod = relax.get_pipeline("zero")(_precision_module(imported, opts, log))
@@ -140,7 +138,6 @@ def tune_model(opts: TuneOptions, log=print) -> TuneSummary:
 
     with tdb.locked(work_dir):
         tdb.repair(work_dir)
-        database = ms.database.JSONDatabase(work_dir=str(work_dir))
         index = _workload_index(work_dir)
         stats = tdb.trials_per_workload(work_dir)
         before = {t.task_name: stats.get(index.get(_shash(t), -1), {"trials": 0})["trials"] for t in extracted}
@@ -149,6 +146,8 @@ def tune_model(opts: TuneOptions, log=print) -> TuneSummary:
         if remaining <= 0:
             log(f"[3/4] database already holds {have} trials for this model (budget {opts.trials}): nothing to tune")
             return _summary(work_dir, extracted, index, have, 0, 0, 0.0, "-", False)
+        tdb.unpack(work_dir)  # MetaSchedule appends to the plain file
+        database = ms.database.JSONDatabase(work_dir=str(work_dir))
         cost = cost_model_name()
         log(
             f"[3/4] tuning: {remaining} new trials (database has {have}), {opts.per_iter} per round, "
@@ -219,11 +218,8 @@ def _shash(task) -> str:
 
 
 def _workload_index(work_dir: Path) -> dict[str, int]:
-    path = work_dir / tdb.WORKLOADS
-    if not path.exists():
-        return {}
     out = {}
-    for i, line in enumerate(open(path, "rb")):
+    for i, line in enumerate(tdb.workload_bytes(work_dir).splitlines()):
         try:
             out.setdefault(json.loads(line)[0], i)
         except (ValueError, IndexError):

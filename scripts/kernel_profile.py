@@ -1,0 +1,172 @@
+"""Per-kernel time of a model as ``build`` compiles it, on this machine's CPU or GPU.
+
+    python scripts/kernel_profile.py --model M.onnx --target h200 --precision int8 \
+        --input-shape image:64x3x224x224 [--calib calib.npy] [--runs 20] [--json out.json]
+
+The module goes through the same steps as a variant of ``build`` (quantization plan, fp16 cast, the
+target's tuning database, the target's Relax pipeline), then is compiled with the bytecode VM, whose
+instrument hook times every call: the device is synchronized before and after each kernel, so a row
+is the kernel's own time plus one launch. Each kernel is labelled by what its schedule uses: tensor
+cores (wmma/mma), int8 loads, a tuned (database) schedule. The sum of the rows is above the
+uninstrumented end-to-end time printed first (sync per kernel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def kernel_traits(mod) -> dict[str, dict]:
+    """What each PrimFunc's schedule uses, read from its TIR."""
+    import tvm
+
+    out = {}
+    for gv, f in mod.functions_items():
+        if not isinstance(f, tvm.tirx.PrimFunc):
+            continue
+        text = f.script()
+        out[gv.name_hint] = {
+            "tensor_cores": bool(re.search(r"tvm_mma_sync|ptx_mma|mma_sync", text)),
+            "int8": '"int8"' in text,
+            "tuned": bool(f.attrs is not None and "tirx.is_scheduled" in f.attrs and "meta_schedule" in text),
+        }
+    return out
+
+
+def main() -> int:
+    from inferx_edge.cli._common import add_quantization_arguments, quantization_options
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", "-m", type=Path, required=True)
+    ap.add_argument("--target", "-t", required=True)
+    ap.add_argument("--input-shape", action="append", default=[])
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "int8", "mixed"])
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--no-tuning", action="store_true")
+    ap.add_argument("--json", type=Path, default=None)
+    add_quantization_arguments(ap)
+    args = ap.parse_args()
+
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.build import prepare_module, relax_pipeline, resolve_tvm_target
+    from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.frontend import import_model
+    from inferx_edge.frontend.shapes import parse_input_shapes
+    from inferx_edge.targets import get_target
+    from inferx_edge.tune import database as tdb
+
+    spec = get_target(args.target)
+    shapes = parse_input_shapes(args.input_shape)
+    imported = import_model(args.model, shapes)
+    if args.precision in ("int8", "mixed"):
+        from inferx_edge.quantize.driver import apply_plan, resolve_plan
+
+        q = quantization_options(args)
+        plan = resolve_plan(
+            args.model, shapes, imported, args.precision, q["quant_plan"], q["calib"], q["calib_method"],
+            q["max_accuracy_drop"], q["min_int8_share"], q["eval_data"], q["allow_over_budget"], print,
+        )  # fmt: skip
+        imported, _ = apply_plan(imported, plan, args.precision)
+    tuning_dir = None
+    if not args.no_tuning:
+        candidate = tdb.model_database_dir(spec, imported, args.precision)
+        tuning_dir = candidate if tdb.has_database(candidate) else None
+    target = resolve_tvm_target(spec)
+    t0 = time.perf_counter()
+    mod, tuned = prepare_module(imported, target, args.precision, tuning_dir)
+    with device_compiler(spec, "cubin") if spec.is_cuda else contextlib.nullcontext(), target:
+        pipeline = relax_pipeline(spec, target)
+        pipeline = relax.get_pipeline(pipeline) if isinstance(pipeline, str) else pipeline
+        mod = pipeline(mod)
+        traits = kernel_traits(mod)
+        ex = relax.build(mod, target, relax_pipeline=None, exec_mode="bytecode")
+    print(f"compiled in {time.perf_counter() - t0:.1f} s; tuning: {tuned}")
+
+    dev = tvm.cuda(0) if spec.is_cuda else tvm.cpu(0)
+    vm = relax.VirtualMachine(ex, dev)
+    rng = np.random.default_rng(0)
+    inputs = [tvm.runtime.tensor(rng.standard_normal(t.shape).astype(t.dtype), dev) for t in imported.inputs]
+    params = [tvm.runtime.tensor(p, dev) for p in imported.params]
+
+    def run():
+        vm["main"](*inputs, *params)
+
+    for _ in range(3):
+        run()
+    dev.sync()
+    t0 = time.perf_counter()
+    for _ in range(args.runs):
+        run()
+    dev.sync()
+    e2e_ms = (time.perf_counter() - t0) / args.runs * 1e3
+
+    acc: dict[str, float] = collections.defaultdict(float)
+    calls: dict[str, int] = collections.Counter()
+    start = [0.0]
+
+    def instrument(_func, name, before, _ret, *_args):
+        dev.sync()
+        if before:
+            start[0] = time.perf_counter()
+        else:
+            acc[name] += time.perf_counter() - start[0]
+            calls[name] += 1
+        return 0
+
+    vm.set_instrument(instrument)
+    for _ in range(args.runs):
+        run()
+    rows = sorted(
+        (
+            {
+                "kernel": k,
+                "calls_per_run": calls[k] // args.runs,
+                "ms_per_run": v / args.runs * 1e3,
+                **traits.get(k, {}),
+            }
+            for k, v in acc.items()
+        ),
+        key=lambda r: -r["ms_per_run"],
+    )
+    total = sum(r["ms_per_run"] for r in rows)
+    print(f"end to end (no instrument) {e2e_ms:.3f} ms/run; instrumented sum {total:.3f} ms/run")
+    print(f"{'kernel':60s} {'calls':>5s} {'ms/run':>9s} {'share':>6s}  traits")
+    for r in rows:
+        flags = ",".join(k for k in ("tensor_cores", "int8", "tuned") if r.get(k))
+        print(
+            f"{r['kernel'][:60]:60s} {r['calls_per_run']:5d} {r['ms_per_run']:9.4f} {r['ms_per_run'] / total:6.1%}  {flags}"
+        )
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "model": str(args.model),
+                    "target": spec.name,
+                    "precision": args.precision,
+                    "input_shapes": {k: list(v) for k, v in shapes.items()},
+                    "device": str(dev),
+                    "e2e_ms": e2e_ms,
+                    "instrumented_sum_ms": total,
+                    "kernels": rows,
+                },
+                indent=1,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
