@@ -61,7 +61,13 @@ def main() -> int:
     import tvm
     from tvm import relax
 
-    from inferx_edge.compiler.build import prepare_module, relax_pipeline, resolve_tvm_target
+    from inferx_edge.compiler.build import (
+        conv_layout,
+        prepare_module,
+        quant_kernel_layout,
+        relax_pipeline,
+        resolve_tvm_target,
+    )
     from inferx_edge.compiler.cuda import device_compiler
     from inferx_edge.frontend import import_model
     from inferx_edge.frontend.shapes import parse_input_shapes
@@ -79,14 +85,14 @@ def main() -> int:
             args.model, shapes, imported, args.precision, q["quant_plan"], q["calib"], q["calib_method"],
             q["max_accuracy_drop"], q["min_int8_share"], q["eval_data"], q["allow_over_budget"], print,
         )  # fmt: skip
-        imported, _ = apply_plan(imported, plan, args.precision)
+        imported, _ = apply_plan(imported, plan, args.precision, quant_kernel_layout(spec, args.precision))
     tuning_dir = None
     if not args.no_tuning:
         candidate = tdb.model_database_dir(spec, imported, args.precision)
         tuning_dir = candidate if tdb.has_database(candidate) else None
     target = resolve_tvm_target(spec)
     t0 = time.perf_counter()
-    mod, tuned = prepare_module(imported, target, args.precision, tuning_dir)
+    mod, tuned = prepare_module(imported, target, args.precision, tuning_dir, conv_layout(spec, args.precision))
     with device_compiler(spec, "cubin") if spec.is_cuda else contextlib.nullcontext(), target:
         pipeline = relax_pipeline(spec, target)
         pipeline = relax.get_pipeline(pipeline) if isinstance(pipeline, str) else pipeline

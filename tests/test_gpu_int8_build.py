@@ -154,6 +154,26 @@ def test_fp16_convolution_uses_tensor_cores(target):
 
 
 @needs_nvrtc
+@pytest.mark.parametrize("target", ["a100", "h200"])
+def test_nhwc_int8_convolution_is_an_implicit_gemm_on_tensor_cores(target):
+    """CUDA int8 variants run convs in NHWC with OHWI weights (see compiler.build.conv_layout)."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([8, 56, 56, 128], "int8"))
+    w = relax.Var("w", relax.TensorType([128, 3, 3, 128], "int8"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = relax.op.nn.conv2d(
+                x, w, padding=[1, 1, 1, 1], data_layout="NHWC", kernel_layout="OHWI", out_dtype="int32"
+            )
+            out = bb.emit_output(relax.op.nn.relu(relax.op.astype(y, "float32")))
+        bb.emit_func_output(out)
+    (script,) = _schedule_and_compile(target, bb.get())
+    assert "wmma.matrix_a" in script and '"int8"' in script and "software_pipeline" not in script
+
+
+@needs_nvrtc
 def test_cuda_graph_is_on_by_default_and_can_be_turned_off(tmp_path):
     for graph in (True, False):
         out = tmp_path / f"g{graph}.ixa"

@@ -131,12 +131,44 @@ def test_tune_tunes_the_kernels_build_compiles_for_each_precision():
 
     im = import_model(DEFAULT_MODEL, {"image": (1, 1, 28, 28)})
 
-    def dtypes(precision):
-        opts = TuneOptions(DEFAULT_MODEL, "x86-cpu", {"image": (1, 1, 28, 28)}, precision=precision)
-        mod = relax.get_pipeline("zero")(_precision_module(im, opts, log=lambda *a: None))
+    from inferx_edge.targets import get_target
+
+    def dtypes(precision, target="x86-cpu"):
+        opts = TuneOptions(DEFAULT_MODEL, target, {"image": (1, 1, 28, 28)}, precision=precision)
+        mod = relax.get_pipeline("zero")(_precision_module(im, get_target(target), opts, log=lambda *a: None))
         return " ".join(f.script() for gv, f in mod.functions_items() if "conv2d" in gv.name_hint)
 
     assert '"int8"' in dtypes("int8") and '"int8"' not in dtypes("fp32")
     assert '"float16"' in dtypes("fp16")
+    # CUDA variants run convolutions in NHWC: tuning sees the same kernels build compiles
+    assert "conv2d_nhwc" in dtypes("int8", "h200") and "conv2d_nhwc" not in dtypes("int8")
     with pytest.raises(Exception, match="unknown precision 'int4'"):
         TuneOptions(DEFAULT_MODEL, "x86-cpu", precision="int4")
+
+
+def test_nhwc_int8_with_ohwi_weights_computes_the_same(tmp_path):
+    """The layouts CUDA variants use (int8 weights stored OHWI, convs in NHWC), checked on this CPU
+    against the NCHW/OIHW int8 module: the same int8 products and int32 sums."""
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.cli._common import DEFAULT_DATA, DEFAULT_MODEL
+    from inferx_edge.compiler.build import convert_layout
+    from inferx_edge.frontend import import_model
+    from inferx_edge.quantize.driver import apply_plan, make_plan
+
+    base = import_model(DEFAULT_MODEL, {"image": (8, 1, 28, 28)})
+    plan = make_plan(DEFAULT_MODEL, {"image": (8, 1, 28, 28)}, base, None, "minmax", log=lambda *a: None)
+    with np.load(DEFAULT_DATA) as npz:
+        x = npz["holdout_images"][:8, None].astype(np.float32) / np.float32(255)
+    outs = []
+    for kernel_layout, layout in (("OIHW", "NCHW"), ("OHWI", "NHWC")):
+        q, _ = apply_plan(base, plan, "int8", kernel_layout)
+        convs = [p for p in q.params if p.dtype == np.int8 and p.ndim == 4]
+        assert convs
+        if kernel_layout == "OHWI":  # output channels first, input channels last
+            assert [p.shape for p in convs] == [(24, 3, 3, 1), (48, 3, 3, 24), (64, 3, 3, 48)]
+        mod = convert_layout(q.mod, layout)
+        vm = relax.VirtualMachine(relax.build(mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+        outs.append(vm["main"](tvm.runtime.tensor(x), *[tvm.runtime.tensor(p) for p in q.params]).numpy())
+    np.testing.assert_allclose(outs[1], outs[0], rtol=0, atol=1e-5)

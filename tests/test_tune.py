@@ -168,9 +168,7 @@ def test_host_cpu_databases_are_per_microarchitecture(mlp, monkeypatch):
     dirs = {}
     for cpu in ("znver3", "znver4"):
         monkeypatch.setattr(tvm.target.codegen, "llvm_get_system_cpu", lambda cpu=cpu: cpu)
-        dirs[cpu] = {
-            t: tdb.model_database_dir(get_target(t), imported, "fp32") for t in (host_target_name(), "h200")
-        }
+        dirs[cpu] = {t: tdb.model_database_dir(get_target(t), imported, "fp32") for t in (host_target_name(), "h200")}
     assert dirs["znver3"][host_target_name()] != dirs["znver4"][host_target_name()]
     assert dirs["znver3"]["h200"] == dirs["znver4"]["h200"]
 

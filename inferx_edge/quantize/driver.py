@@ -239,9 +239,12 @@ def resolve_plan(
     )  # fmt: skip
 
 
-def apply_plan(imported: ImportedModel, plan: QuantPlan, precision: str) -> tuple[ImportedModel, dict]:
+def apply_plan(
+    imported: ImportedModel, plan: QuantPlan, precision: str, kernel_layout: str = "OIHW"
+) -> tuple[ImportedModel, dict]:
     """Rewrite ``imported`` by ``plan``: every quantizable layer int8 except the plan's float layers
-    (``mixed``; ``int8`` ignores them). Returns the model and the manifest's quantization report."""
+    (``mixed``; ``int8`` ignores them). ``kernel_layout``: how int8 conv weights are stored (OHWI for
+    targets that run convolutions in NHWC). Returns the model and the manifest's quantization report."""
     targets = find_targets(imported.mod["main"])
     unknown = set(plan.amax) - {t.key for t in targets}
     if unknown:
@@ -250,7 +253,9 @@ def apply_plan(imported: ImportedModel, plan: QuantPlan, precision: str) -> tupl
     keep = {t.key for t in targets if t.key not in plan.amax}
     keep |= set(plan.float_layers) if precision == "mixed" else set()
     chosen = [t for t in targets if t.key not in keep]
-    q = quantize_imported(imported, chosen, plan.amax, fixed_weights=qdq_weights(imported, chosen))
+    q = quantize_imported(
+        imported, chosen, plan.amax, fixed_weights=qdq_weights(imported, chosen), kernel_layout=kernel_layout
+    )
     info = {r["layer"]: r for r in plan.layers}
     layers, int8 = [], 0
     for t in targets:

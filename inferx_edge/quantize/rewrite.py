@@ -130,6 +130,7 @@ def quantize_imported(
     amax: dict[str, float],
     blend: bool = False,
     fixed_weights: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+    kernel_layout: str = "OIHW",
 ) -> ImportedModel:
     """Return a copy of ``imported`` whose ``targets`` compute in int8 and whose weights are int8.
 
@@ -138,7 +139,11 @@ def quantize_imported(
     quantized here. With ``blend`` the module keeps its float weights and gets an extra input
     :data:`MASK_INPUT`: target ``i`` outputs ``float + mask[i] * (int8 - float)``, so one compiled
     module evaluates any mix of int8 and float layers (sensitivity analysis; never shipped).
+    ``kernel_layout="OHWI"`` stores int8 conv weights output-channel first, input channels last (what
+    NHWC implicit-GEMM convolutions read contiguously), so no weight is transposed at run time.
     """
+    if kernel_layout not in ("OIHW", "OHWI") or (blend and kernel_layout != "OIHW"):
+        raise ValueError(f"kernel_layout must be OIHW or OHWI (OIHW with blend), got {kernel_layout}")
     import tvm
     from tvm import relax
 
@@ -158,11 +163,13 @@ def quantize_imported(
                 wq, w_scales = fixed_weights[t.key]
             else:
                 wq, w_scales = quantize_per_channel(arrays[i], axis=t.channel_axis)
+            if t.op == "conv2d" and kernel_layout == "OHWI":
+                wq = np.ascontiguousarray(wq.transpose(0, 2, 3, 1))
             if blend:
                 qvar = relax.const(wq)
             else:
                 arrays[i] = wq
-                qvar = relax.Var(t.weight.name + "_int8", relax.TensorType(list(t.weight.ty.shape), "int8"))
+                qvar = relax.Var(t.weight.name + "_int8", relax.TensorType(list(wq.shape), "int8"))
                 new_params[num_input + i] = qvar
             info[t.weight] = (qvar, w_scales, wq)
         s_x = amax[t.key] / QMAX if amax[t.key] > 0 else 1.0
@@ -202,7 +209,7 @@ def quantize_imported(
                         dilation=a.dilation,
                         groups=a.groups,
                         data_layout=a.data_layout,
-                        kernel_layout=a.kernel_layout,
+                        kernel_layout=kernel_layout,
                         out_layout=a.out_layout,
                         out_dtype="int32",
                     )

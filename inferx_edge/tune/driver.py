@@ -69,12 +69,11 @@ class TuneOptions:
             raise UsageError(f"--per-iter must be positive, got {self.per_iter}")
 
 
-def _precision_module(imported, opts: TuneOptions, log):
-    """The Relax module ``build`` compiles for ``opts.precision`` (same rewrites, same kernels)."""
-    from tvm import relax
+def _precision_module(imported, spec, opts: TuneOptions, log):
+    """The Relax module ``build`` compiles for ``opts.precision`` on ``spec`` (same rewrites, same
+    layouts, same kernels)."""
+    from inferx_edge.compiler.build import conv_layout, prepare_module, quant_kernel_layout
 
-    if opts.precision == "fp16":
-        return relax.transform.ToMixedPrecision(out_dtype="float16")(imported.mod)
     if opts.precision in ("int8", "mixed"):
         from inferx_edge.quantize.driver import apply_plan, resolve_plan
 
@@ -82,8 +81,8 @@ def _precision_module(imported, opts: TuneOptions, log):
             opts.model, opts.input_shapes, imported, opts.precision, opts.quant_plan, opts.calib, opts.calib_method,
             log=log,
         )  # fmt: skip
-        return apply_plan(imported, plan, opts.precision)[0].mod
-    return imported.mod
+        imported = apply_plan(imported, plan, opts.precision, quant_kernel_layout(spec, opts.precision))[0]
+    return prepare_module(imported, None, opts.precision, layout=conv_layout(spec, opts.precision))[0]
 
 
 @dataclass
@@ -132,7 +131,7 @@ def tune_model(opts: TuneOptions, log=print) -> TuneSummary:
     work_dir = tdb.model_database_dir(spec, imported, opts.precision, opts.root)
     target = resolve_tvm_target(spec)
     import_tensor_intrinsics()
-    mod = relax.get_pipeline("zero")(_precision_module(imported, opts, log))
+    mod = relax.get_pipeline("zero")(_precision_module(imported, spec, opts, log))
     extracted = ms.relax_integration.extract_tasks(mod, target)
     log(f"[2/4] {len(extracted)} tasks; database {work_dir}")
 
