@@ -27,7 +27,18 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def kernel_traits(mod) -> dict[str, dict]:
+def scheduled_names(mod) -> set[str]:
+    """PrimFuncs that already carry a schedule (before the target pipeline: the tuned ones)."""
+    import tvm
+
+    return {
+        gv.name_hint
+        for gv, f in mod.functions_items()
+        if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and "tirx.is_scheduled" in f.attrs
+    }
+
+
+def kernel_traits(mod, tuned: set[str]) -> dict[str, dict]:
     """What each PrimFunc's schedule uses, read from its TIR."""
     import tvm
 
@@ -39,7 +50,7 @@ def kernel_traits(mod) -> dict[str, dict]:
         out[gv.name_hint] = {
             "tensor_cores": bool(re.search(r"tvm_mma_sync|ptx_mma|mma_sync", text)),
             "int8": '"int8"' in text,
-            "tuned": bool(f.attrs is not None and "tirx.is_scheduled" in f.attrs and "meta_schedule" in text),
+            "tuned": gv.name_hint in tuned,
         }
     return out
 
@@ -96,8 +107,9 @@ def main() -> int:
     with device_compiler(spec, "cubin") if spec.is_cuda else contextlib.nullcontext(), target:
         pipeline = relax_pipeline(spec, target)
         pipeline = relax.get_pipeline(pipeline) if isinstance(pipeline, str) else pipeline
+        tuned_names = scheduled_names(mod)
         mod = pipeline(mod)
-        traits = kernel_traits(mod)
+        traits = kernel_traits(mod, tuned_names)
         ex = relax.build(mod, target, relax_pipeline=None, exec_mode="bytecode")
     print(f"compiled in {time.perf_counter() - t0:.1f} s; tuning: {tuned}")
 

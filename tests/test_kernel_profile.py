@@ -1,0 +1,28 @@
+"""scripts/kernel_profile.py: per-kernel times of the module build compiles, on this CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from inferx_edge.cli._common import DEFAULT_MODEL
+from inferx_edge.targets import host_target_name
+from tests.conftest import REPO
+
+
+def test_kernel_profile_lists_every_kernel_of_the_tuned_build(tmp_path):
+    out = tmp_path / "profile.json"
+    r = subprocess.run(
+        [sys.executable, REPO / "scripts" / "kernel_profile.py", "--model", DEFAULT_MODEL, "--target",
+         host_target_name(), "--runs", "5", "--json", out],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(out.read_text())
+    kernels = {k["kernel"]: k for k in rec["kernels"]}
+    convs = [k for name, k in kernels.items() if "conv2d" in name]
+    assert len(convs) == 3 and all(k["calls_per_run"] == 1 and k["ms_per_run"] > 0 for k in convs)
+    # the committed database for this CPU (if there is one) tunes every conv; else none is tuned
+    assert len({k["tuned"] for k in convs}) == 1
+    assert rec["instrumented_sum_ms"] > 0 and "end to end" in r.stdout
