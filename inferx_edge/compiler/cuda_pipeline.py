@@ -25,6 +25,7 @@ Kernels with a tuning record keep their tuned schedule (dlight skips scheduled f
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 _PIPELINE_KEYS = ("software_pipeline_order", "software_pipeline_stage", "software_pipeline_async_stages")
 #: tensor cores when every non-batch matmul dim is at least this (dlight: larger than 64, which left
@@ -77,8 +78,147 @@ def _int8_matmul_extents(func) -> list[int] | None:
     return sig[1] if sig is not None and sig[0] == ("int8", "int32") else None
 
 
-def int8_safe_matmul_rule():
-    """A dlight rule: int8 and fp16 tensor-core matmuls without software pipelining, else dlight's Matmul."""
+@dataclass(frozen=True)
+class WmmaConfig:
+    """Tile shape of :func:`int8_wmma_schedule`: a thread block computes (16*warps_i*frags_i) x
+    (16*warps_j*frags_j) outputs with warps_i*warps_j warps, each warp frags_i x frags_j 16x16 wmma
+    fragments; the reduction advances 16*k_frags per shared-memory stage; global loads are ``vector``
+    bytes per thread. dlight's values are (4, 2, 4, 2, 1, 4)."""
+
+    warps_i: int = 4
+    frags_i: int = 2
+    warps_j: int = 4
+    frags_j: int = 2
+    k_frags: int = 1
+    vector: int = 4
+
+
+#: the tile int8 tensor-core kernels get (see benchmarks/gpu_conv_int8.py for how configs compare)
+INT8_WMMA = WmmaConfig()
+
+
+def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
+    """dlight's int8 wmma matmul schedule (``MatmulInt8Tensorization``) with its tile as parameters and
+    without software pipelining (which TVM 0.27 cannot lower for wmma fragments). Returns the schedule
+    or None when ``func`` is not an int8 matmul/implicit-GEMM convolution it can tensorize."""
+    from tvm import s_tir, tirx
+    from tvm.s_tir.dlight.analysis import get_root_block
+    from tvm.s_tir.dlight.gpu.matmul import (
+        auto_inline_consumer_chain,
+        auto_inline_producers,
+        get_index_map,
+        get_reduction_blocks,
+    )
+    from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
+
+    if not isinstance(func, tirx.PrimFunc) or "dlight.do_not_tensorize" in func.attrs.keys():
+        return None
+    cfg = cfg or INT8_WMMA
+    sch = s_tir.Schedule(func)
+    blocks = sch.get_child_blocks(get_root_block(sch))
+    reduction_blocks = get_reduction_blocks(sch, blocks)
+    if reduction_blocks is None:
+        return None
+    warp_size, micro = 32, 16
+    i_factors = [None, 1, cfg.warps_i, cfg.frags_i]
+    j_factors = [1, None, cfg.warps_j, cfg.frags_j]
+    k_factors = [None, cfg.k_frags]
+    num_ty = cfg.warps_i * cfg.warps_j
+
+    # C[S, I, J] += A[S, I, K] * B[S, J, K] (convolutions: the input window becomes A by reindexing)
+    main_block = reduction_blocks[0]
+    reindex_a = sch.reindex(main_block, ("read", 0))
+    reindex_b = sch.reindex(main_block, ("read", 1))
+    reindex_c = sch.reindex(main_block, ("write", 0))
+    index_maps = get_index_map(sch.get(main_block))
+    if index_maps is None:
+        return None
+    matmul_index_map, a_index_map, b_index_map, c_index_map = index_maps
+    sch.transform_layout(reindex_a, ("write", 0), a_index_map)
+    sch.transform_layout(reindex_b, ("write", 0), b_index_map)
+    sch.transform_layout(reindex_c, ("read", 0), c_index_map)
+    sch.transform_block_layout(main_block, matmul_index_map)
+    sch.pad_einsum(
+        main_block, [1, micro * cfg.warps_i * cfg.frags_i, micro * cfg.warps_j * cfg.frags_j, micro * cfg.k_frags]
+    )
+
+    block = main_block
+    batch, i, j, k = sch.get_loops(block)
+    i, i_inner = sch.split(i, factors=[None, micro])
+    j, j_inner = sch.split(j, factors=[None, micro])
+    k, k_inner = sch.split(k, factors=[None, micro])
+    sch.reorder(i, j, k, i_inner, j_inner, k_inner)
+    block_inner = block
+    block_outer = sch.blockize(i_inner)
+    i0, i1, i2, i3 = sch.split(i, factors=i_factors)
+    j0, j1, j2, j3 = sch.split(j, factors=j_factors)
+    k0, k1 = sch.split(k, k_factors)
+    sch.reorder(i0, j0, i1, j1, j2, i2, k0, k1, i3, j3)
+    sch.bind(batch, "blockIdx.z")
+    sch.bind(sch.fuse(i0, j0), "blockIdx.x")
+    sch.bind(sch.fuse(i1, j1), "blockIdx.y")
+    thread_idy = sch.fuse(j2, i2)
+    sch.bind(thread_idy, "threadIdx.y")
+
+    def fetch_to_shared(block, idx):
+        block_read = sch.cache_read(block, idx, "shared.dyn")
+        sch.compute_at(block_read, k0)
+        fused = sch.fuse(*sch.get_loops(block_read)[-2:])
+        _, f_1, f_2, f_3 = sch.split(fused, factors=[None, num_ty, warp_size, cfg.vector])
+        sch.bind(f_2, "threadIdx.x")
+        sch.bind(f_1, "threadIdx.y")
+        sch.vectorize(f_3)
+        sch.storage_align(block_read, 0, axis=-2, factor=32, offset=16)
+        sch.annotate(block_read, "tirx.manifest_shared_memory_local_stage", 1)
+        sch.annotate(block_read, "double_buffer_scope", 0)
+        return block_read
+
+    a_g2s = fetch_to_shared(block_outer, 0)
+    b_g2s = fetch_to_shared(block_outer, 1)
+    auto_inline_producers(sch, a_g2s)
+    auto_inline_producers(sch, b_g2s)
+    a_mat = sch.cache_read(block_outer, 0, "wmma.matrix_a")
+    b_mat = sch.cache_read(block_outer, 1, "wmma.matrix_b")
+    sch.compute_at(a_mat, k1)
+    sch.compute_at(b_mat, k1)
+    acc_shared = sch.cache_write(block_outer, 0, "shared.dyn")
+    sch.storage_align(acc_shared, 0, -2, 16, 4)
+    store = sch.cache_write(block_outer, 0, "wmma.accumulator")
+    sch.reverse_compute_at(store, thread_idy)
+    sch.reverse_compute_at(acc_shared, thread_idy)
+    si, sj = sch.get_loops(store)[-2:]
+    si0, si1 = sch.split(si, factors=[None, micro])
+    sj0, sj1 = sch.split(sj, factors=[None, micro])
+    sch.reorder(si0, sj0, si1, sj1)
+    init = sch.get_child_blocks(sch.decompose_reduction(block_outer, k0))[0]
+    intrin = get_wmma_intrin_group(
+        load_scope="shared.dyn", store_scope="shared.dyn", in_dtype="int8", out_dtype="int32", trans_b=True
+    )
+    try:
+        for mat, name in ((a_mat, "load_a"), (b_mat, "load_b")):
+            li, lj = sch.get_loops(mat)[-2:]
+            li0, li1 = sch.split(li, factors=[None, micro])
+            lj0, lj1 = sch.split(lj, factors=[None, micro])
+            sch.reorder(li0, lj0, li1, lj1)
+            sch.unroll(li0)
+            sch.unroll(lj0)
+            sch.tensorize(li1, intrin[name])
+        sch.tensorize(sch.get_loops(init)[-2], intrin["init"])
+        sch.tensorize(sch.get_loops(store)[-2], intrin["store"])
+        sch.tensorize(sch.get_loops(block_inner)[-3], intrin["compute"])
+    except Exception:  # a shape these intrinsics cannot cover
+        return None
+    auto_inline_consumer_chain(sch, acc_shared)
+    fused = sch.fuse(*sch.get_loops(acc_shared)[-2:])
+    _, f1, f2 = sch.split(fused, factors=[None, warp_size, 4])
+    sch.bind(f1, "threadIdx.x")
+    sch.vectorize(f2)
+    return sch
+
+
+def int8_safe_matmul_rule(int8_config: WmmaConfig | None = None):
+    """A dlight rule: int8 and fp16 tensor-core matmuls without software pipelining, else dlight's Matmul.
+    ``int8_config``: the int8 tile (default :data:`INT8_WMMA`)."""
     from tvm.s_tir import dlight as dl
     from tvm.s_tir.dlight.gpu import matmul as dl_matmul
 
@@ -93,7 +233,10 @@ def int8_safe_matmul_rule():
                 if sig is not None and sig[0] in _TENSOR_CORE_DTYPES:
                     dtypes, extents = sig
                     if all(e >= MIN_TENSORIZE_DIM for e in extents):
-                        sch = getattr(dl_matmul, _TENSOR_CORE_DTYPES[dtypes])().apply(func, target, tunable)
+                        if dtypes == ("int8", "int32"):
+                            sch = int8_wmma_schedule(func, target, int8_config)
+                        else:
+                            sch = getattr(dl_matmul, _TENSOR_CORE_DTYPES[dtypes])().apply(func, target, tunable)
                         if sch is not None:
                             strip_software_pipeline(sch)
                             return sch
@@ -231,7 +374,7 @@ def vectorized_elementwise_rule():
     return VectorizedElementwise()
 
 
-def cuda_pipeline(target):
+def cuda_pipeline(target, int8_config: WmmaConfig | None = None):
     """TVM's default CUDA Relax pipeline with :func:`int8_safe_matmul_rule` in place of dlight's Matmul
     and :func:`small_reduction_rule` ahead of its reduction rules, :func:`vectorized_elementwise_rule`
     ahead of its fallback."""
@@ -247,7 +390,7 @@ def cuda_pipeline(target):
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
         dl.ApplyDefaultSchedule(
-            int8_safe_matmul_rule(),
+            int8_safe_matmul_rule(int8_config),
             dl.gpu.GEMV(),
             small_reduction_rule(),
             dl.gpu.Reduction(),

@@ -1,0 +1,150 @@
+"""Untuned int8 tensor-core convolutions on one NVIDIA GPU: tile configurations of
+``inferx_edge.compiler.cuda_pipeline.int8_wmma_schedule`` against each other and against cuDNN fp16
+(torch, channels_last) on the same shapes, in one process.
+
+    python -m benchmarks.gpu_conv_int8 --out DIR [--configs 4x2.4x2.k1.v4,4x2.4x2.k4.v16] [--batch 64]
+
+Shapes: ResNet-50's convolutions (NHWC activations, OHWI weights, as inferx_edge's CUDA int8 variants
+run them). Each kernel is checked exactly against a float64 convolution of the same int8 values, then
+timed (p50 of synchronous calls); TOPS = 2 * MACs / p50. A config is "WIxFI.WJxFJ.kK.vV" (warps and
+16x16 fragments per warp along I and J, 16*K reduction elements per stage, V-byte global loads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks._record import versions, write_record
+
+#: (name, H=W of the input, C in, O out, kernel, stride) of ResNet-50 convolutions
+SHAPES = [
+    ("l1.1x1.256-64", 56, 256, 64, 1, 1),
+    ("l1.3x3.64-64", 56, 64, 64, 3, 1),
+    ("l1.1x1.64-256", 56, 64, 256, 1, 1),
+    ("l3.1x1.1024-256", 14, 1024, 256, 1, 1),
+    ("l3.3x3.256-256", 14, 256, 256, 3, 1),
+    ("l3.1x1.256-1024", 14, 256, 1024, 1, 1),
+]
+
+
+def parse_config(text: str):
+    from inferx_edge.compiler.cuda_pipeline import WmmaConfig
+
+    try:
+        i, j, k, v = text.split(".")
+        wi, fi = (int(x) for x in i.split("x"))
+        wj, fj = (int(x) for x in j.split("x"))
+        return WmmaConfig(wi, fi, wj, fj, int(k.lstrip("k")), int(v.lstrip("v")))
+    except ValueError:
+        raise SystemExit(f"bad config '{text}': expected WIxFI.WJxFJ.kK.vV, e.g. 4x2.4x2.k1.v4") from None
+
+
+def conv_module(n: int, hw: int, c: int, o: int, k: int, stride: int):
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([n, hw, hw, c], "int8"))
+    w = relax.Var("w", relax.TensorType([o, k, k, c], "int8"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = relax.op.nn.conv2d(
+                x, w, strides=[stride] * 2, padding=[k // 2] * 4, data_layout="NHWC", kernel_layout="OHWI",
+                out_dtype="int32",
+            )  # fmt: skip
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--configs", default="4x2.4x2.k1.v4,4x2.4x2.k4.v16,2x4.2x4.k4.v16")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--target", default="h200")
+    ap.add_argument("--name", default=None)
+    args = ap.parse_args()
+    import torch
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.build import resolve_tvm_target
+    from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.compiler.cuda_pipeline import cuda_pipeline
+    from inferx_edge.runtime.engine import time_calls
+    from inferx_edge.targets import get_target
+    from inferx_edge.tune._intrin import import_tensor_intrinsics
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    import_tensor_intrinsics()
+    spec = get_target(args.target)
+    target = resolve_tvm_target(spec)
+    dev = tvm.cuda(0)
+    rng = np.random.default_rng(0)
+    results = []
+    name = args.name or f"gpu_conv_int8_{args.target}"
+
+    def save():
+        rec = write_record(
+            name,
+            {
+                "device": torch.cuda.get_device_name(0),
+                "driver": torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") else None,
+                "versions": versions("apache-tvm", "torch", "inferx_edge"),
+                "batch": args.batch,
+                "results": results,
+            },
+        )
+        (args.out / rec.name).write_text(rec.read_text())
+
+    for shape_name, hw, c, o, k, stride in SHAPES:
+        n = args.batch
+        x = rng.integers(-127, 128, (n, hw, hw, c), dtype=np.int8)
+        w = rng.integers(-127, 128, (o, k, k, c), dtype=np.int8)
+        out_hw = (hw + 2 * (k // 2) - k) // stride + 1
+        macs = n * out_hw * out_hw * o * c * k * k
+        xt = torch.from_numpy(x).cuda().permute(0, 3, 1, 2)
+        wt = torch.from_numpy(w).cuda().permute(0, 3, 1, 2)
+        with torch.no_grad():
+            ref = torch.nn.functional.conv2d(xt.double(), wt.double(), stride=stride, padding=k // 2)
+            ref = ref.permute(0, 2, 3, 1).cpu().numpy()
+            xh = xt.half().contiguous(memory_format=torch.channels_last)
+            wh = wt.half().contiguous(memory_format=torch.channels_last)
+            s = time_calls(
+                lambda xh=xh, wh=wh: torch.nn.functional.conv2d(xh, wh, stride=stride, padding=k // 2),
+                torch.cuda.synchronize, 10, 50, 0.5,
+            )  # fmt: skip
+        row = {"shape": shape_name, "system": "cudnn fp16 (torch, channels_last)", "p50_ms": s.p50_ms}
+        results.append(row | {"tops": 2 * macs / (s.p50_ms * 1e-3) / 1e12})
+        print(json.dumps(results[-1]), flush=True)
+        for text in args.configs.split(","):
+            cfg = parse_config(text)
+            row = {"shape": shape_name, "system": f"inferx int8 wmma {text}"}
+            t0 = time.time()
+            try:
+                with device_compiler(spec, "cubin"), target:
+                    ex = relax.build(conv_module(n, hw, c, o, k, stride), target, relax_pipeline=cuda_pipeline(target, cfg))
+                vm = relax.VirtualMachine(ex, dev)
+                xd, wd = tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev)
+                got = vm["main"](xd, wd).numpy()
+                exact = bool(np.array_equal(got.astype(np.float64), ref))
+                s = time_calls(lambda vm=vm, xd=xd, wd=wd: vm["main"](xd, wd), dev.sync, 10, 50, 0.5)
+                row |= {"exact": exact, "p50_ms": s.p50_ms, "tops": 2 * macs / (s.p50_ms * 1e-3) / 1e12}
+            except Exception as exc:  # record and go on
+                row |= {"error": f"{type(exc).__name__}: {exc}"[:500]}
+                traceback.print_exc()
+            row["build_s"] = round(time.time() - t0, 1)
+            results.append(row)
+            print(json.dumps(row), flush=True)
+            save()
+    print(f"wrote {name}.json")
+
+
+if __name__ == "__main__":
+    main()
