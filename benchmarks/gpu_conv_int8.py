@@ -117,7 +117,7 @@ def main() -> None:
             xh = xt.half().contiguous(memory_format=torch.channels_last)
             wh = wt.half().contiguous(memory_format=torch.channels_last)
             s = time_calls(
-                lambda xh=xh, wh=wh: torch.nn.functional.conv2d(xh, wh, stride=stride, padding=k // 2),
+                lambda xh=xh, wh=wh, st=stride, pad=k // 2: torch.nn.functional.conv2d(xh, wh, stride=st, padding=pad),
                 torch.cuda.synchronize, 10, 50, 0.5,
             )  # fmt: skip
         row = {"shape": shape_name, "system": "cudnn fp16 (torch, channels_last)", "p50_ms": s.p50_ms}
@@ -129,7 +129,9 @@ def main() -> None:
             t0 = time.time()
             try:
                 with device_compiler(spec, "cubin"), target:
-                    ex = relax.build(conv_module(n, hw, c, o, k, stride), target, relax_pipeline=cuda_pipeline(target, cfg))
+                    ex = relax.build(
+                        conv_module(n, hw, c, o, k, stride), target, relax_pipeline=cuda_pipeline(target, cfg)
+                    )
                 vm = relax.VirtualMachine(ex, dev)
                 xd, wd = tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev)
                 got = vm["main"](xd, wd).numpy()
