@@ -45,6 +45,17 @@ def parse_config(text: str):
         raise SystemExit(f"bad config '{text}': expected WIxFI.WJxFJ.kK.vV, e.g. 4x2.4x2.k1.v4") from None
 
 
+def _driver() -> str | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else version
+    except Exception:  # no NVML: the record says so
+        return None
+
+
 def conv_module(n: int, hw: int, c: int, o: int, k: int, stride: int):
     from tvm import relax
 
@@ -95,7 +106,7 @@ def main() -> None:
             name,
             {
                 "device": torch.cuda.get_device_name(0),
-                "driver": torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") else None,
+                "driver": _driver(),
                 "versions": versions("apache-tvm", "torch", "inferx_edge"),
                 "batch": args.batch,
                 "results": results,
