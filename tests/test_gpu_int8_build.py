@@ -182,3 +182,21 @@ def test_cuda_graph_is_on_by_default_and_can_be_turned_off(tmp_path):
             v = art.manifest.variants[0]
             assert v.extra.get("cuda_graph", False) is graph
             assert (b"vm.builtin.cuda_graph.run_or_capture" in art.member(v.library).read_bytes()) is graph
+
+
+@needs_nvrtc
+def test_large_elementwise_kernels_are_vectorized():
+    """int8 quantize and NCHW->NHWC transposes: 4 elements per thread (dlight's fallback: one)."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([8, 56, 56, 256], "float32"))
+    y = relax.Var("y", relax.TensorType([8, 256, 56, 56], "float32"))
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            q = relax.op.divide(x, relax.const(np.float32(0.1)))
+            q = relax.op.astype(relax.op.clip(relax.op.round(q), -127, 127), "int8")
+            out = bb.emit_output(relax.Tuple([q, relax.op.permute_dims(y, [0, 2, 3, 1])]))
+        bb.emit_func_output(out)
+    scripts = _schedule_and_compile("h200", bb.get())
+    assert len(scripts) == 2 and all("T.vectorized(T.int64(4))" in s for s in scripts)

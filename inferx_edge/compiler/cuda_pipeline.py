@@ -39,9 +39,10 @@ def sm_version(target) -> int:
     return int(m.group(1)) if m else -1
 
 
-#: (input, output) dtypes of matmul-like kernels that get a wmma schedule, and the dlight rule giving it
-_TENSOR_CORE_DTYPES = {("int8", "int32"): "MatmulInt8Tensorization", ("float16", "float16"): "MatmulTensorization",
-                       ("float16", "float32"): "MatmulTensorization"}  # fmt: skip
+#: (input, output) dtypes of matmul-like kernels that get a wmma schedule: ours for int8
+#: (:func:`int8_wmma_schedule`), dlight's ``MatmulTensorization`` for fp16
+_INT8 = ("int8", "int32")
+_TENSOR_CORE_DTYPES = (_INT8, ("float16", "float16"), ("float16", "float32"))
 
 
 def _matmul_signature(func) -> tuple[tuple[str, str], list[int]] | None:
@@ -75,7 +76,7 @@ def _matmul_signature(func) -> tuple[tuple[str, str], list[int]] | None:
 def _int8_matmul_extents(func) -> list[int] | None:
     """Static (I, J, K) extents of an int8 x int8 -> int32 matmul-like kernel, else None."""
     sig = _matmul_signature(func)
-    return sig[1] if sig is not None and sig[0] == ("int8", "int32") else None
+    return sig[1] if sig is not None and sig[0] == _INT8 else None
 
 
 @dataclass(frozen=True)
@@ -236,19 +237,32 @@ def int8_safe_matmul_rule(int8_config: WmmaConfig | None = None):
                 if sig is not None and sig[0] in _TENSOR_CORE_DTYPES:
                     dtypes, extents = sig
                     if all(e >= MIN_TENSORIZE_DIM for e in extents):
-                        if dtypes == ("int8", "int32"):
+                        if dtypes == _INT8:
                             sch = int8_wmma_schedule(func, target, int8_config)
                         else:
-                            sch = getattr(dl_matmul, _TENSOR_CORE_DTYPES[dtypes])().apply(func, target, tunable)
+                            sch = dl_matmul.MatmulTensorization().apply(func, target, tunable)
                         if sch is not None:
                             strip_software_pipeline(sch)
                             return sch
-                    if dtypes == ("int8", "int32"):
+                    if dtypes == _INT8:
                         # CUDA-core int8 (int8 loads, int32 accumulation), never the crashing tensor-core path
                         func = func.with_attr("dlight.do_not_tensorize", True)
             return super().apply(func, target, tunable)
 
     return Int8SafeMatmul()
+
+
+def _inlined_blocks(rule, func, target):
+    """(schedule, block infos after dlight's inlining) of ``func`` for a GPU rule, or None."""
+    from tvm import s_tir, tirx
+    from tvm.s_tir.dlight import base
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+    if not isinstance(func, tirx.PrimFunc) or not rule.is_target_available(target):
+        return None
+    sch = s_tir.Schedule(func)
+    infos = normalize_prim_func(sch)
+    return None if infos is None else (sch, base.try_inline(sch, infos))
 
 
 #: :class:`SmallReduction` takes reductions of at most this many elements per output ...
@@ -259,22 +273,14 @@ MIN_SMALL_REDUCTION_OUTPUTS = 4096
 
 def small_reduction_rule():
     """A dlight rule for reductions over a few elements per output: one output per thread."""
-    from tvm import s_tir
-    from tvm.s_tir.dlight import base
-    from tvm.s_tir.dlight.analysis import normalize_prim_func
     from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
     class SmallReduction(GPUScheduleRule):
         def apply(self, func, target, _tunable):
-            from tvm import tirx
-
-            if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            found = _inlined_blocks(self, func, target)
+            if found is None:
                 return None
-            sch = s_tir.Schedule(func)
-            infos = normalize_prim_func(sch)
-            if infos is None:
-                return None
-            infos = base.try_inline(sch, infos)
+            sch, infos = found
             reductions = [b for b in infos if "R" in b.dom_kind()]
             if len(reductions) != 1 or any(b.is_reduction() for b in infos if b is not reductions[0]):
                 return None
@@ -341,22 +347,14 @@ def vectorized_elementwise_rule():
     handles 4 consecutive elements of the innermost axis (16-byte fp32 loads, 4-byte int8 stores).
     dlight's fallback gave one element per thread: ResNet-50's standalone quantize kernels moved
     ~0.7 TB/s on an H200 (4.8 TB/s peak)."""
-    from tvm import s_tir
-    from tvm.s_tir.dlight import base
-    from tvm.s_tir.dlight.analysis import normalize_prim_func
     from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
     class VectorizedElementwise(GPUScheduleRule):
         def apply(self, func, target, _tunable):
-            from tvm import tirx
-
-            if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            found = _inlined_blocks(self, func, target)
+            if found is None:
                 return None
-            sch = s_tir.Schedule(func)
-            infos = normalize_prim_func(sch)
-            if infos is None:
-                return None
-            infos = base.try_inline(sch, infos)
+            sch, infos = found
             if len(infos) != 1 or not infos[0].is_injective():
                 return None
             extents = [it.dom for it in infos[0].iters]
