@@ -193,3 +193,21 @@ def test_tune_over_rpc(rpc_tracker, mlp, tmp_path):
 
     summary = tune_model(_opts(mlp, tmp_path, trials=4, rpc=RPCSettings("127.0.0.1", rpc_tracker, "testdev")), **QUIET)
     assert summary.valid_run >= 1
+
+
+def test_time_limit_terminates_only_running_tasks():
+    """--minutes ends the run by terminating tasks; TVM raises if a finished task is terminated again."""
+    from types import SimpleNamespace
+
+    from inferx_edge.tune.progress import Progress
+
+    progress = Progress(["a", "b", "c"], {}, budget=10, minutes=1e-9)
+    terminated = []
+    scheduler = SimpleNamespace(
+        tasks_=[SimpleNamespace(is_terminated=t) for t in (False, True, False)],
+        terminate_task=terminated.append,
+    )
+    ok = SimpleNamespace(error_msg=None, run_secs=[1e-5])
+    progress.update(scheduler, 0, [ok], [ok])
+    progress.close()
+    assert progress.stopped_by_time and terminated == [0, 2]

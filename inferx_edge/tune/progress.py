@@ -50,8 +50,9 @@ class Progress:
         self.bar.update(len(runner_results))
         if self.deadline and time.time() > self.deadline and not self.stopped_by_time:
             self.stopped_by_time = True
-            for i in range(len(self.names)):
-                scheduler.terminate_task(i)
+            for i, record in enumerate(scheduler.tasks_):
+                if not record.is_terminated:  # terminating a finished task again is a TVM error
+                    scheduler.terminate_task(i)
 
     def close(self) -> None:
         self.bar.close()
