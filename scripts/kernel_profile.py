@@ -97,10 +97,7 @@ def main() -> int:
             q["max_accuracy_drop"], q["min_int8_share"], q["eval_data"], q["allow_over_budget"], print,
         )  # fmt: skip
         imported, _ = apply_plan(imported, plan, args.precision, quant_kernel_layout(spec, args.precision))
-    tuning_dir = None
-    if not args.no_tuning:
-        candidate = tdb.model_database_dir(spec, imported, args.precision)
-        tuning_dir = candidate if tdb.has_database(candidate) else None
+    tuning_dir = None if args.no_tuning else tdb.find_database(spec, imported, args.precision)
     target = resolve_tvm_target(spec)
     t0 = time.perf_counter()
     mod, tuned = prepare_module(imported, target, args.precision, tuning_dir, conv_layout(spec, args.precision))

@@ -378,11 +378,7 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
             name = f"{precision}-b{batch}"
             log(f"[2/4] compiling variant {name} ({i}/{len(grid)}) for {spec.name} ({spec.description})")
             lib = tmp / f"{name}.so"
-            tuning_dir = None
-            if opts.tuning:
-                candidate = tdb.model_database_dir(spec, imported, precision, opts.tuning_root)
-                if tdb.has_database(candidate):
-                    tuning_dir = candidate
+            tuning_dir = tdb.find_database(spec, imported, precision, opts.tuning_root) if opts.tuning else None
             info = compile_variant(imported, spec, lib, opts.cuda_code, tuning_dir, precision, opts.cuda_graph)
             if info["tuning"]:
                 t = info["tuning"]

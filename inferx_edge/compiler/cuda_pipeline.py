@@ -73,12 +73,6 @@ def _matmul_signature(func) -> tuple[tuple[str, str], list[int]] | None:
         return None
 
 
-def _int8_matmul_extents(func) -> list[int] | None:
-    """Static (I, J, K) extents of an int8 x int8 -> int32 matmul-like kernel, else None."""
-    sig = _matmul_signature(func)
-    return sig[1] if sig is not None and sig[0] == _INT8 else None
-
-
 @dataclass(frozen=True)
 class WmmaConfig:
     """Tile shape of :func:`int8_wmma_schedule`: a thread block computes (16*warps_i*frags_i) x
@@ -237,12 +231,13 @@ def int8_safe_matmul_rule(int8_config: WmmaConfig | None = None):
                 if sig is not None and sig[0] in _TENSOR_CORE_DTYPES:
                     dtypes, extents = sig
                     if all(e >= MIN_TENSORIZE_DIM for e in extents):
-                        if dtypes == _INT8:
+                        if dtypes == _INT8:  # built without software pipelining
                             sch = int8_wmma_schedule(func, target, int8_config)
                         else:
                             sch = dl_matmul.MatmulTensorization().apply(func, target, tunable)
+                            if sch is not None:
+                                strip_software_pipeline(sch)
                         if sch is not None:
-                            strip_software_pipeline(sch)
                             return sch
                     if dtypes == _INT8:
                         # CUDA-core int8 (int8 loads, int32 accumulation), never the crashing tensor-core path

@@ -74,6 +74,12 @@ def model_database_dir(spec, imported, precision: str, root: Path | None = None)
     return database_dir(spec.name, imported.name, fp, root)
 
 
+def find_database(spec, imported, precision: str, root: Path | None = None) -> Path | None:
+    """The database :func:`model_database_dir` names, when it holds one (else None)."""
+    work_dir = model_database_dir(spec, imported, precision, root)
+    return work_dir if has_database(work_dir) else None
+
+
 def has_database(work_dir: Path) -> bool:
     return (work_dir / RECORDS).exists() and ((work_dir / WORKLOADS).exists() or (work_dir / PACKED_WORKLOADS).exists())
 
