@@ -6,8 +6,9 @@
 
 Shapes: ResNet-50's convolutions (NHWC activations, OHWI weights, as inferx_edge's CUDA int8 variants
 run them). Each kernel is checked exactly against a float64 convolution of the same int8 values, then
-timed (p50 of synchronous calls); TOPS = 2 * MACs / p50. A config is "WIxFI.WJxFJ.kK.vV" (warps and
-16x16 fragments per warp along I and J, 16*K reduction elements per stage, V-byte global loads).
+timed (p50 of synchronous calls); TOPS = 2 * MACs / p50. A config is "WIxFI.WJxFJ.kK.vV[.P]" (warps and
+16x16 fragments per warp along I and J, 16*K reduction elements per stage, V-byte global loads, P the
+load pipeline: async), or "auto[.P]": the tile ``build`` picks for the shape and the GPU's SMs.
 """
 
 from __future__ import annotations
@@ -27,22 +28,38 @@ SHAPES = [
     ("l1.1x1.256-64", 56, 256, 64, 1, 1),
     ("l1.3x3.64-64", 56, 64, 64, 3, 1),
     ("l1.1x1.64-256", 56, 64, 256, 1, 1),
+    ("l2.3x3.128-128", 28, 128, 128, 3, 1),
     ("l3.1x1.1024-256", 14, 1024, 256, 1, 1),
     ("l3.3x3.256-256", 14, 256, 256, 3, 1),
     ("l3.1x1.256-1024", 14, 256, 1024, 1, 1),
+    ("l4.3x3.512-512", 7, 512, 512, 3, 1),
+    ("l4.1x1.2048-512", 7, 2048, 512, 1, 1),
 ]
 
 
-def parse_config(text: str):
-    from inferx_edge.compiler.cuda_pipeline import WmmaConfig
+def parse_config(text: str, extents=None, sm_count=None):
+    """A :class:`WmmaConfig` from its text; "auto[.P]" needs the GEMM ``extents`` (I, J) and ``sm_count``."""
+    from dataclasses import replace
 
+    from inferx_edge.compiler.cuda_pipeline import WmmaConfig, int8_config_for
+
+    if text.split(".")[0] == "auto":
+        pipe = text.split(".")[1] if "." in text else ""
+        if pipe not in ("", "async"):
+            raise SystemExit(f"bad config '{text}': the pipeline is async (or none)")
+        return replace(int8_config_for(extents or (1 << 20, 1 << 20), sm_count), pipeline=pipe)
     try:
-        i, j, k, v = text.split(".")
+        i, j, k, v, *pipe = text.split(".")
         wi, fi = (int(x) for x in i.split("x"))
         wj, fj = (int(x) for x in j.split("x"))
-        return WmmaConfig(wi, fi, wj, fj, int(k.lstrip("k")), int(v.lstrip("v")))
+        pipeline = pipe[0] if pipe else ""
+        if len(pipe) > 1 or pipeline not in ("", "async"):
+            raise ValueError(pipeline)
+        return WmmaConfig(wi, fi, wj, fj, int(k.lstrip("k")), int(v.lstrip("v")), pipeline)
     except ValueError:
-        raise SystemExit(f"bad config '{text}': expected WIxFI.WJxFJ.kK.vV, e.g. 4x2.4x2.k1.v4") from None
+        raise SystemExit(
+            f"bad config '{text}': expected WIxFI.WJxFJ.kK.vV[.async], e.g. 4x2.4x2.k1.v4.async"
+        ) from None
 
 
 def _driver() -> str | None:
@@ -80,12 +97,13 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--target", default="h200")
     ap.add_argument("--name", default=None)
+    ap.add_argument("--shapes", default=None, help="comma-separated shape names (default: all)")
     args = ap.parse_args()
     import torch
     import tvm
     from tvm import relax
 
-    from inferx_edge.compiler.build import resolve_tvm_target
+    from inferx_edge.compiler.build import pass_config, resolve_tvm_target
     from inferx_edge.compiler.cuda import device_compiler
     from inferx_edge.compiler.cuda_pipeline import cuda_pipeline
     from inferx_edge.runtime.engine import time_calls
@@ -114,7 +132,10 @@ def main() -> None:
         )
         (args.out / rec.name).write_text(rec.read_text())
 
-    for shape_name, hw, c, o, k, stride in SHAPES:
+    shapes = SHAPES if args.shapes is None else [s for s in SHAPES if s[0] in args.shapes.split(",")]
+    if not shapes:
+        raise SystemExit(f"no shapes match; valid: {', '.join(s[0] for s in SHAPES)}")
+    for shape_name, hw, c, o, k, stride in shapes:
         n = args.batch
         x = rng.integers(-127, 128, (n, hw, hw, c), dtype=np.int8)
         w = rng.integers(-127, 128, (o, k, k, c), dtype=np.int8)
@@ -135,11 +156,11 @@ def main() -> None:
         results.append(row | {"tops": 2 * macs / (s.p50_ms * 1e-3) / 1e12})
         print(json.dumps(results[-1]), flush=True)
         for text in args.configs.split(","):
-            cfg = parse_config(text)
-            row = {"shape": shape_name, "system": f"inferx int8 wmma {text}"}
+            cfg = parse_config(text, (n * out_hw * out_hw, o), spec.sm_count)
+            row = {"shape": shape_name, "system": f"inferx int8 wmma {text}", "config": cfg.__dict__}
             t0 = time.time()
             try:
-                with device_compiler(spec, "cubin"), target:
+                with device_compiler(spec, "cubin"), target, pass_config(async_copy=True):
                     ex = relax.build(
                         conv_module(n, hw, c, o, k, stride), target, relax_pipeline=cuda_pipeline(target, cfg)
                     )

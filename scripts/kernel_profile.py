@@ -74,6 +74,7 @@ def main() -> int:
 
     from inferx_edge.compiler.build import (
         conv_layout,
+        pass_config,
         prepare_module,
         quant_kernel_layout,
         relax_pipeline,
@@ -101,7 +102,8 @@ def main() -> int:
     target = resolve_tvm_target(spec)
     t0 = time.perf_counter()
     mod, tuned = prepare_module(imported, target, args.precision, tuning_dir, conv_layout(spec, args.precision))
-    with device_compiler(spec, "cubin") if spec.is_cuda else contextlib.nullcontext(), target:
+    cuda_ctx = device_compiler(spec, "cubin") if spec.is_cuda else contextlib.nullcontext()
+    with cuda_ctx, target, pass_config(async_copy=spec.is_cuda):
         pipeline = relax_pipeline(spec, target)
         pipeline = relax.get_pipeline(pipeline) if isinstance(pipeline, str) else pipeline
         tuned_names = scheduled_names(mod)

@@ -3,6 +3,8 @@ workaround for TVM 0.27's dlight schedule (checked on the scheduled TIR and by c
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -129,8 +131,8 @@ def _schedule_and_compile(target: str, mod):
     spec = get_target(target)
     tvm_target = resolve_tvm_target(spec)
     with device_compiler(spec, "cubin") as record, tvm_target:
-        scheduled = cuda_pipeline(tvm_target)(mod)
-        relax.build(mod, tvm_target, relax_pipeline=cuda_pipeline(tvm_target))
+        scheduled = cuda_pipeline(tvm_target, sm_count=spec.sm_count)(mod)
+        relax.build(mod, tvm_target, relax_pipeline=cuda_pipeline(tvm_target, sm_count=spec.sm_count))
     assert record["kernels_modules"]
     return [f.script() for _, f in scheduled.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
 
@@ -200,3 +202,89 @@ def test_large_elementwise_kernels_are_vectorized():
         bb.emit_func_output(out)
     scripts = _schedule_and_compile("h200", bb.get())
     assert len(scripts) == 2 and all("T.vectorized(T.int64(4))" in s for s in scripts)
+
+
+def _nhwc_int8_conv(n: int, hw: int, c: int, o: int, k: int):
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([n, hw, hw, c], "int8"))
+    w = relax.Var("w", relax.TensorType([o, k, k, c], "int8"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = relax.op.nn.conv2d(
+                x, w, padding=[k // 2] * 4, data_layout="NHWC", kernel_layout="OHWI", out_dtype="int32"
+            )
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_int8_tile_shrinks_until_every_sm_has_a_block():
+    from inferx_edge.compiler.cuda_pipeline import INT8_TILE_LADDER, INT8_WMMA, int8_config_for
+
+    assert int8_config_for((64 * 56 * 56, 256, 576), 132) == INT8_WMMA  # batch 64: the big tile
+    assert int8_config_for((49, 512, 4608), None) == INT8_WMMA  # no SM count: the big tile
+    small = int8_config_for((49, 512, 4608), 132)  # batch-1 layer 4: 4 blocks with the big tile
+    assert small == INT8_TILE_LADDER[-1] and small.warps_i * small.frags_i * 16 == 32
+    # batch-64 layer 4 (3136 x 512): 25 x 4 blocks of 128x128 < 132 SMs; 64x128 gives 49 x 4
+    assert int8_config_for((3136, 512, 2048), 132) == INT8_TILE_LADDER[1]
+
+
+@needs_nvrtc
+def test_batch1_int8_convolution_with_49_rows_runs_on_tensor_cores():
+    """ResNet-50's last 3x3 conv at batch 1 (7x7 pixels): a 32x32 tile on tensor cores (it ran on CUDA
+    cores when tensor cores needed 64 rows)."""
+    (script,) = _schedule_and_compile("h200", _nhwc_int8_conv(1, 7, 512, 512, 3))
+    assert "wmma.matrix_a" in script and '"int8"' in script
+    assert 'T.thread_binding(T.int64(16), thread="blockIdx.y")' in script  # 512 / 32 column tiles
+
+
+@needs_nvrtc
+def test_int8_activations_use_16_byte_loads_unless_predicated():
+    """16-byte activation loads where nothing pads them; 4 bytes for a padded conv input (TVM 0.27
+    miscompiles predicated wider int8 loads: make_int4 of 16 chars) and for weights."""
+    (unpadded,) = _schedule_and_compile("h200", _nhwc_int8_conv(8, 16, 256, 256, 1))
+    assert unpadded.count("T.vectorized(T.int64(16))") == 1
+    (padded,) = _schedule_and_compile("h200", _nhwc_int8_conv(8, 16, 64, 64, 3))
+    assert "T.vectorized(T.int64(16))" not in padded
+
+
+@needs_nvrtc
+def test_async_copy_pipeline_compiles_to_cp_async():
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.build import pass_config, resolve_tvm_target
+    from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.compiler.cuda_pipeline import INT8_WMMA, cuda_pipeline, int8_wmma_schedule
+    from inferx_edge.targets import get_target
+    from inferx_edge.tune._intrin import import_tensor_intrinsics
+
+    import_tensor_intrinsics()
+    spec = get_target("a100")
+    target = resolve_tvm_target(spec)
+    cfg = replace(INT8_WMMA, pipeline="async")
+    with device_compiler(spec, "cubin"), target, pass_config(async_copy=True):
+        ex = relax.build(_nhwc_int8_conv(8, 16, 256, 256, 1), target, relax_pipeline=cuda_pipeline(target, cfg))
+    (cuda,) = [m for m in ex.mod.imports[0].imports if m.kind == "cuda"]
+    source = cuda.inspect_source("cuda")
+    assert "cp.async.commit_group" in source and "ptx_cp_async" in source.split("__global__")[-1]
+    with target:
+        legal = relax.transform.LegalizeOps()(_nhwc_int8_conv(8, 16, 256, 256, 1))
+    func = next(f for _, f in legal.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
+    with pytest.raises(ValueError, match="unknown int8 load pipeline"):
+        int8_wmma_schedule(func, target, replace(INT8_WMMA, pipeline="reg"))
+
+
+def test_compiler_errors_keep_the_errors_not_the_warnings():
+    from inferx_edge.compiler.cuda import compiler_errors
+
+    log = "\n".join(
+        [f"k.cu({i}): warning #177-D: variable \"v{i}\" was declared but never referenced\n  int v;\n  ^" for i in range(400)]
+        + ["k.cu(900): error: too many arguments in function call", "  make_int4(0, 0, 0, 0, 0)", "  ^"]
+        + ["1 error detected in the compilation of \"k.cu\"."]
+    )
+    text = compiler_errors(log)
+    assert text.startswith("k.cu(900): error: too many arguments") and "make_int4" in text and "warning" not in text
+    assert compiler_errors("ptxas fatal: something") == "ptxas fatal: something"

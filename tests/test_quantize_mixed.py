@@ -169,6 +169,42 @@ def test_nhwc_int8_with_ohwi_weights_computes_the_same(tmp_path):
         if kernel_layout == "OHWI":  # output channels first, input channels last
             assert [p.shape for p in convs] == [(24, 3, 3, 1), (48, 3, 3, 24), (64, 3, 3, 48)]
         mod = convert_layout(q.mod, layout)
+        if layout == "NHWC":  # quantize clips became min/max (no transposes); the 1-channel stem padded to 4
+            script = mod.script()
+            assert "R.clip" not in script and script.count("R.nn.pad(") == 2
+            assert "R.Tensor((24, 3, 3, 4), dtype=\"int8\")" in script
         vm = relax.VirtualMachine(relax.build(mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
         outs.append(vm["main"](tvm.runtime.tensor(x), *[tvm.runtime.tensor(p) for p in q.params]).numpy())
     np.testing.assert_allclose(outs[1], outs[0], rtol=0, atol=1e-5)
+
+
+def test_nhwc_layout_keeps_relu6_and_quantize_clips_in_nhwc():
+    """Relax has no layout rule for clip: ConvertLayout put a transpose pair around every clip (ReLU6,
+    int8 quantize) between NHWC convolutions. convert_layout rewrites clips to min/max first."""
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.build import convert_layout
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([2, 8, 10, 10], "float32"))
+    w1 = relax.Var("w1", relax.TensorType([8, 8, 3, 3], "float32"))
+    w2 = relax.Var("w2", relax.TensorType([8, 8, 3, 3], "float32"))
+    with bb.function("main", [x, w1, w2]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.clip(relax.op.nn.conv2d(x, w1, padding=[1, 1, 1, 1]), 0, 6))
+            out = bb.emit_output(relax.op.nn.conv2d(y, w2, padding=[1, 1, 1, 1]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    nhwc = convert_layout(mod, "NHWC")
+    script = nhwc.script()
+    acts = [ln for ln in script.splitlines() if "R.permute_dims(" in ln and "(2, " in ln.split("=")[0]]
+    assert len(acts) == 2, script  # the input to NHWC and the output back to NCHW, nothing in between
+    assert "R.clip" not in script
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal([int(d) for d in v.ty.shape.values]).astype(np.float32) for v in mod["main"].params]
+    outs = []
+    for m in (mod, nhwc):
+        vm = relax.VirtualMachine(relax.build(m, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+        outs.append(vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy())
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-4, atol=1e-4)  # summation order differs

@@ -189,7 +189,7 @@ def nvrtc_compile(nvrtc: Nvrtc, code: str, arch: str, fmt: str) -> bytes:
             log = ctypes.create_string_buffer(size.value)
             lib.nvrtcGetProgramLog(prog, log)
             text = log.value.decode(errors="replace").strip()
-            raise BuildError(f"NVRTC {nvrtc.version_str} failed to compile device code for {gpu_arch}:\n{text[:4000]}")
+            raise BuildError(f"NVRTC {nvrtc.version_str} failed to compile device code for {gpu_arch}:\n{compiler_errors(text)}")
         get_size, get = (
             (lib.nvrtcGetCUBINSize, lib.nvrtcGetCUBIN) if fmt == "cubin" else (lib.nvrtcGetPTXSize, lib.nvrtcGetPTX)
         )
@@ -247,8 +247,22 @@ def nvcc_compile(nvcc: Nvcc, code: str, arch: str, fmt: str) -> bytes:
         cmd = [nvcc.path, flag, f"-arch={gpu}", "-O3", "--use_fast_math", "-o", str(out), str(src)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
-            raise BuildError(f"nvcc {nvcc.version_str} failed to compile device code for {gpu}:\n{r.stderr[-4000:]}")
+            raise BuildError(
+                f"nvcc {nvcc.version_str} failed to compile device code for {gpu}:\n{compiler_errors(r.stderr)}"
+            )
         return out.read_bytes()
+
+
+def compiler_errors(log: str, limit: int = 4000) -> str:
+    """The error messages of a CUDA compiler log (each with the two lines that follow it: the source
+    line and its caret), without the warnings that bury them; the log's tail when none is marked."""
+    lines = log.splitlines()
+    picked: list[str] = []
+    for i, line in enumerate(lines):
+        if re.search(r"\berror\b", line):
+            picked += lines[i : i + 3]
+    text = "\n".join(picked) if picked else log
+    return text[:limit] if picked else text[-limit:]
 
 
 @contextlib.contextmanager

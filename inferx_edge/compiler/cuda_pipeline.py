@@ -31,6 +31,10 @@ _PIPELINE_KEYS = ("software_pipeline_order", "software_pipeline_stage", "softwar
 #: tensor cores when every non-batch matmul dim is at least this (dlight: larger than 64, which left
 #: ResNet-50's 64-channel convs on CUDA-core int8: about a quarter of its int8 batch-64 time on an H200)
 MIN_TENSORIZE_DIM = 64
+#: int8 GEMMs take tensor cores from this many rows (output pixels) when J and K reach
+#: :data:`MIN_TENSORIZE_DIM`: small row counts get a small tile (:data:`INT8_TILE_LADDER`); batch-1
+#: ResNet-50's last convolutions (49 rows) otherwise ran on CUDA cores
+MIN_INT8_ROWS = 16
 
 
 def sm_version(target) -> int:
@@ -86,13 +90,51 @@ class WmmaConfig:
     frags_j: int = 2
     k_frags: int = 1
     vector: int = 4
+    #: how global loads overlap the tensor-core math: "" none (load, sync, compute); "async": cp.async
+    #: into double-buffered static shared memory (sm_80+; needs ``pass_config(async_copy=True)``). On an
+    #: H200 async was within +-10 % of "" (benchmarks/results/gpu_conv_int8_h200_b64_pipe.json), and a
+    #: tile whose static plus dynamic shared memory passes 48 KB fails to launch; so not a default.
+    #: (A register-prefetch pipeline built with TVM's software pipelining gave wrong sums: not offered.)
+    pipeline: str = ""
 
 
 #: the tile int8 tensor-core kernels get: 2x2 warps of 4x4 fragments (128x128 outputs per block, as
 #: dlight's) with 64-deep reduction stages. On an H200 (benchmarks/results/gpu_conv_int8_h200.json) it
 #: was the fastest of five tiles on all six ResNet-50 conv shapes at batch 64: 1.23-1.61x dlight's
-#: (4x2, 4x2, k16) tile, 78-231 TOPS, exact. 16-byte loads fail to compile where operands are padded.
-INT8_WMMA = WmmaConfig(warps_i=2, frags_i=4, warps_j=2, frags_j=4, k_frags=4, vector=4)
+#: (4x2, 4x2, k16) tile, 78-231 TOPS, exact. 16-byte loads (operands the tile does not pad) gained
+#: 0-6 % over 4-byte ones (gpu_conv_int8_h200_b64_pipe.json).
+INT8_WMMA = WmmaConfig(warps_i=2, frags_i=4, warps_j=2, frags_j=4, k_frags=4, vector=16)
+
+#: smaller tiles for small GEMMs (batch 1: ResNet-50's last convolutions have 49 output pixels), largest
+#: first; :func:`int8_config_for` takes the first that still gives every SM a thread block. All keep 4
+#: warps and the 64-deep stage of :data:`INT8_WMMA`. On an H200 at batch 1 the tile this picks ran
+#: ResNet-50's layer-2 to layer-4 convolutions 1.3-2.0x faster than the 128x128 tile
+#: (gpu_conv_int8_h200_b1_pipe.json).
+INT8_TILE_LADDER = (
+    INT8_WMMA,
+    WmmaConfig(warps_i=2, frags_i=2, warps_j=2, frags_j=4, k_frags=4, vector=16),  # 64 x 128
+    WmmaConfig(warps_i=2, frags_i=2, warps_j=2, frags_j=2, k_frags=4, vector=16),  # 64 x 64
+    WmmaConfig(warps_i=2, frags_i=1, warps_j=2, frags_j=2, k_frags=4, vector=16),  # 32 x 64
+    WmmaConfig(warps_i=2, frags_i=1, warps_j=2, frags_j=1, k_frags=4, vector=16),  # 32 x 32
+)
+
+
+def int8_config_for(extents, sm_count: int | None, ladder=INT8_TILE_LADDER) -> WmmaConfig:
+    """The int8 tile for a GEMM of (I, J, K) ``extents`` (batch dims excluded) on a GPU with
+    ``sm_count`` SMs: the largest tile of ``ladder`` giving at least one thread block per SM, else the
+    one giving the most blocks. Without an SM count, the first tile."""
+    if not sm_count:
+        return ladder[0]
+    i, j = extents[0], extents[1]
+
+    def blocks(c: WmmaConfig) -> int:
+        ti, tj = 16 * c.warps_i * c.frags_i, 16 * c.warps_j * c.frags_j
+        return -(-i // ti) * -(-j // tj)
+
+    for cfg in ladder:
+        if blocks(cfg) >= sm_count:
+            return cfg
+    return max(ladder, key=blocks)
 
 
 def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
@@ -136,9 +178,18 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
     sch.transform_layout(reindex_b, ("write", 0), b_index_map)
     sch.transform_layout(reindex_c, ("read", 0), c_index_map)
     sch.transform_block_layout(main_block, matmul_index_map)
-    sch.pad_einsum(
-        main_block, [1, micro * cfg.warps_i * cfg.frags_i, micro * cfg.warps_j * cfg.frags_j, micro * cfg.k_frags]
-    )
+    tile = [1, micro * cfg.warps_i * cfg.frags_i, micro * cfg.warps_j * cfg.frags_j, micro * cfg.k_frags]
+    extents = [iv.dom.extent for iv in sch.get(main_block).iter_vars]
+    # ``cfg.vector``-byte loads for A (activations) unless it is predicated: where the tile pads the
+    # GEMM (rows I or depth K) or the convolution pads its input (TVM 0.27 emits a malformed make_int4
+    # for predicated 8- and 16-byte int8 loads). B (weights) keeps 4-byte loads: wider ones miscompile
+    # for matmul weights ("Cannot convert type int32x16").
+    def ragged(*axes):
+        return any(not isinstance(extents[a], tirx.expr.IntImm) or int(extents[a].value) % tile[a] for a in axes)
+
+    pad_a = ragged(1, 3) or "if_then_else" in func.script()
+    vectors = (min(cfg.vector, 4) if pad_a else cfg.vector, min(cfg.vector, 4))
+    sch.pad_einsum(main_block, tile)
 
     block = main_block
     batch, i, j, k = sch.get_loops(block)
@@ -158,16 +209,23 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
     thread_idy = sch.fuse(j2, i2)
     sch.bind(thread_idy, "threadIdx.y")
 
+    k0_loop = k0
+    # Operands and the accumulator tile share one dynamic allocation when nothing is pipelined (as
+    # dlight's); pipelined operands go to static shared memory: merged with the int32 tile, TVM 0.27's
+    # LowerAccessPtr rejects some small tiles (int8 vs int32 tvm_access_ptr)
+    operand_scope = "shared" if cfg.pipeline else "shared.dyn"
+
     def fetch_to_shared(block, idx):
-        block_read = sch.cache_read(block, idx, "shared.dyn")
+        block_read = sch.cache_read(block, idx, operand_scope)
         sch.compute_at(block_read, k0)
         fused = sch.fuse(*sch.get_loops(block_read)[-2:])
-        _, f_1, f_2, f_3 = sch.split(fused, factors=[None, num_ty, warp_size, cfg.vector])
+        _, f_1, f_2, f_3 = sch.split(fused, factors=[None, num_ty, warp_size, vectors[idx]])
         sch.bind(f_2, "threadIdx.x")
         sch.bind(f_1, "threadIdx.y")
         sch.vectorize(f_3)
         sch.storage_align(block_read, 0, axis=-2, factor=32, offset=16)
-        sch.annotate(block_read, "tirx.manifest_shared_memory_local_stage", 1)
+        if cfg.pipeline != "async":
+            sch.annotate(block_read, "tirx.manifest_shared_memory_local_stage", 1)
         sch.annotate(block_read, "double_buffer_scope", 0)
         return block_read
 
@@ -190,7 +248,7 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
     sch.reorder(si0, sj0, si1, sj1)
     init = sch.get_child_blocks(sch.decompose_reduction(block_outer, k0))[0]
     intrin = get_wmma_intrin_group(
-        load_scope="shared.dyn", store_scope="shared.dyn", in_dtype="int8", out_dtype="int32", trans_b=True
+        load_scope=operand_scope, store_scope="shared.dyn", in_dtype="int8", out_dtype="int32", trans_b=True
     )
     try:
         for mat, name in ((a_mat, "load_a"), (b_mat, "load_b")):
@@ -206,6 +264,12 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
         sch.tensorize(sch.get_loops(block_inner)[-3], intrin["compute"])
     except Exception:  # a shape these intrinsics cannot cover
         return None
+    if cfg.pipeline not in ("", "async"):
+        raise ValueError(f"unknown int8 load pipeline '{cfg.pipeline}'; valid: '' (none), 'async'")
+    if cfg.pipeline == "async":  # children of k0: A g->s, B g->s, k1 loop
+        sch.annotate(k0_loop, "software_pipeline_stage", [0, 0, 1])
+        sch.annotate(k0_loop, "software_pipeline_order", [0, 1, 2])
+        sch.annotate(k0_loop, "software_pipeline_async_stages", [0])
     auto_inline_consumer_chain(sch, acc_shared)
     fused = sch.fuse(*sch.get_loops(acc_shared)[-2:])
     _, f1, f2 = sch.split(fused, factors=[None, warp_size, 4])
@@ -214,9 +278,10 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
     return sch
 
 
-def int8_safe_matmul_rule(int8_config: WmmaConfig | None = None):
+def int8_safe_matmul_rule(int8_config: WmmaConfig | None = None, sm_count: int | None = None):
     """A dlight rule: int8 and fp16 tensor-core matmuls without software pipelining, else dlight's Matmul.
-    ``int8_config``: the int8 tile (default :data:`INT8_WMMA`)."""
+    ``int8_config``: one int8 tile for every kernel; by default each kernel gets
+    :func:`int8_config_for` its shape and ``sm_count``."""
     from tvm.s_tir import dlight as dl
     from tvm.s_tir.dlight.gpu import matmul as dl_matmul
 
@@ -230,9 +295,11 @@ def int8_safe_matmul_rule(int8_config: WmmaConfig | None = None):
                 sig = _matmul_signature(func)
                 if sig is not None and sig[0] in _TENSOR_CORE_DTYPES:
                     dtypes, extents = sig
-                    if all(e >= MIN_TENSORIZE_DIM for e in extents):
+                    min_rows = MIN_INT8_ROWS if dtypes == _INT8 else MIN_TENSORIZE_DIM
+                    if extents[0] >= min_rows and all(e >= MIN_TENSORIZE_DIM for e in extents[1:]):
                         if dtypes == _INT8:  # built without software pipelining
-                            sch = int8_wmma_schedule(func, target, int8_config)
+                            cfg = int8_config or int8_config_for(extents, sm_count)
+                            sch = int8_wmma_schedule(func, target, cfg)
                         else:
                             sch = dl_matmul.MatmulTensorization().apply(func, target, tunable)
                             if sch is not None:
@@ -370,10 +437,10 @@ def vectorized_elementwise_rule():
     return VectorizedElementwise()
 
 
-def cuda_pipeline(target, int8_config: WmmaConfig | None = None):
+def cuda_pipeline(target, int8_config: WmmaConfig | None = None, sm_count: int | None = None):
     """TVM's default CUDA Relax pipeline with :func:`int8_safe_matmul_rule` in place of dlight's Matmul
     and :func:`small_reduction_rule` ahead of its reduction rules, :func:`vectorized_elementwise_rule`
-    ahead of its fallback."""
+    ahead of its fallback. ``sm_count``: the GPU's SMs, for the int8 tile choice."""
     import tvm
     from tvm import relax
     from tvm.relax.backend.cuda import pipeline as cuda
@@ -386,7 +453,7 @@ def cuda_pipeline(target, int8_config: WmmaConfig | None = None):
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
         dl.ApplyDefaultSchedule(
-            int8_safe_matmul_rule(int8_config),
+            int8_safe_matmul_rule(int8_config, sm_count),
             dl.gpu.GEMV(),
             small_reduction_rule(),
             dl.gpu.Reduction(),

@@ -54,6 +54,7 @@ class TargetSpec:
         built by a toolkit no newer than this. None when any recent toolkit will do.
     memory_gib : memory available to the model (unified memory on Jetson).
     power_modes : documented nvpmodel modes (Jetson only).
+    sm_count : the GPU's streaming multiprocessors (kernel tile choice); None for CPU targets.
     aliases : other accepted names.
     """
 
@@ -68,6 +69,7 @@ class TargetSpec:
     memory_gib: float | None = None
     power_modes: tuple[PowerMode, ...] = ()
     aliases: tuple[str, ...] = field(default=())
+    sm_count: int | None = None
 
     @property
     def is_cuda(self) -> bool:
@@ -119,7 +121,9 @@ _JETPACK6_CUDA = "12.6"  # JetPack 6.1/6.2 (L4T r36.4) ship CUDA 12.6; 6.0 ships
 _AARCH64_GXX = "aarch64-linux-gnu-g++"
 
 
-def _orin(name: str, desc: str, cores: int, mem: float, modes: tuple[PowerMode, ...], aliases=()) -> TargetSpec:
+def _orin(
+    name: str, desc: str, cores: int, mem: float, modes: tuple[PowerMode, ...], sms: int, aliases=()
+) -> TargetSpec:
     return TargetSpec(
         name=name,
         description=desc,
@@ -132,6 +136,7 @@ def _orin(name: str, desc: str, cores: int, mem: float, modes: tuple[PowerMode, 
         memory_gib=mem,
         power_modes=modes,
         aliases=aliases,
+        sm_count=sms,
     )
 
 
@@ -142,6 +147,7 @@ _TARGET_LIST = [
         12,
         64,
         (PowerMode(0, "MAXN", None), PowerMode(1, "15W", 15), PowerMode(2, "30W", 30), PowerMode(3, "50W", 50)),
+        16,
         aliases=("jetson-orin", "agx-orin"),
     ),
     _orin(
@@ -150,6 +156,7 @@ _TARGET_LIST = [
         8,
         32,
         (PowerMode(0, "MAXN", None), PowerMode(1, "15W", 15), PowerMode(2, "30W", 30), PowerMode(3, "40W", 40)),
+        14,
     ),
     _orin(
         "jetson-orin-nx-16gb",
@@ -157,6 +164,7 @@ _TARGET_LIST = [
         8,
         16,
         (PowerMode(0, "MAXN", None), PowerMode(1, "10W", 10), PowerMode(2, "15W", 15), PowerMode(3, "25W", 25)),
+        8,
     ),
     _orin(
         "jetson-orin-nano-8gb",
@@ -164,6 +172,7 @@ _TARGET_LIST = [
         6,
         8,
         (PowerMode(0, "15W", 15), PowerMode(1, "7W", 7)),
+        8,
     ),
     TargetSpec(
         "a100",
@@ -173,6 +182,7 @@ _TARGET_LIST = [
         "x86_64-linux-gnu",
         cuda_arch="sm_80",
         memory_gib=80,
+        sm_count=108,
     ),
     TargetSpec(
         "h100",
@@ -182,6 +192,7 @@ _TARGET_LIST = [
         "x86_64-linux-gnu",
         cuda_arch="sm_90a",
         memory_gib=80,
+        sm_count=132,
     ),
     TargetSpec(
         "h200",
@@ -191,6 +202,7 @@ _TARGET_LIST = [
         "x86_64-linux-gnu",
         cuda_arch="sm_90a",
         memory_gib=141,
+        sm_count=132,
     ),
     TargetSpec(
         "x86-cpu",
