@@ -208,3 +208,38 @@ def test_nhwc_layout_keeps_relu6_and_quantize_clips_in_nhwc():
         vm = relax.VirtualMachine(relax.build(m, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
         outs.append(vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy())
     np.testing.assert_allclose(outs[1], outs[0], rtol=1e-4, atol=1e-4)  # summation order differs
+
+
+def test_onnx_clip_with_tensor_bounds_stays_in_nhwc(tmp_path):
+    """ONNX Clip (opset 13, min/max inputs) imports as call_tir of TE maximum/minimum, opaque to
+    ConvertLayout: MobileNetV2's ReLU6s ran as transpose-clip-transpose kernels until rewritten."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from inferx_edge.compiler.build import convert_layout
+    from inferx_edge.frontend import import_model
+
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((8, 8, 3, 3)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.standard_normal((8, 8, 3, 3)).astype(np.float32), "w2"),
+        numpy_helper.from_array(np.array(0.0, np.float32), "lo"),
+        numpy_helper.from_array(np.array(6.0, np.float32), "hi"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Clip", ["c1", "lo", "hi"], ["r"]),
+        helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes, "relu6", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 10, 10])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 10, 10])], inits,
+    )  # fmt: skip
+    path = tmp_path / "relu6.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    mod = import_model(path, {"x": (2, 8, 10, 10)}).mod
+    assert "call_tir(cls.maximum" in mod.script()  # what the importer emits
+    script = convert_layout(mod, "NHWC").script()
+    assert "call_tir(cls.maximum" not in script and "call_tir(cls.minimum" not in script
+    acts = [ln for ln in script.splitlines() if "R.permute_dims(" in ln and "(2, " in ln.split("=")[0]]
+    assert len(acts) == 2, script
