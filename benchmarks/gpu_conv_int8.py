@@ -57,9 +57,7 @@ def parse_config(text: str, extents=None, sm_count=None):
             raise ValueError(pipeline)
         return WmmaConfig(wi, fi, wj, fj, int(k.lstrip("k")), int(v.lstrip("v")), pipeline)
     except ValueError:
-        raise SystemExit(
-            f"bad config '{text}': expected WIxFI.WJxFJ.kK.vV[.async], e.g. 4x2.4x2.k1.v4.async"
-        ) from None
+        raise SystemExit(f"bad config '{text}': expected WIxFI.WJxFJ.kK.vV[.async], e.g. 4x2.4x2.k1.v4.async") from None
 
 
 def _driver() -> str | None:

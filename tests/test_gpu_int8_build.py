@@ -281,9 +281,12 @@ def test_compiler_errors_keep_the_errors_not_the_warnings():
     from inferx_edge.compiler.cuda import compiler_errors
 
     log = "\n".join(
-        [f"k.cu({i}): warning #177-D: variable \"v{i}\" was declared but never referenced\n  int v;\n  ^" for i in range(400)]
+        [
+            f'k.cu({i}): warning #177-D: variable "v{i}" was declared but never referenced\n  int v;\n  ^'
+            for i in range(400)
+        ]
         + ["k.cu(900): error: too many arguments in function call", "  make_int4(0, 0, 0, 0, 0)", "  ^"]
-        + ["1 error detected in the compilation of \"k.cu\"."]
+        + ['1 error detected in the compilation of "k.cu".']
     )
     text = compiler_errors(log)
     assert text.startswith("k.cu(900): error: too many arguments") and "make_int4" in text and "warning" not in text

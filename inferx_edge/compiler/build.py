@@ -6,12 +6,11 @@ self-contained shared library plus a weights file; nothing is compiled on the de
 
 from __future__ import annotations
 
-import re
-
 import contextlib
 import datetime as _dt
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -281,9 +280,7 @@ def pad_int8_conv_channels(mod, multiple: int = 4):
             return None
         x = relax.op.nn.pad(x, [0, 0, 0, 0, 0, 0, 0, extra])
         w = relax.op.nn.pad(w, [0, 0, 0, 0, 0, 0, 0, extra])
-        return relax.op.nn.conv2d(
-            x, w, a.strides, a.padding, a.dilation, 1, "NHWC", "OHWI", a.out_layout, a.out_dtype
-        )
+        return relax.op.nn.conv2d(x, w, a.strides, a.padding, a.dilation, 1, "NHWC", "OHWI", a.out_layout, a.out_dtype)
 
     return _rewrite_calls(mod, rewrite)
 

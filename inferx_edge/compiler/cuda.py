@@ -189,7 +189,9 @@ def nvrtc_compile(nvrtc: Nvrtc, code: str, arch: str, fmt: str) -> bytes:
             log = ctypes.create_string_buffer(size.value)
             lib.nvrtcGetProgramLog(prog, log)
             text = log.value.decode(errors="replace").strip()
-            raise BuildError(f"NVRTC {nvrtc.version_str} failed to compile device code for {gpu_arch}:\n{compiler_errors(text)}")
+            raise BuildError(
+                f"NVRTC {nvrtc.version_str} failed to compile device code for {gpu_arch}:\n{compiler_errors(text)}"
+            )
         get_size, get = (
             (lib.nvrtcGetCUBINSize, lib.nvrtcGetCUBIN) if fmt == "cubin" else (lib.nvrtcGetPTXSize, lib.nvrtcGetPTX)
         )

@@ -180,6 +180,7 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
     sch.transform_block_layout(main_block, matmul_index_map)
     tile = [1, micro * cfg.warps_i * cfg.frags_i, micro * cfg.warps_j * cfg.frags_j, micro * cfg.k_frags]
     extents = [iv.dom.extent for iv in sch.get(main_block).iter_vars]
+
     # ``cfg.vector``-byte loads for A (activations) unless it is predicated: where the tile pads the
     # GEMM (rows I or depth K) or the convolution pads its input (TVM 0.27 emits a malformed make_int4
     # for predicated 8- and 16-byte int8 loads). B (weights) keeps 4-byte loads: wider ones miscompile
