@@ -205,19 +205,9 @@ def test_large_elementwise_kernels_are_vectorized():
 
 
 def _nhwc_int8_conv(n: int, hw: int, c: int, o: int, k: int):
-    from tvm import relax
+    from benchmarks.gpu_conv_int8 import conv_module
 
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([n, hw, hw, c], "int8"))
-    w = relax.Var("w", relax.TensorType([o, k, k, c], "int8"))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            y = relax.op.nn.conv2d(
-                x, w, padding=[k // 2] * 4, data_layout="NHWC", kernel_layout="OHWI", out_dtype="int32"
-            )
-            out = bb.emit_output(y)
-        bb.emit_func_output(out)
-    return bb.get()
+    return conv_module(n, hw, c, o, k, 1)
 
 
 def test_int8_tile_shrinks_until_every_sm_has_a_block():
