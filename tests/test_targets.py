@@ -78,7 +78,7 @@ def test_targets_cli_table_and_json():
     assert r.returncode == 0, r.stderr
     for name in REQUIRED:
         assert name in r.stdout
-    assert "0:MAXN" in r.stdout and "sm_87" in r.stdout
+    assert "0:MAXN" in r.stdout and "sm_87 (16 SMs)" in r.stdout and "sm_90a (132 SMs)" in r.stdout
     r = cli("targets", "--json")
     data = json.loads(r.stdout)
     assert data["jetson-agx-orin-64gb"]["aliases"] == ["jetson-orin", "agx-orin"]

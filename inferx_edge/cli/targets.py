@@ -30,7 +30,9 @@ def run(args: argparse.Namespace) -> int:
                 tvm_desc,
                 spec.host_triple,
                 spec.cross_compiler or "-",
-                spec.cuda_arch or "-",
+                f"{spec.cuda_arch} ({spec.sm_count} SMs)"
+                if spec.cuda_arch and spec.sm_count
+                else spec.cuda_arch or "-",
                 f"{spec.memory_gib:g}" if spec.memory_gib else "-",
                 modes,
             )
