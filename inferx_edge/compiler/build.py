@@ -190,14 +190,14 @@ def convert_layout(mod, layout: str):
 
 
 def _rewrite_calls(mod, rewrite):
-    """``mod`` with every Relax call passed through ``rewrite(mutator, call)`` (None: keep it)."""
+    """``mod`` with every Relax call passed through ``rewrite(call)`` (None: keep it)."""
     from tvm import relax
 
     @relax.expr_functor.mutator
     class _Rewriter(relax.PyExprMutator):
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            new = rewrite(self, call)
+            new = rewrite(call)
             return call if new is None else new
 
     for gv, func in list(mod.functions_items()):
@@ -213,7 +213,6 @@ def clip_to_min_max(mod):
     """Every ``relax.clip(x, lo, hi)`` as ``minimum(maximum(x, lo), hi)`` (same values, layout-convertible);
     likewise the ONNX importer's Clip with tensor bounds (``call_tir`` of TE maximum/minimum against a
     0-d tensor: a folded constant or a weight) as Relax ``maximum``/``minimum``."""
-    import numpy as np
     import tvm
     from tvm import relax
 
@@ -235,7 +234,7 @@ def clip_to_min_max(mod):
             return None
         return (relax.op.maximum if m.group(1) == "maximum" else relax.op.minimum)(x, bound)
 
-    def rewrite(_m, call):
+    def rewrite(call):
         if call.op == call_tir:
             return te_min_max(call)
         if call.op != clip or not isinstance(call.args[0].ty, relax.TensorType):
@@ -258,7 +257,7 @@ def pad_int8_conv_channels(mod, multiple: int = 4):
 
     conv = tvm.ir.Op.get("relax.nn.conv2d")
 
-    def rewrite(_m, call):
+    def rewrite(call):
         if call.op != conv:
             return None
         a = call.attrs

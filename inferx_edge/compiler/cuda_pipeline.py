@@ -154,6 +154,8 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
     if not isinstance(func, tirx.PrimFunc) or "dlight.do_not_tensorize" in func.attrs.keys():
         return None
     cfg = cfg or INT8_WMMA
+    if cfg.pipeline not in ("", "async"):
+        raise ValueError(f"unknown int8 load pipeline '{cfg.pipeline}'; valid: '' (none), 'async'")
     sch = s_tir.Schedule(func)
     blocks = sch.get_child_blocks(get_root_block(sch))
     reduction_blocks = get_reduction_blocks(sch, blocks)
@@ -210,7 +212,6 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
     thread_idy = sch.fuse(j2, i2)
     sch.bind(thread_idy, "threadIdx.y")
 
-    k0_loop = k0
     # Operands and the accumulator tile share one dynamic allocation when nothing is pipelined (as
     # dlight's); pipelined operands go to static shared memory: merged with the int32 tile, TVM 0.27's
     # LowerAccessPtr rejects some small tiles (int8 vs int32 tvm_access_ptr)
@@ -265,12 +266,10 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
         sch.tensorize(sch.get_loops(block_inner)[-3], intrin["compute"])
     except Exception:  # a shape these intrinsics cannot cover
         return None
-    if cfg.pipeline not in ("", "async"):
-        raise ValueError(f"unknown int8 load pipeline '{cfg.pipeline}'; valid: '' (none), 'async'")
     if cfg.pipeline == "async":  # children of k0: A g->s, B g->s, k1 loop
-        sch.annotate(k0_loop, "software_pipeline_stage", [0, 0, 1])
-        sch.annotate(k0_loop, "software_pipeline_order", [0, 1, 2])
-        sch.annotate(k0_loop, "software_pipeline_async_stages", [0])
+        sch.annotate(k0, "software_pipeline_stage", [0, 0, 1])
+        sch.annotate(k0, "software_pipeline_order", [0, 1, 2])
+        sch.annotate(k0, "software_pipeline_async_stages", [0])
     auto_inline_consumer_chain(sch, acc_shared)
     fused = sch.fuse(*sch.get_loops(acc_shared)[-2:])
     _, f1, f2 = sch.split(fused, factors=[None, warp_size, 4])
