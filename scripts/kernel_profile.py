@@ -96,6 +96,7 @@ def main() -> int:
         plan = resolve_plan(
             args.model, shapes, imported, args.precision, q["quant_plan"], q["calib"], q["calib_method"],
             q["max_accuracy_drop"], q["min_int8_share"], q["eval_data"], q["allow_over_budget"], print,
+            q["float_between_layers"],
         )  # fmt: skip
         imported, _ = apply_plan(imported, plan, args.precision, quant_kernel_layout(spec, args.precision))
     tuning_dir = None if args.no_tuning else tdb.find_database(spec, imported, args.precision)

@@ -143,3 +143,113 @@ def test_bad_calibration_data_is_refused(tmp_path, bad, msg):
     assert not (tmp_path / "x.ixa").exists()
     r = cli("build", "--precision", "int8", "--calib", tmp_path / "nope", "-o", tmp_path / "x.ixa")
     assert r.returncode == 2 and "calibration data not found" in r.stderr
+
+
+def _residual_onnx(path, rng):
+    """conv-ReLU-maxpool stem, a residual block (conv-ReLU-conv + skip, ReLU), a 1x1 conv head."""
+    ws = {
+        "w0": rng.standard_normal((8, 3, 3, 3)),
+        "w1": rng.standard_normal((8, 8, 1, 1)) * 0.4,
+        "w2": rng.standard_normal((8, 8, 3, 3)) * 0.15,
+        "w3": rng.standard_normal((4, 8, 1, 1)) * 0.4,
+    }
+    bs = {f"b{i}": rng.standard_normal(ws[f"w{i}"].shape[0]) * 0.1 for i in range(4)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["y0"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["y0"], ["r0"]),
+        helper.make_node("MaxPool", ["r0"], ["a"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["a", "w1", "b1"], ["y1"]),
+        helper.make_node("Relu", ["y1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["y2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["y2", "a"], ["s"]),
+        helper.make_node("Relu", ["s"], ["e"]),
+        helper.make_node("Conv", ["e", "w3", "b3"], ["out"]),
+    ]
+    inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in {**ws, **bs}.items()]
+    graph = helper.make_graph(
+        nodes,
+        "res",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 12, 12])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 4, 6, 6])],
+        inits,
+    )
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString())
+    return {k: v.astype(np.float64) for k, v in ws.items()}, {k: v.astype(np.float64) for k, v in bs.items()}
+
+
+def _conv_nchw(x, w, b, pad):
+    """float64 NCHW convolution, stride 1 (numpy reference)."""
+    n, c, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh, ow = h + 2 * pad - kh + 1, wd + 2 * pad - kw + 1
+    cols = np.stack([xp[:, :, i : i + oh, j : j + ow] for i in range(kh) for j in range(kw)], axis=2)  # n c k oh ow
+    return np.einsum("nckhw,ock->nohw", cols, w.reshape(o, c, kh * kw)) + b[None, :, None, None]
+
+
+def test_activations_cross_layers_in_int8_exact_against_numpy(tmp_path):
+    """Residual block: the stem quantizes before the max pool (int8 pool), the skip reads the block
+    input's int8 tensor dequantized, and each activation is quantized once, in its producer."""
+    from tvm import relax
+
+    from inferx_edge.quantize.rewrite import int8_boundaries
+
+    rng = np.random.default_rng(3)
+    path = tmp_path / "res.onnx"
+    ws, bs = _residual_onnx(path, rng)
+    im = import_model(path)
+    targets = find_targets(im.mod["main"])
+    x = rng.standard_normal((2, 3, 12, 12)).astype(np.float32)
+    amax = dict(zip([t.key for t in targets], [2.5, 4.0, 3.0, 5.0]))
+    s = [np.float32(a / QMAX) for a in amax.values()]
+    scales = {t.name: float(v) for t, v in zip(targets, s)}
+    shared, pooled = int8_boundaries(im.mod["main"], targets, scales)
+    assert len(pooled) == 1 and list(pooled.values())[0] == (float(s[1]), True)  # max pool output, skip reads it
+    assert sorted(v[1] for v in shared.values()) == [False, False, False]  # pool input, block's middle, block out
+
+    q = quantize_imported(im, targets, amax)
+    calls = [b.value for blk in q.mod["main"].body.blocks for b in blk.bindings if isinstance(b.value, relax.Call)]
+    to_int8 = [c for c in calls if c.op.name == "relax.astype" and str(c.attrs.dtype) == "int8"]
+    assert len(to_int8) == 4  # input, stem output, block middle, block output: one quantize each
+    pool = next(c for c in calls if c.op.name == "relax.nn.max_pool2d")
+    assert str(pool.args[0].ty.dtype) == "int8"
+    got = _run(q.mod, q.params, x)
+
+    def qz(v, sc):
+        return np.clip(np.round(v / np.float64(sc)), -QMAX, QMAX)
+
+    def layer(xq, sx, i, pad):
+        wq, sw = quantize_per_channel(ws[f"w{i}"].astype(np.float32), axis=0)
+        return (
+            _conv_nchw(xq, wq.astype(np.float64), np.zeros(len(sw)), pad) * (np.float64(sx) * sw)[None, :, None, None]
+            + bs[f"b{i}"][None, :, None, None]
+        )
+
+    r0 = np.maximum(layer(qz(x, s[0]), s[0], 0, 1), 0)
+    aq = qz(r0, s[1]).reshape(2, 8, 6, 2, 6, 2).max(axis=(3, 5))  # 2x2 max pool on int8 values
+    r1q = qz(np.maximum(layer(aq, s[1], 1, 0), 0), s[2])
+    e = np.maximum(layer(r1q, s[2], 2, 1) + aq * np.float64(s[1]), 0)
+    ref = layer(qz(e, s[3]), s[3], 3, 0)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+    # float between layers: the skip reads the float max-pool output
+    qf = quantize_imported(im, targets, amax, int8_between_layers=False)
+    calls = [b.value for blk in qf.mod["main"].body.blocks for b in blk.bindings if isinstance(b.value, relax.Call)]
+    assert str(next(c for c in calls if c.op.name == "relax.nn.max_pool2d").args[0].ty.dtype) == "float32"
+    assert not np.allclose(_run(qf.mod, qf.params, x), got, rtol=1e-6, atol=1e-6)
+
+
+def test_a_float_layer_keeps_its_input_float(tmp_path):
+    from inferx_edge.quantize.rewrite import int8_boundaries
+
+    path = tmp_path / "res.onnx"
+    _residual_onnx(path, np.random.default_rng(4))
+    im = import_model(path)
+    targets = find_targets(im.mod["main"])
+    chosen = [t for t in targets if t.weight.name != "w1"]  # the block's first conv stays float
+    shared, pooled = int8_boundaries(im.mod["main"], chosen, {t.name: 0.02 for t in chosen})
+    assert not pooled  # its input (the max pool output) is not shared: the float conv reads it as it was
+    assert len(shared) == 2  # the block's middle and its output (read only by int8 convs) cross in int8
+    q = quantize_imported(im, chosen, {t.key: 2.0 for t in chosen})
+    x = np.random.default_rng(5).standard_normal((2, 3, 12, 12)).astype(np.float32)
+    assert np.isfinite(_run(q.mod, q.params, x)).all()

@@ -78,6 +78,12 @@ def add_quantization_arguments(p: argparse.ArgumentParser, plan: bool = True) ->
         "'labels'/'y' (default: the embedded model's holdout; else the calibration data, as agreement with fp32)",
     )
     p.add_argument(
+        "--float-between-layers",
+        action="store_true",
+        help="keep activations float between int8 layers (default: an activation whose readers are all int8 "
+        "layers is stored as int8, and residual adds/pools read it dequantized, as TensorRT does)",
+    )
+    p.add_argument(
         "--allow-over-budget",
         action="store_true",
         help="when the budget cannot be met, keep the best mix found (with a warning) instead of failing",
@@ -100,6 +106,7 @@ QUANTIZATION_OPTIONS = (
     "min_int8_share",
     "eval_data",
     "allow_over_budget",
+    "float_between_layers",
 )
 
 

@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
         args.min_int8_share,
         args.eval_data,
         args.allow_over_budget,
+        float_between_layers=args.float_between_layers,
     )
     if plan.accuracy is None:
         print(format_table(plan.layers))

@@ -16,6 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calib", type=Path, default=None, help="int8/mixed: calibration data (see build --help)")
     p.add_argument("--calib-method", default="entropy", choices=["minmax", "percentile", "entropy", "mse"])
     p.add_argument("--quant-plan", type=Path, default=None, help="int8/mixed: a plan written by 'quantize'")
+    p.add_argument("--float-between-layers", action="store_true", help="int8/mixed: as build --float-between-layers")
     p.add_argument(
         "--trials",
         type=int,
@@ -58,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         calib=args.calib,
         calib_method=args.calib_method,
         quant_plan=args.quant_plan,
+        float_between_layers=args.float_between_layers,
     )
     summary = tune_model(opts)
     print_summary(summary)

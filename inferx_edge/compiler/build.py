@@ -60,6 +60,8 @@ class BuildOptions:
     quant_plan : a plan written by ``quantize`` (thresholds and per-layer precisions): no recalibration.
     max_accuracy_drop, min_int8_share, eval_data, allow_over_budget : the accuracy budget (top-1
         points) that mixed (and, when given, int8) must hold on ``eval_data`` (:mod:`inferx_edge.quantize.mixed`).
+    float_between_layers : activations stay float between int8 layers (default: int8 where every reader
+        is an int8 layer; :func:`inferx_edge.quantize.rewrite.int8_boundaries`).
     """
 
     model: Path
@@ -80,6 +82,7 @@ class BuildOptions:
     min_int8_share: float = 0.5
     eval_data: Path | None = None
     allow_over_budget: bool = False
+    float_between_layers: bool = False
 
     def variant_grid(self, model_batch: int) -> list[tuple[str, int]]:
         """(precision, batch) of every variant: ``precisions`` x ``batch_sizes`` (defaults: the single
@@ -463,6 +466,7 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
             opts.eval_data,
             opts.allow_over_budget,
             log,
+            opts.float_between_layers,
         )
     with tempfile.TemporaryDirectory(prefix="inferx_edge-build-") as tmp:
         tmp = Path(tmp)

@@ -76,6 +76,8 @@ class QuantPlan:
     float_layers: list[str] = field(default_factory=list)
     layers: list[dict] = field(default_factory=list)
     accuracy: dict | None = None
+    #: activations cross int8 layers as int8 (:func:`~inferx_edge.quantize.rewrite.int8_boundaries`)
+    int8_between_layers: bool = True
 
     def to_json(self) -> str:
         return json.dumps({"schema": PLAN_SCHEMA, **asdict(self)}, indent=2) + "\n"
@@ -109,7 +111,11 @@ class QuantPlan:
 
     def report(self) -> dict:
         """The calibration part of the manifest's quantization report."""
-        out = {"calibration": self.calibration, "calibration_samples": self.calibration_samples}
+        out = {
+            "calibration": self.calibration,
+            "calibration_samples": self.calibration_samples,
+            "int8_between_layers": self.int8_between_layers,
+        }
         return out | ({"accuracy": self.accuracy} if self.accuracy else {})
 
 
@@ -125,6 +131,7 @@ def make_plan(
     eval_data: Path | None = None,
     allow_over_budget: bool = False,
     log=print,
+    float_between_layers: bool = False,
 ) -> QuantPlan:
     """Calibrate ``model``; for ``mixed`` (or an ``int8`` with a budget) measure per-layer sensitivity
     and keep the most sensitive layers in float until the top-1 drop is within ``max_drop`` points.
@@ -155,7 +162,7 @@ def make_plan(
         log(f"      QDQ model: {len(amax)} of {len(targets)} layers int8 with the model's own scales (no calibration)")
         for note in qdq.notes:
             log(f"      note: {note}")
-        plan = QuantPlan(base.sha256, "qdq", 0, amax)
+        plan = QuantPlan(base.sha256, "qdq", 0, amax, int8_between_layers=not float_between_layers)
         chunk = CALIB_CHUNK
     else:
         n = min(len(v) for v in data.values())
@@ -168,7 +175,7 @@ def make_plan(
         batches = [{k: v[i : i + chunk] for k, v in data.items()} for i in range(0, n - chunk + 1, chunk)]
         log(f"      calibrating {len(targets)} layers on {len(batches) * chunk} samples ({method})")
         amax = calibrate(probe_model, targets, batches, method)
-        plan = QuantPlan(base.sha256, method, len(batches) * chunk, amax)
+        plan = QuantPlan(base.sha256, method, len(batches) * chunk, amax, int8_between_layers=not float_between_layers)
     macs = {t.key: _macs(base, t) for t in base_targets}
     total = sum(macs.values()) + _other_macs(base, {t.name for t in base_targets})
     if max_drop is None:
@@ -182,7 +189,10 @@ def make_plan(
     eval_set = load_eval_set(eval_data, model, base.inputs, data)
     if precision == "int8":  # no float fallback allowed: only check the budget
         min_int8_share = 1.0
-    mix = choose_mix(model, input_shapes, base, amax, eval_set, max_drop, min_int8_share, macs, total, chunk, log)
+    mix = choose_mix(
+        model, input_shapes, base, amax, eval_set, max_drop, min_int8_share, macs, total, chunk, log,
+        plan.int8_between_layers,
+    )  # fmt: skip
     if precision == "int8":
         mix.float_layers = []
         for r in mix.layers:
@@ -228,6 +238,7 @@ def resolve_plan(
     eval_data: Path | None = None,
     allow_over_budget: bool = False,
     log=print,
+    float_between_layers: bool = False,
 ) -> QuantPlan:
     """The plan ``build`` and ``tune`` quantize ``precision`` by: ``quant_plan`` when given, else a new one."""
     if quant_plan is not None:
@@ -235,7 +246,7 @@ def resolve_plan(
         return QuantPlan.load(quant_plan, base.sha256)
     return make_plan(
         model, input_shapes, base, calib, calib_method, precision, max_drop, min_int8_share, eval_data,
-        allow_over_budget, log,
+        allow_over_budget, log, float_between_layers,
     )  # fmt: skip
 
 
@@ -254,7 +265,12 @@ def apply_plan(
     keep |= set(plan.float_layers) if precision == "mixed" else set()
     chosen = [t for t in targets if t.key not in keep]
     q = quantize_imported(
-        imported, chosen, plan.amax, fixed_weights=qdq_weights(imported, chosen), kernel_layout=kernel_layout
+        imported,
+        chosen,
+        plan.amax,
+        fixed_weights=qdq_weights(imported, chosen),
+        kernel_layout=kernel_layout,
+        int8_between_layers=plan.int8_between_layers,
     )
     info = {r["layer"]: r for r in plan.layers}
     layers, int8 = [], 0

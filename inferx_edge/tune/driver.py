@@ -55,6 +55,7 @@ class TuneOptions:
     calib: Path | None = None
     calib_method: str = "entropy"
     quant_plan: Path | None = None
+    float_between_layers: bool = False
 
     def __post_init__(self) -> None:
         from inferx_edge.compiler.build import PRECISIONS
@@ -79,7 +80,7 @@ def _precision_module(imported, spec, opts: TuneOptions, log):
 
         plan = resolve_plan(
             opts.model, opts.input_shapes, imported, opts.precision, opts.quant_plan, opts.calib, opts.calib_method,
-            log=log,
+            log=log, float_between_layers=opts.float_between_layers,
         )  # fmt: skip
         imported = apply_plan(imported, plan, opts.precision, quant_kernel_layout(spec, opts.precision))[0]
     return prepare_module(imported, None, opts.precision, layout=conv_layout(spec, opts.precision))[0]
