@@ -102,7 +102,9 @@ def main() -> int:
     tuning_dir = None if args.no_tuning else tdb.find_database(spec, imported, args.precision)
     target = resolve_tvm_target(spec)
     t0 = time.perf_counter()
-    mod, tuned = prepare_module(imported, target, args.precision, tuning_dir, conv_layout(spec, args.precision))
+    mod, tuned, (_, weights) = prepare_module(
+        imported, target, args.precision, tuning_dir, conv_layout(spec, args.precision), bake=True, log=print
+    )
     cuda_ctx = device_compiler(spec, "cubin") if spec.is_cuda else contextlib.nullcontext()
     with cuda_ctx, target, pass_config(async_copy=spec.is_cuda):
         pipeline = relax_pipeline(spec, target)
@@ -117,7 +119,7 @@ def main() -> int:
     vm = relax.VirtualMachine(ex, dev)
     rng = np.random.default_rng(0)
     inputs = [tvm.runtime.tensor(rng.standard_normal(t.shape).astype(t.dtype), dev) for t in imported.inputs]
-    params = [tvm.runtime.tensor(p, dev) for p in imported.params]
+    params = [tvm.runtime.tensor(p, dev) for p in weights]
 
     def run():
         vm["main"](*inputs, *params)
