@@ -281,3 +281,51 @@ def test_compiler_errors_keep_the_errors_not_the_warnings():
     text = compiler_errors(log)
     assert text.startswith("k.cu(900): error: too many arguments") and "make_int4" in text and "warning" not in text
     assert compiler_errors("ptxas fatal: something") == "ptxas fatal: something"
+
+
+def _relu6_depthwise(clip_first: bool):
+    """conv -> (ReLU6 if clip_first) -> depthwise conv, NCHW batch 2; weights as parameters."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([2, 8, 10, 10], "float32"))
+    w1 = relax.Var("w1", relax.TensorType([16, 8, 1, 1], "float32"))
+    w2 = relax.Var("w2", relax.TensorType([16, 1, 3, 3], "float32"))
+    with bb.function("main", [x, w1, w2], attrs={"num_input": 1}):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w1))
+            if clip_first:
+                y = bb.emit(relax.op.clip(y, 0, 6))
+            out = bb.emit_output(relax.op.nn.conv2d(y, w2, padding=[1, 1, 1, 1], groups=16))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("clip_first", [True, False])
+def test_float_depthwise_reads_fp16_only_behind_a_clip(clip_first):
+    """int8 CUDA variants keep depthwise convs float; behind a ReLU6 their input is stored fp16
+    (bounded: cannot overflow); an unbounded input stays fp32. Same results within fp16 rounding."""
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.build import clip_to_min_max, convert_layout, fp16_bounded_depthwise
+
+    mod = convert_layout(_relu6_depthwise(clip_first), "NHWC")
+    rewritten = fp16_bounded_depthwise(mod)
+    convs = [
+        b.value
+        for blk in rewritten["main"].body.blocks
+        for b in blk.bindings
+        if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.nn.conv2d"
+    ]
+    dtypes = [(str(c.args[0].ty.dtype), str(c.ty.dtype)) for c in convs]
+    assert dtypes == [("float32", "float32"), ("float16" if clip_first else "float32", "float32")]
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((2, 8, 10, 10), (16, 8, 1, 1), (16, 1, 3, 3))]
+
+    def run(m):
+        vm = relax.VirtualMachine(relax.build(m, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+        return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+
+    ref = run(clip_to_min_max(_relu6_depthwise(clip_first)))
+    np.testing.assert_allclose(run(rewritten), ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
