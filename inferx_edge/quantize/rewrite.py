@@ -135,8 +135,9 @@ def int8_boundaries(func, targets: list[QuantTarget], scales: dict[str, float]):
     (``quantize`` / ``--max-accuracy-drop``). A ``max_pool2d`` output quantizes at the pool's input
     instead (the max of quantized values is the quantized max): the pool then reads and writes int8.
 
-    Returns ``({name: (scale, has_float_readers)}, {max_pool2d output name: (scale, has_float_readers)})``. Activations that
-    are function inputs, graph outputs, or read by a layer kept in float are left as they are.
+    Returns ``(shared, pooled)``: ``{activation name: (scale, has_float_readers)}`` and the same for
+    max-pool outputs (their inputs are in ``shared``). Activations that are function inputs, graph
+    outputs, or read by a layer kept in float are left as they are.
     """
     from tvm import relax
 
