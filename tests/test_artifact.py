@@ -8,6 +8,7 @@ import json
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from inferx_edge.errors import ArtifactError, ChecksumError, UsageError
@@ -142,3 +143,50 @@ def test_inspect_cli(default_artifact):
     assert "verified" in r.stdout and "image: float32[1x1x28x28]" in r.stdout
     r = cli("inspect", default_artifact, "--json")
     assert json.loads(r.stdout)["default_variant"] == "fp32-b1"
+
+
+def test_weight_transforms_run_at_build_time_and_give_the_same_results():
+    """Bias reshapes and the FC weight transpose leave the model: main takes their results."""
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.cli._common import DEFAULT_MODEL
+    from inferx_edge.compiler.build import prepare_module
+    from inferx_edge.frontend import import_model
+
+    im = import_model(DEFAULT_MODEL, {"image": (2, 1, 28, 28)})
+    plain = im.mod  # as imported: the transforms run inside main
+    baked, _, (names, arrays) = prepare_module(im, None, bake=True)
+    assert len(names) == len(arrays) and names != list(im.param_names)
+    def ops(mod):
+        return [b.value.op.name for blk in mod["main"].body.blocks for b in blk.bindings if hasattr(b.value, "op")]
+
+    assert ops(plain).count("relax.permute_dims") == 1 and ops(plain).count("relax.reshape") == 4
+    assert prepare_module(im, None)[2] == (names, None)  # without bake: the same signature, no arrays
+    assert "relax.permute_dims" not in ops(baked) and ops(baked).count("relax.reshape") == 1  # the flatten
+    x = np.random.default_rng(0).random((2, 1, 28, 28)).astype(np.float32)
+
+    def run(mod, params):
+        vm = relax.VirtualMachine(relax.build(mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+        return vm["main"](tvm.runtime.tensor(x), *[tvm.runtime.tensor(p) for p in params]).numpy()
+
+    np.testing.assert_allclose(run(baked, arrays), run(plain, im.params), rtol=1e-6, atol=1e-6)
+
+
+def test_weight_transforms_that_would_grow_the_weights_stay_in_the_model():
+    from tvm import relax
+
+    from inferx_edge.compiler.build import bake_weight_transforms
+
+    n = 1 << 19  # a 1-element weight broadcast to 2 MiB
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, n], "float32"))
+    w = relax.Var("w", relax.TensorType([1], "float32"))
+    with bb.function("main", [x, w], attrs={"num_input": 1}):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.add(x, relax.op.broadcast_to(w, [1, n])))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    params = [np.ones(1, np.float32)]
+    same, names, arrays = bake_weight_transforms(mod, params)
+    assert same is mod and names == ["w"] and arrays is params
