@@ -158,6 +158,7 @@ def test_weight_transforms_run_at_build_time_and_give_the_same_results():
     plain = im.mod  # as imported: the transforms run inside main
     baked, _, (names, arrays) = prepare_module(im, None, bake=True)
     assert len(names) == len(arrays) and names != list(im.param_names)
+
     def ops(mod):
         return [b.value.op.name for blk in mod["main"].body.blocks for b in blk.bindings if hasattr(b.value, "op")]
 
