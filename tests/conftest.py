@@ -23,6 +23,17 @@ from onnx import TensorProto, helper, numpy_helper
 REPO = Path(__file__).resolve().parent.parent
 
 
+def write_onnx(path: Path, nodes, inputs: dict, outputs: dict, inits, name: str = "g") -> Path:
+    """An opset-13 float ONNX model from ``nodes``, ``{name: shape}`` inputs/outputs and initializers."""
+
+    def infos(io):
+        return [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in io.items()]
+
+    graph = helper.make_graph(nodes, name, infos(inputs), infos(outputs), inits)
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString())
+    return path
+
+
 def make_convnet(path: Path, seed: int = 0, batch: int | str = "N") -> Path:
     """Conv -> BatchNorm -> Relu -> MaxPool -> Conv -> Relu -> GlobalAveragePool -> Flatten -> Gemm -> Softmax."""
     rng = np.random.default_rng(seed)

@@ -9,6 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from inferx_edge.frontend import import_model
 from inferx_edge.quantize.driver import QuantPlan, apply_plan, make_plan
+from tests.conftest import write_onnx
 
 
 def _qdq_conv_model(path, rng, zero_point=0, act_type=TensorProto.INT8):
@@ -31,15 +32,7 @@ def _qdq_conv_model(path, rng, zero_point=0, act_type=TensorProto.INT8):
         helper.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zp"], ["w_dq"], axis=0),
         helper.make_node("Conv", ["x_dq", "w_dq", "b"], ["y"], pads=[1, 1, 1, 1]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "qdq",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 10, 10])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 10, 10])],
-        inits,
-    )
-    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString())
-    return path
+    return write_onnx(path, nodes, {"x": [2, 4, 10, 10]}, {"y": [2, 8, 10, 10]}, inits, "qdq")
 
 
 def _run(mod, params, x):

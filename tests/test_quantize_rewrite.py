@@ -10,6 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from inferx_edge.frontend import import_model
 from inferx_edge.quantize.calibration import QMAX, quantize_per_channel
 from inferx_edge.quantize.rewrite import calibrate, find_targets, quantize_imported
+from tests.conftest import write_onnx
 
 
 def _run(mod, params, x):
@@ -166,14 +167,7 @@ def _residual_onnx(path, rng):
         helper.make_node("Conv", ["e", "w3", "b3"], ["out"]),
     ]
     inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in {**ws, **bs}.items()]
-    graph = helper.make_graph(
-        nodes,
-        "res",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 12, 12])],
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 4, 6, 6])],
-        inits,
-    )
-    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString())
+    write_onnx(path, nodes, {"x": [2, 3, 12, 12]}, {"out": [2, 4, 6, 6]}, inits, "res")
     return {k: v.astype(np.float64) for k, v in ws.items()}, {k: v.astype(np.float64) for k, v in bs.items()}
 
 
