@@ -311,8 +311,7 @@ def bake_weight_transforms(mod, params: list[np.ndarray] | None = None, log=None
     num_input = int(main.attrs["num_input"])
     original = [p.name for p in main.params[num_input:]]
     lifted = relax.transform.LiftTransformParams()(mod)
-    names = [gv.name_hint for gv, _ in lifted.functions_items()]
-    if "main_transform_params" not in names:
+    if not any(gv.name_hint == "main_transform_params" for gv, _ in lifted.functions_items()):
         return mod, original, params
     transform = lifted["main_transform_params"]
     kept = tvm.IRModule({gv: f for gv, f in lifted.functions_items() if gv.name_hint != "main_transform_params"})
@@ -324,8 +323,9 @@ def bake_weight_transforms(mod, params: list[np.ndarray] | None = None, log=None
     for gv, f in kept.functions_items():
         if not isinstance(f, relax.Function):
             tmod[gv] = f
-    with tvm.target.Target({"kind": "llvm"}):
-        exe = relax.build(tmod, tvm.target.Target({"kind": "llvm"}))
+    host = tvm.target.Target({"kind": "llvm"})
+    with host:
+        exe = relax.build(tmod, host)
     out = relax.VirtualMachine(exe, tvm.cpu())["main"]([tvm.runtime.tensor(np.ascontiguousarray(p)) for p in params])
     arrays = [o.numpy() for o in out]
     before, after = sum(p.nbytes for p in params), sum(a.nbytes for a in arrays)

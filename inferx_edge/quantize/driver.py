@@ -162,7 +162,7 @@ def make_plan(
         log(f"      QDQ model: {len(amax)} of {len(targets)} layers int8 with the model's own scales (no calibration)")
         for note in qdq.notes:
             log(f"      note: {note}")
-        plan = QuantPlan(base.sha256, "qdq", 0, amax, int8_between_layers=not float_between_layers)
+        plan = QuantPlan(base.sha256, "qdq", 0, amax)
         chunk = CALIB_CHUNK
     else:
         n = min(len(v) for v in data.values())
@@ -175,7 +175,8 @@ def make_plan(
         batches = [{k: v[i : i + chunk] for k, v in data.items()} for i in range(0, n - chunk + 1, chunk)]
         log(f"      calibrating {len(targets)} layers on {len(batches) * chunk} samples ({method})")
         amax = calibrate(probe_model, targets, batches, method)
-        plan = QuantPlan(base.sha256, method, len(batches) * chunk, amax, int8_between_layers=not float_between_layers)
+        plan = QuantPlan(base.sha256, method, len(batches) * chunk, amax)
+    plan.int8_between_layers = not float_between_layers
     macs = {t.key: _macs(base, t) for t in base_targets}
     total = sum(macs.values()) + _other_macs(base, {t.name for t in base_targets})
     if max_drop is None:

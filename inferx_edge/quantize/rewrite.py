@@ -149,8 +149,9 @@ def int8_boundaries(func, targets: list[QuantTarget], scales: dict[str, float]):
     outputs = {v.name for v in relax.analysis.free_vars(func.body.body)}
     candidates = {t.name for t in find_targets(func)}
     by_name = {t.name: t for t in targets}
+    target_inputs = {t.x.name for t in targets}
     shared, pooled = {}, {}
-    for x in {t.x.name for t in targets}:
+    for x in target_inputs:
         if x not in bindings or x in outputs:
             continue
         reads = readers.get(x, [])
@@ -173,7 +174,7 @@ def int8_boundaries(func, targets: list[QuantTarget], scales: dict[str, float]):
             and r.name in bindings
             and r.name not in outputs
             and len(readers.get(r.name, [])) == 1
-            and r.name not in {t.x.name for t in targets}
+            and r.name not in target_inputs
         ):
             shared[r.name] = (s_x, False)
             pooled[x] = (s_x, float_reads)
