@@ -6,9 +6,10 @@
 
 Shapes: ResNet-50's convolutions (NHWC activations, OHWI weights, as inferx_edge's CUDA int8 variants
 run them). Each kernel is checked exactly against a float64 convolution of the same int8 values, then
-timed (p50 of synchronous calls); TOPS = 2 * MACs / p50. A config is "WIxFI.WJxFJ.kK.vV[.P]" (warps and
-16x16 fragments per warp along I and J, 16*K reduction elements per stage, V-byte global loads, P the
-load pipeline: async), or "auto[.P]": the tile ``build`` picks for the shape and the GPU's SMs.
+timed (p50 of synchronous calls); TOPS = 2 * MACs / p50. A config is "WIxFI.WJxFJ.kK.vV[.P][.mma]" (warps
+and 16x16 fragments per warp along I and J, 16*K reduction elements per stage, V-byte global loads, P the
+load pipeline: async; mma: ldmatrix + mma.sync instead of wmma), or "auto[.P][.mma|.wmma]": the tile
+``build`` picks for the shape and the GPU's SMs (with its instructions unless one is named).
 """
 
 from __future__ import annotations
@@ -44,20 +45,27 @@ def parse_config(text: str, extents=None, sm_count=None):
     from inferx_edge.compiler.cuda_pipeline import WmmaConfig, int8_config_for
 
     if text.split(".")[0] == "auto":
-        pipe = text.split(".")[1] if "." in text else ""
-        if pipe not in ("", "async"):
+        rest = text.split(".")[1:]
+        pipe = [x for x in rest if x not in ("mma", "wmma")]
+        if len(pipe) > 1 or (pipe and pipe[0] != "async"):
             raise SystemExit(f"bad config '{text}': the pipeline is async (or none)")
-        return replace(int8_config_for(extents or (1 << 20, 1 << 20), sm_count), pipeline=pipe)
+        cfg = int8_config_for(extents or (1 << 20, 1 << 20), sm_count)
+        intrin = next((x for x in rest if x in ("mma", "wmma")), cfg.intrin)
+        return replace(cfg, pipeline=pipe[0] if pipe else "", intrin=intrin)
     try:
-        i, j, k, v, *pipe = text.split(".")
+        i, j, k, v, *rest = text.split(".")
         wi, fi = (int(x) for x in i.split("x"))
         wj, fj = (int(x) for x in j.split("x"))
+        intrin = "mma" if "mma" in rest else "wmma"
+        pipe = [x for x in rest if x not in ("mma", "wmma")]
         pipeline = pipe[0] if pipe else ""
         if len(pipe) > 1 or pipeline not in ("", "async"):
             raise ValueError(pipeline)
-        return WmmaConfig(wi, fi, wj, fj, int(k.lstrip("k")), int(v.lstrip("v")), pipeline)
+        return WmmaConfig(wi, fi, wj, fj, int(k.lstrip("k")), int(v.lstrip("v")), pipeline, intrin)
     except ValueError:
-        raise SystemExit(f"bad config '{text}': expected WIxFI.WJxFJ.kK.vV[.async], e.g. 4x2.4x2.k1.v4.async") from None
+        raise SystemExit(
+            f"bad config '{text}': expected WIxFI.WJxFJ.kK.vV[.async][.mma], e.g. 4x2.4x2.k1.v4.async"
+        ) from None
 
 
 def _driver() -> str | None:

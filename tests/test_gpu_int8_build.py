@@ -50,6 +50,11 @@ def _int8_matmul_module(m: int):
     return bb.get()
 
 
+def _int8_tensor_cores(script: str) -> bool:
+    """A scheduled kernel loads int8 tiles with ldmatrix and multiplies them with mma.sync.m16n8k32."""
+    return "ldmatrix" in script and 'mma("m16n8k32", "row", "col", "int8", "int8", "int32"' in script
+
+
 @needs_nvrtc
 @pytest.mark.parametrize("target", ["a100", "h200"])
 def test_large_int8_matmul_uses_tensor_cores_and_compiles(target):
@@ -69,9 +74,8 @@ def test_large_int8_matmul_uses_tensor_cores_and_compiles(target):
     with device_compiler(spec, "cubin") as record, tvm_target:
         scheduled = cuda_pipeline(tvm_target)(mod)
         scripts = [f.script() for _, f in scheduled.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-        mma = [s for s in scripts if "wmma.matrix_a" in s]
-        assert mma and all('"int8"' in s and '"int32"' in s for s in mma)  # int8 in, int32 accumulate
-        assert not any("software_pipeline" in s for s in mma)
+        mma = [s for s in scripts if _int8_tensor_cores(s)]  # int8 in, int32 accumulate
+        assert mma and not any("software_pipeline" in s for s in mma)
         relax.build(mod, tvm_target, relax_pipeline=cuda_pipeline(tvm_target))
     assert record["kernels_modules"]
 
@@ -172,7 +176,7 @@ def test_nhwc_int8_convolution_is_an_implicit_gemm_on_tensor_cores(target):
             out = bb.emit_output(relax.op.nn.relu(relax.op.astype(y, "float32")))
         bb.emit_func_output(out)
     (script,) = _schedule_and_compile(target, bb.get())
-    assert "wmma.matrix_a" in script and '"int8"' in script and "software_pipeline" not in script
+    assert _int8_tensor_cores(script) and "software_pipeline" not in script
 
 
 @needs_nvrtc
@@ -221,12 +225,44 @@ def test_int8_tile_shrinks_until_every_sm_has_a_block():
     assert int8_config_for((3136, 512, 2048), 132) == INT8_TILE_LADDER[1]
 
 
+def test_int8_tile_does_not_double_64_output_channels():
+    from inferx_edge.compiler.cuda_pipeline import INT8_WMMA, int8_config_for
+
+    def tile(c):
+        return 16 * c.warps_i * c.frags_i, 16 * c.warps_j * c.frags_j
+
+    assert tile(int8_config_for((64 * 56 * 56, 64, 576), 132)) == (128, 64)  # ResNet-50 layer 1, batch 64
+    assert tile(int8_config_for((64 * 112 * 112, 64, 196), None)) == (128, 64)  # its stem
+    assert tile(int8_config_for((64 * 14 * 14, 160, 960), 132)) == (128, 64)  # 160 -> 192, not 256
+    assert int8_config_for((64 * 56 * 56, 96, 576), 132) == INT8_WMMA  # 96 -> 128 either way
+    assert int8_config_for((64 * 7 * 7, 576, 96), None) == INT8_WMMA  # 640 for 576: within 1/8
+
+
+@needs_nvrtc
+def test_int8_mma_kernel_compiles_with_onnx_style_weight_names():
+    """TVM 0.27's mma.sync codegen substitutes the letters A-F of its asm template one after another:
+    a weight buffer named like ONNX's ``onnx::Conv_566`` got the accumulator's address spliced into
+    its name (the CUDA did not compile) until the schedule renamed the kernel's buffers."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([8, 14, 14, 128], "int8"))
+    w = relax.Var("onnx__Conv_5_int8", relax.TensorType([128, 1, 1, 128], "int8"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = relax.op.nn.conv2d(x, w, data_layout="NHWC", kernel_layout="OHWI", out_dtype="int32")
+            out = bb.emit_output(relax.op.astype(y, "float32"))
+        bb.emit_func_output(out)
+    (script,) = _schedule_and_compile("h200", bb.get())
+    assert _int8_tensor_cores(script) and "onnx__conv_5_int8" in script
+
+
 @needs_nvrtc
 def test_batch1_int8_convolution_with_49_rows_runs_on_tensor_cores():
     """ResNet-50's last 3x3 conv at batch 1 (7x7 pixels): a 32x32 tile on tensor cores (it ran on CUDA
     cores when tensor cores needed 64 rows)."""
     (script,) = _schedule_and_compile("h200", _nhwc_int8_conv(1, 7, 512, 512, 3))
-    assert "wmma.matrix_a" in script and '"int8"' in script
+    assert _int8_tensor_cores(script)
     assert 'T.thread_binding(T.int64(16), thread="blockIdx.y")' in script  # 512 / 32 column tiles
 
 

@@ -293,9 +293,13 @@ def device_compiler(spec: TargetSpec, fmt: str):
     if fmt == "ptx" and arch.endswith("a"):
         raise BuildError(f"{spec.name} is {arch}: arch-specific features have no portable PTX; use cubin")
     calls = []
+    dump = os.environ.get("INFERX_DUMP_CUDA")  # a folder: keep each generated CUDA source there
 
     def compile_cuda(code, *_):
         calls.append(1)
+        if dump:
+            Path(dump).mkdir(parents=True, exist_ok=True)
+            (Path(dump) / f"kernels_{os.getpid()}_{len(calls)}.cu").write_text(str(code))
         return bytearray(compile_fn(tool, str(code), arch, fmt))
 
     previous = tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True)

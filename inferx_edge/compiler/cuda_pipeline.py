@@ -7,9 +7,11 @@ fails to compile on sm_80/sm_87 (``inject_software_pipeline.cc: fragment_info_``
 rule is skipped altogether (dlight reads the arch number with ``isdigit``), so H100/H200 int8 matmuls
 ran on CUDA cores.
 
-:class:`Int8SafeMatmul` keeps int8 compute on tensor cores: it applies the same wmma int8 schedule
-without the software-pipeline annotations (shared-memory staging and tensorized load/mma/store stay),
-reads ``sm_90a`` as 90, and leaves every other matmul to dlight's own rule. The same arch parsing kept
+:class:`Int8SafeMatmul` keeps int8 compute on tensor cores: it applies dlight's int8 tiling (shared-
+memory staging, tensorized load/multiply/store) without the software-pipeline annotations, with
+ldmatrix + ``mma.sync.m16n8k32`` (the full-rate int8 instruction) in place of wmma's 16x16x16, a tile
+chosen per GEMM shape (:func:`int8_config_for`); reads ``sm_90a`` as 90; and leaves every other
+matmul to dlight's own rule. The same arch parsing kept
 fp16 matmuls and convolutions off tensor cores on ``sm_90a``: the rule applies dlight's fp16 wmma
 schedule there too (also without software pipelining). Convolutions reach these rules as implicit
 GEMMs (dlight's reindex turns the input window into the A operand in shared memory).
@@ -25,7 +27,7 @@ Kernels with a tuning record keep their tuned schedule (dlight skips scheduled f
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 _PIPELINE_KEYS = ("software_pipeline_order", "software_pipeline_stage", "software_pipeline_async_stages")
 #: tensor cores when every non-batch matmul dim is at least this (dlight: larger than 64, which left
@@ -96,51 +98,113 @@ class WmmaConfig:
     #: tile whose static plus dynamic shared memory passes 48 KB fails to launch; so not a default.
     #: (A register-prefetch pipeline built with TVM's software pipelining gave wrong sums: not offered.)
     pipeline: str = ""
+    #: the warp-level instructions: "wmma" (``wmma::load_matrix_sync``/``mma_sync``, 16x16x16) or "mma"
+    #: (``ldmatrix`` into registers and ``mma.sync.m16n8k32``: the full-rate int8 instruction; the
+    #: stage depth 16*k_frags must then be a multiple of 32)
+    intrin: str = "wmma"
 
 
-#: the tile int8 tensor-core kernels get: 2x2 warps of 4x4 fragments (128x128 outputs per block, as
-#: dlight's) with 64-deep reduction stages. On an H200 (benchmarks/results/gpu_conv_int8_h200.json) it
-#: was the fastest of five tiles on all six ResNet-50 conv shapes at batch 64: 1.23-1.61x dlight's
-#: (4x2, 4x2, k16) tile, 78-231 TOPS, exact. 16-byte loads (operands the tile does not pad) gained
-#: 0-6 % over 4-byte ones (gpu_conv_int8_h200_b64_pipe.json).
-INT8_WMMA = WmmaConfig(warps_i=2, frags_i=4, warps_j=2, frags_j=4, k_frags=4, vector=16)
+#: the tile int8 tensor-core kernels get: 2x2 warps of 4x4 16x16 fragments (128x128 outputs per block,
+#: as dlight's) with 64-deep reduction stages, through ldmatrix and mma.sync.m16n8k32. On an H200
+#: (benchmarks/results/gpu_conv_int8_h200.json) this tile was the fastest of five on all six ResNet-50
+#: conv shapes at batch 64 with wmma: 1.23-1.61x dlight's (4x2, 4x2, k16) tile, exact. 16-byte loads
+#: (operands the tile does not pad) gained 0-6 % over 4-byte ones (gpu_conv_int8_h200_b64_pipe.json).
+#: mma against wmma, same tiles (gpu_conv_int8_h200_b64_mma.json, _b1_mma.json): 0.93-1.11x per shape
+#: at batch 64, 0.82-1.53x at batch 1; ResNet-50 int8 end to end 3.79 ms (batch 64) and 0.613 ms
+#: (batch 1) against 3.90 and 0.718 with wmma (gpu_vision_h200_run13.json against run 10).
+INT8_WMMA = WmmaConfig(warps_i=2, frags_i=4, warps_j=2, frags_j=4, k_frags=4, vector=16, intrin="mma")
 
-#: smaller tiles for small GEMMs (batch 1: ResNet-50's last convolutions have 49 output pixels), largest
-#: first; :func:`int8_config_for` takes the first that still gives every SM a thread block. All keep 4
-#: warps and the 64-deep stage of :data:`INT8_WMMA`. On an H200 at batch 1 the tile this picks ran
+#: smaller tiles for small GEMMs (batch 1: ResNet-50's last convolutions have 49 output pixels) and
+#: narrow ones (64 output channels), largest first; :func:`int8_config_for` picks among them. All keep
+#: 4 warps and the 64-deep stage of :data:`INT8_WMMA`. On an H200 at batch 1 the tile this picks ran
 #: ResNet-50's layer-2 to layer-4 convolutions 1.3-2.0x faster than the 128x128 tile
 #: (gpu_conv_int8_h200_b1_pipe.json).
 INT8_TILE_LADDER = (
     INT8_WMMA,
-    WmmaConfig(warps_i=2, frags_i=2, warps_j=2, frags_j=4, k_frags=4, vector=16),  # 64 x 128
-    WmmaConfig(warps_i=2, frags_i=2, warps_j=2, frags_j=2, k_frags=4, vector=16),  # 64 x 64
-    WmmaConfig(warps_i=2, frags_i=1, warps_j=2, frags_j=2, k_frags=4, vector=16),  # 32 x 64
-    WmmaConfig(warps_i=2, frags_i=1, warps_j=2, frags_j=1, k_frags=4, vector=16),  # 32 x 32
+    WmmaConfig(warps_i=2, frags_i=2, warps_j=2, frags_j=4, k_frags=4, vector=16, intrin="mma"),  # 64 x 128
+    WmmaConfig(warps_i=2, frags_i=4, warps_j=2, frags_j=2, k_frags=4, vector=16, intrin="mma"),  # 128 x 64
+    WmmaConfig(warps_i=2, frags_i=2, warps_j=2, frags_j=2, k_frags=4, vector=16, intrin="mma"),  # 64 x 64
+    WmmaConfig(warps_i=2, frags_i=1, warps_j=2, frags_j=2, k_frags=4, vector=16, intrin="mma"),  # 32 x 64
+    WmmaConfig(warps_i=2, frags_i=1, warps_j=2, frags_j=1, k_frags=4, vector=16, intrin="mma"),  # 32 x 32
 )
+
+#: a tile may pad the output channels (J) up to this factor over J rounded up to 64: a 128-wide tile
+#: doubled the tensor-core work of 64-channel convolutions (ResNet-50's stem and layer 1)
+MAX_J_PADDING = 1.125
 
 
 def int8_config_for(extents, sm_count: int | None, ladder=INT8_TILE_LADDER) -> WmmaConfig:
     """The int8 tile for a GEMM of (I, J, K) ``extents`` (batch dims excluded) on a GPU with
-    ``sm_count`` SMs: the largest tile of ``ladder`` giving at least one thread block per SM, else the
-    one giving the most blocks. Without an SM count, the first tile."""
-    if not sm_count:
-        return ladder[0]
+    ``sm_count`` SMs. Among the tiles of ``ladder`` that pad J by at most :data:`MAX_J_PADDING`: the
+    largest giving at least one thread block per SM, else the one giving the most blocks; without an
+    SM count, the largest."""
     i, j = extents[0], extents[1]
 
-    def blocks(c: WmmaConfig) -> int:
-        ti, tj = 16 * c.warps_i * c.frags_i, 16 * c.warps_j * c.frags_j
-        return -(-i // ti) * -(-j // tj)
+    def width(c: WmmaConfig) -> int:
+        return 16 * c.warps_j * c.frags_j
 
-    for cfg in ladder:
+    def blocks(c: WmmaConfig) -> int:
+        return -(-i // (16 * c.warps_i * c.frags_i)) * -(-j // width(c))
+
+    limit = MAX_J_PADDING * -(-j // 64) * 64
+    fitting = [c for c in ladder if -(-j // width(c)) * width(c) <= limit] or list(ladder)
+    if not sm_count:
+        return fitting[0]
+    for cfg in fitting:
         if blocks(cfg) >= sm_count:
             return cfg
-    return max(ladder, key=blocks)
+    return max(fitting, key=blocks)
+
+
+def _register_int8_mma_intrinsics() -> None:
+    """Register the int8 ldmatrix/mma intrinsics for dynamic shared memory that TVM 0.27 defines only
+    for fp16 (names as ``get_mma_intrin_group`` gives them); idempotent."""
+    from tvm.s_tir import TensorIntrin
+    from tvm.s_tir.tensor_intrin import cuda
+
+    for name, make in (
+        ("mma_ldmatrix_i8_a_dyn", lambda: cuda.get_ldmatrix_intrin(32, "int8", "A", False, "shared.dyn")),
+        ("mma_ldmatrix_i8_b_trans_dyn", lambda: cuda.get_ldmatrix_intrin(32, "int8", "B", True, "shared.dyn")),
+        ("mma_store_16x16_i32_shared_dyn_simple_", lambda: cuda.get_mma_store_intrin("int32", 8, "shared.dyn", False)),
+    ):
+        if TensorIntrin.get(name, allow_missing=True) is None:
+            TensorIntrin.register(name, *make())
+
+
+def _mma_safe_buffer_names(func):
+    """``func`` with its parameters renamed to lowercase where needed, or None when that fails: TVM
+    0.27's ``mma.sync`` codegen fills the operands into its asm template by replacing the letters A-F
+    one after another, so a buffer named like ONNX's ``onnx__Conv_566`` had its "C" replaced by the
+    accumulator's address (the generated CUDA did not compile). Parameter names are internal to the
+    kernel (Relax calls it positionally); renamed through a TVMScript round trip."""
+    import tvm
+
+    names = [p.name for p in func.params if re.search("[A-F]", p.name)]
+    if not names:
+        return func
+    script = func.script()
+    taken = set(re.findall(r"\b\w+\b", script))
+    for name in names:
+        new, n = name.lower(), 0
+        while new in taken:
+            n += 1
+            new = f"{name.lower()}_{n}"
+        taken.add(new)
+        script = re.sub(rf"\b{re.escape(name)}\b", new, script)
+    try:
+        renamed = tvm.script.from_source(script)
+    except Exception:  # not printable/parsable (e.g. omitted metadata): the caller keeps wmma
+        return None
+    if isinstance(renamed, tvm.IRModule):
+        renamed = renamed[renamed.get_global_vars()[0]]
+    return renamed.with_attrs(func.attrs) if func.attrs is not None else renamed
 
 
 def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
-    """dlight's int8 wmma matmul schedule (``MatmulInt8Tensorization``) with its tile as parameters and
-    without software pipelining (which TVM 0.27 cannot lower for wmma fragments). Returns the schedule
-    or None when ``func`` is not an int8 matmul/implicit-GEMM convolution it can tensorize."""
+    """dlight's int8 wmma matmul schedule (``MatmulInt8Tensorization``) with its tile as parameters,
+    without software pipelining (which TVM 0.27 cannot lower for wmma fragments), and with
+    ldmatrix/mma.sync in place of wmma when ``cfg.intrin`` is "mma". Returns the schedule or None when
+    ``func`` is not an int8 matmul/implicit-GEMM convolution it can tensorize."""
     from tvm import s_tir, tirx
     from tvm.s_tir.dlight.analysis import get_root_block
     from tvm.s_tir.dlight.gpu.matmul import (
@@ -149,22 +213,34 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
         get_index_map,
         get_reduction_blocks,
     )
-    from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
+    from tvm.s_tir.tensor_intrin.cuda import get_mma_intrin_group, get_wmma_intrin_group
 
     if not isinstance(func, tirx.PrimFunc) or "dlight.do_not_tensorize" in func.attrs.keys():
         return None
     cfg = cfg or INT8_WMMA
     if cfg.pipeline not in ("", "async"):
         raise ValueError(f"unknown int8 load pipeline '{cfg.pipeline}'; valid: '' (none), 'async'")
+    if cfg.intrin not in ("wmma", "mma"):
+        raise ValueError(f"unknown int8 tensor-core instructions '{cfg.intrin}'; valid: 'wmma', 'mma'")
+    mma = cfg.intrin == "mma"
+    if mma:
+        renamed = _mma_safe_buffer_names(func)
+        if renamed is None:
+            mma, cfg = False, replace(cfg, intrin="wmma")
+        else:
+            func = renamed
+    if mma and cfg.k_frags % 2:
+        raise ValueError(f"mma int8 tiles reduce 32 elements per instruction: k_frags must be even, got {cfg.k_frags}")
     sch = s_tir.Schedule(func)
     blocks = sch.get_child_blocks(get_root_block(sch))
     reduction_blocks = get_reduction_blocks(sch, blocks)
     if reduction_blocks is None:
         return None
     warp_size, micro = 32, 16
+    micro_k = 32 if mma else micro  # mma.m16n8k32 (two per 16x16 output fragment) or wmma 16x16x16
     i_factors = [None, 1, cfg.warps_i, cfg.frags_i]
     j_factors = [1, None, cfg.warps_j, cfg.frags_j]
-    k_factors = [None, cfg.k_frags]
+    k_factors = [None, cfg.k_frags * micro // micro_k]
     num_ty = cfg.warps_i * cfg.warps_j
 
     # C[S, I, J] += A[S, I, K] * B[S, J, K] (convolutions: the input window becomes A by reindexing)
@@ -198,7 +274,7 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
     batch, i, j, k = sch.get_loops(block)
     i, i_inner = sch.split(i, factors=[None, micro])
     j, j_inner = sch.split(j, factors=[None, micro])
-    k, k_inner = sch.split(k, factors=[None, micro])
+    k, k_inner = sch.split(k, factors=[None, micro_k])
     sch.reorder(i, j, k, i_inner, j_inner, k_inner)
     block_inner = block
     block_outer = sch.blockize(i_inner)
@@ -235,13 +311,15 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
     b_g2s = fetch_to_shared(block_outer, 1)
     auto_inline_producers(sch, a_g2s)
     auto_inline_producers(sch, b_g2s)
-    a_mat = sch.cache_read(block_outer, 0, "wmma.matrix_a")
-    b_mat = sch.cache_read(block_outer, 1, "wmma.matrix_b")
+    # registers: wmma fragments, or mma's per-thread "warp" buffers in the ldmatrix/mma.sync layout
+    reg_a, reg_b, reg_c = ("warp",) * 3 if mma else ("wmma.matrix_a", "wmma.matrix_b", "wmma.accumulator")
+    a_mat = sch.cache_read(block_outer, 0, reg_a)
+    b_mat = sch.cache_read(block_outer, 1, reg_b)
     sch.compute_at(a_mat, k1)
     sch.compute_at(b_mat, k1)
     acc_shared = sch.cache_write(block_outer, 0, "shared.dyn")
     sch.storage_align(acc_shared, 0, -2, 16, 4)
-    store = sch.cache_write(block_outer, 0, "wmma.accumulator")
+    store = sch.cache_write(block_outer, 0, reg_c)
     sch.reverse_compute_at(store, thread_idy)
     sch.reverse_compute_at(acc_shared, thread_idy)
     si, sj = sch.get_loops(store)[-2:]
@@ -249,18 +327,42 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
     sj0, sj1 = sch.split(sj, factors=[None, micro])
     sch.reorder(si0, sj0, si1, sj1)
     init = sch.get_child_blocks(sch.decompose_reduction(block_outer, k0))[0]
-    intrin = get_wmma_intrin_group(
-        load_scope=operand_scope, store_scope="shared.dyn", in_dtype="int8", out_dtype="int32", trans_b=True
-    )
+    if mma:
+        _register_int8_mma_intrinsics()
+        intrin = get_mma_intrin_group(operand_scope, "shared.dyn", "int8", "int32", trans_a=False, trans_b=True)
+    else:
+        intrin = get_wmma_intrin_group(
+            load_scope=operand_scope, store_scope="shared.dyn", in_dtype="int8", out_dtype="int32", trans_b=True
+        )
     try:
-        for mat, name in ((a_mat, "load_a"), (b_mat, "load_b")):
+        loads = []
+        for mat in (a_mat, b_mat):  # B is [J, K]: both operand tiles are 16 x micro_k
             li, lj = sch.get_loops(mat)[-2:]
             li0, li1 = sch.split(li, factors=[None, micro])
-            lj0, lj1 = sch.split(lj, factors=[None, micro])
+            lj0, lj1 = sch.split(lj, factors=[None, micro_k])
             sch.reorder(li0, lj0, li1, lj1)
             sch.unroll(li0)
             sch.unroll(lj0)
-            sch.tensorize(li1, intrin[name])
+            loads.append(li1)
+        if mma:
+            from tvm.s_tir.tensor_intrin.cuda import (
+                shared_16x16_to_ldmatrix_32x8_layout,
+                shared_16x32_to_ldmatrix_32x16_layout,
+            )
+
+            def operand_layout(*idx):
+                *lead, r, c = idx
+                return (*lead, r // micro, c // micro_k, *shared_16x32_to_ldmatrix_32x16_layout(r % micro, c % micro_k))
+
+            def acc_layout(*idx):
+                *lead, r, c = idx
+                return (*lead, r // micro, c // micro, *shared_16x16_to_ldmatrix_32x8_layout(r % micro, c % micro))
+
+            sch.transform_layout(a_mat, ("write", 0), operand_layout)
+            sch.transform_layout(b_mat, ("write", 0), operand_layout)
+            sch.transform_layout(store, ("read", 0), acc_layout)
+        sch.tensorize(loads[0], intrin["load_a"])
+        sch.tensorize(loads[1], intrin["load_b"])
         sch.tensorize(sch.get_loops(init)[-2], intrin["init"])
         sch.tensorize(sch.get_loops(store)[-2], intrin["store"])
         sch.tensorize(sch.get_loops(block_inner)[-3], intrin["compute"])
