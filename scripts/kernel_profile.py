@@ -48,7 +48,7 @@ def kernel_traits(mod, tuned: set[str]) -> dict[str, dict]:
             continue
         text = f.script()
         out[gv.name_hint] = {
-            "tensor_cores": bool(re.search(r"tvm_mma_sync|ptx_mma|mma_sync", text)),
+            "tensor_cores": bool(re.search(r"tvm_mma_sync|ptx_mma|ptx_legacy\.mma\(|mma_sync", text)),
             "int8": '"int8"' in text,
             "tuned": gv.name_hint in tuned,
         }
