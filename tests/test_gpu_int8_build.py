@@ -365,3 +365,39 @@ def test_float_depthwise_reads_fp16_only_behind_a_clip(clip_first):
 
     ref = run(clip_to_min_max(_relu6_depthwise(clip_first)))
     np.testing.assert_allclose(run(rewritten), ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
+
+
+@needs_nvrtc
+def test_int8_quantize_epilogue_stores_4_bytes_at_a_time():
+    """The rounding step of an int8 quantize (TIR nearbyint) used to make TVM scalarize the conv
+    epilogue: one byte stored per instruction. It now runs per lane inside the vectorized epilogue."""
+    import re
+
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.build import pass_config, resolve_tvm_target
+    from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.compiler.cuda_pipeline import cuda_pipeline
+    from inferx_edge.targets import get_target
+    from inferx_edge.tune._intrin import import_tensor_intrinsics
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([8, 28, 28, 64], "int8"))
+    w = relax.Var("w", relax.TensorType([256, 1, 1, 64], "int8"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = relax.op.nn.conv2d(x, w, data_layout="NHWC", kernel_layout="OHWI", out_dtype="int32")
+            q = relax.op.round(relax.op.multiply(relax.op.astype(y, "float32"), relax.const(np.float32(0.01))))
+            out = bb.emit_output(relax.op.astype(relax.op.clip(q, -127, 127), "int8"))
+        bb.emit_func_output(out)
+    import_tensor_intrinsics()
+    spec = get_target("h200")
+    target = resolve_tvm_target(spec)
+    with device_compiler(spec, "cubin"), target, pass_config():
+        ex = relax.build(bb.get(), target, relax_pipeline=cuda_pipeline(target, sm_count=spec.sm_count))
+    (cuda,) = [m for m in ex.mod.imports[0].imports if m.kind == "cuda"]
+    source = cuda.inspect_source("cuda")
+    assert re.search(r"\.w = nearbyintf\(", source)  # the rounding, per lane of a float4
+    assert not re.search(r"_s < 4", source)  # no scalarized epilogue loop
+    assert isinstance(tvm.ir.Op.get("tirx.nearbyint").get_attr("TVectorizable"), (bool, int))

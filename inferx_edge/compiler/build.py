@@ -414,6 +414,9 @@ def prepare_module(
     """
     from tvm import relax
 
+    from inferx_edge.compiler.tvm_ops import vectorizable_nearbyint
+
+    vectorizable_nearbyint()
     mod, tuned = imported.mod, None
     if precision == "fp16":
         mod = relax.transform.ToMixedPrecision(out_dtype="float16")(mod)

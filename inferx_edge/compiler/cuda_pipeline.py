@@ -548,6 +548,9 @@ def cuda_pipeline(target, int8_config: WmmaConfig | None = None, sm_count: int |
     from tvm.relax.backend.cuda import pipeline as cuda
     from tvm.s_tir import dlight as dl
 
+    from inferx_edge.compiler.tvm_ops import vectorizable_nearbyint
+
+    vectorizable_nearbyint()
     legalize = [
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),

@@ -85,6 +85,9 @@ class Evaluator:
         import tvm
         from tvm import relax
 
+        from inferx_edge.compiler.tvm_ops import vectorizable_nearbyint
+
+        vectorizable_nearbyint()  # compiled as build compiles int8 kernels
         self.tvm = tvm
         self.eval_set = eval_set
         self.chunk = chunk

@@ -24,6 +24,9 @@ def _build_worker(mod, target, cross_compiler: str | None) -> str:
     import tvm
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
+    from inferx_edge.compiler.tvm_ops import vectorizable_nearbyint
+
+    vectorizable_nearbyint()  # as the build will compile it
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     rt_mod = tvm.compile(mod, target=target)
     path = os.path.join(tempfile.mkdtemp(prefix="inferx_ms_"), "candidate.so")
