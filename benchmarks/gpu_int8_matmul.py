@@ -6,7 +6,9 @@ Tunes in chunks that resume from tuning_logs/<target>/int8_matmul_4096/ (commit 
 with MetaSchedule's "cuda-tensorcore" space (mma instructions), the random cost model (no xgboost on
 the GPU host) and the persistent builder. Then compiles the best record, checks it exactly against
 torch's int32 result, times both with the same method (CUDA events around 50 back-to-back launches),
-and writes a record with the tuning curve (best latency vs trials), plus a PNG of the curve.
+and writes a record with the tuning curve (best latency vs trials), plus a PNG of the curve. The
+same workload with the schedule ``build`` gives an untuned int8 GEMM (``compiler.cuda_pipeline``:
+ldmatrix + mma.sync tile, with and without the cp.async pipeline) is timed alongside.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=None)
     ap.add_argument("--target", default="h200")
     ap.add_argument("--per-iter", type=int, default=32)
+    ap.add_argument("--name", default=None, help="record name (default gpu_int8_matmul_<target>)")
     args = ap.parse_args()
 
     import torch
@@ -161,6 +164,28 @@ def main() -> None:
     tvm_ms = time_cuda(lambda: f(a, b, c))
     torch_ms = time_cuda(lambda: torch._int_mm(ta, tb.t()))
     ops = 2 * N**3
+    untuned = []
+    for pipeline in ("", "async"):
+        from dataclasses import replace
+
+        from inferx_edge.compiler.build import pass_config
+        from inferx_edge.compiler.cuda_pipeline import int8_config_for, int8_wmma_schedule
+
+        cfg = replace(int8_config_for((N, N, N), spec.sm_count), pipeline=pipeline)
+        name = "inferx_edge untuned (build's int8 tile" + (", cp.async)" if pipeline else ")")
+        try:
+            default = int8_wmma_schedule(workload(), target, cfg)
+            with target, pass_config(async_copy=bool(pipeline)):
+                dlib = tvm.compile(default.mod, target=target)
+            c.copyfrom(np.zeros((N, N), np.int32))
+            dlib["main"](a, b, c)
+            d_exact = bool(torch.equal(torch.from_numpy(c.numpy()).cuda(), ref))
+            d_ms = time_cuda(lambda dlib=dlib: dlib["main"](a, b, c))
+            untuned.append({"system": name, "config": cfg.__dict__, "exact": d_exact, "ms": d_ms,
+                            "tops": ops / d_ms / 1e9})  # fmt: skip
+        except Exception as exc:  # record it and go on
+            untuned.append({"system": name, "error": f"{type(exc).__name__}: {exc}"[:400]})
+        print(json.dumps(untuned[-1]), flush=True)
     pts = curve(work_dir)
     rec = {
         "device": torch.cuda.get_device_name(0),
@@ -175,6 +200,7 @@ def main() -> None:
         "results": [
             {"system": "inferx_edge MetaSchedule tuned", "ms": tvm_ms, "tops": ops / tvm_ms / 1e9},
             {"system": "torch._int_mm (cuBLASLt)", "ms": torch_ms, "tops": ops / torch_ms / 1e9},
+            *untuned,
         ],
         "tuned_over_cublaslt_throughput": torch_ms / tvm_ms,
         "curve_trials_best_ms": pts,
@@ -186,8 +212,9 @@ def main() -> None:
         rec["driver"] = pynvml.nvmlSystemGetDriverVersion()
     except Exception:  # NVML missing: keep torch's device name only
         pass
-    path = write_record(f"gpu_int8_matmul_{spec.name}", rec)
-    plot_curve(rec, RESULTS / f"gpu_int8_matmul_{spec.name}.png")
+    name = args.name or f"gpu_int8_matmul_{spec.name}"
+    path = write_record(name, rec)
+    plot_curve(rec, RESULTS / f"{name}.png")
     print(
         f"tuned {tvm_ms:.3f} ms ({ops / tvm_ms / 1e9:.0f} TOPS) vs cuBLASLt {torch_ms:.3f} ms "
         f"({ops / torch_ms / 1e9:.0f} TOPS): {torch_ms / tvm_ms * 100:.0f} %; exact={exact}; wrote {path}"
