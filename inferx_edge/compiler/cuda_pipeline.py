@@ -291,7 +291,7 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
     # Operands and the accumulator tile share one dynamic allocation when nothing is pipelined (as
     # dlight's); pipelined operands go to static shared memory: merged with the int32 tile, TVM 0.27's
     # LowerAccessPtr rejects some small tiles (int8 vs int32 tvm_access_ptr)
-    operand_scope = "shared" if cfg.pipeline else "shared.dyn"
+    operand_scope = "shared" if cfg.pipeline and not mma else "shared.dyn"
 
     def fetch_to_shared(block, idx):
         block_read = sch.cache_read(block, idx, operand_scope)
