@@ -36,6 +36,9 @@ def main() -> None:
     args = ap.parse_args()
     import onnxruntime as ort
 
+    from inferx_edge.runtime._tvm import set_default_cpu_threads
+
+    threads = set_default_cpu_threads()  # as the CLI and the runtime do
     target = host_target_name()
     with np.load(DEFAULT_DATA) as npz:
         images = npz["holdout_images"][:, None].astype(np.float32) / np.float32(255)
@@ -89,7 +92,7 @@ def main() -> None:
             "device": f"CPU ({target})",
             "driver": None,
             "versions": versions("inferx_edge", "apache-tvm", "apache-tvm-ffi", "onnxruntime", "numpy"),
-            "threads": {"tvm": "TVM_NUM_THREADS unset (all cores)", "onnxruntime": "default (all cores)"},
+            "threads": {"tvm": threads, "onnxruntime": "default (intra-op pool: one thread per core)"},
             "results": results,
         },
     )

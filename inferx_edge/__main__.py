@@ -45,6 +45,9 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
+    from inferx_edge.runtime._tvm import set_default_cpu_threads
+
+    set_default_cpu_threads()  # before any TVM CPU work of any command (its pool reads it once)
     try:
         return int(args._run(args) or 0)
     except InferxError as exc:

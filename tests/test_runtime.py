@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -149,3 +150,17 @@ print(json.dumps({{
     assert report["compiler_modules"] == [] and report["inferx_modules"] == []
     # (torch may appear: apache-tvm-ffi itself imports it whenever it is installed)
     assert report["onnx"] is False
+
+
+def test_cpu_threads_default_to_physical_cores_unless_the_user_chose(monkeypatch):
+    from inferx_edge.runtime._tvm import cpu_thread_budget, set_default_cpu_threads
+
+    monkeypatch.delenv("TVM_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert "one per physical core" in set_default_cpu_threads()
+    assert 1 <= int(os.environ["TVM_NUM_THREADS"]) == cpu_thread_budget() <= (os.cpu_count() or 1)
+    monkeypatch.setenv("TVM_NUM_THREADS", "3")
+    assert "set by the user" in set_default_cpu_threads() and os.environ["TVM_NUM_THREADS"] == "3"
+    monkeypatch.delenv("TVM_NUM_THREADS")
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    assert "OMP_NUM_THREADS=5" in set_default_cpu_threads() and "TVM_NUM_THREADS" not in os.environ

@@ -572,6 +572,9 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
     ``spec`` overrides the registry entry named by ``opts.target`` (a derived target, e.g. a device's
     GPU code paired with another host CPU for verification).
     """
+    from inferx_edge.runtime._tvm import set_default_cpu_threads
+
+    set_default_cpu_threads()  # calibration and build-time weight transforms run on this CPU
     import tvm
 
     from inferx_edge.tune import database as tdb

@@ -132,6 +132,10 @@ def tune_model(opts: TuneOptions, log=print) -> TuneSummary:
     work_dir = tdb.model_database_dir(spec, imported, opts.precision, opts.root)
     target = resolve_tvm_target(spec)
     import_tensor_intrinsics()
+    if rpc is None:  # local candidates run with the thread count the runtime will use here
+        from inferx_edge.runtime._tvm import set_default_cpu_threads
+
+        set_default_cpu_threads()
     mod = relax.get_pipeline("zero")(_precision_module(imported, spec, opts, log))
     extracted = ms.relax_integration.extract_tasks(mod, target)
     log(f"[2/4] {len(extracted)} tasks; database {work_dir}")
