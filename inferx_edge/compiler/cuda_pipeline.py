@@ -82,7 +82,7 @@ def _matmul_signature(func) -> tuple[tuple[str, str], list[int]] | None:
 @dataclass(frozen=True)
 class WmmaConfig:
     """Tile shape of :func:`int8_wmma_schedule`: a thread block computes (16*warps_i*frags_i) x
-    (16*warps_j*frags_j) outputs with warps_i*warps_j warps, each warp frags_i x frags_j 16x16 wmma
+    (16*warps_j*frags_j) outputs with warps_i*warps_j warps, each warp frags_i x frags_j 16x16
     fragments; the reduction advances 16*k_frags per shared-memory stage; global loads are ``vector``
     bytes per thread. dlight's values are (4, 2, 4, 2, 1, 4)."""
 
@@ -93,10 +93,14 @@ class WmmaConfig:
     k_frags: int = 1
     vector: int = 4
     #: how global loads overlap the tensor-core math: "" none (load, sync, compute); "async": cp.async
-    #: into double-buffered static shared memory (sm_80+; needs ``pass_config(async_copy=True)``). On an
-    #: H200 async was within +-10 % of "" (benchmarks/results/gpu_conv_int8_h200_b64_pipe.json), and a
-    #: tile whose static plus dynamic shared memory passes 48 KB fails to launch; so not a default.
-    #: (A register-prefetch pipeline built with TVM's software pipelining gave wrong sums: not offered.)
+    #: into double-buffered shared memory (sm_80+; needs ``pass_config(async_copy=True)``). With mma the
+    #: buffers are dynamic shared memory: exact, 0.96-1.31x the synchronous tile per ResNet-50 conv
+    #: shape at batch 64 and 0.84-1.37x at batch 1, 1.38x on a 4096^3 GEMM (H200,
+    #: gpu_conv_int8_h200_b64_async_dyn.json, gpu_int8_matmul_h200_untuned.json); not the default
+    #: until measured end to end. With wmma they are static (merged with the int32 tile, TVM 0.27's
+    #: LowerAccessPtr rejects some small wmma tiles), and a tile whose static plus dynamic shared memory
+    #: passes 48 KB fails to launch. (A register-prefetch pipeline built with TVM's software
+    #: pipelining gave wrong sums with wmma: not offered.)
     pipeline: str = ""
     #: the warp-level instructions: "wmma" (``wmma::load_matrix_sync``/``mma_sync``, 16x16x16) or "mma"
     #: (``ldmatrix`` into registers and ``mma.sync.m16n8k32``: the full-rate int8 instruction; the
@@ -288,9 +292,9 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
     thread_idy = sch.fuse(j2, i2)
     sch.bind(thread_idy, "threadIdx.y")
 
-    # Operands and the accumulator tile share one dynamic allocation when nothing is pipelined (as
-    # dlight's); pipelined operands go to static shared memory: merged with the int32 tile, TVM 0.27's
-    # LowerAccessPtr rejects some small tiles (int8 vs int32 tvm_access_ptr)
+    # Operands and the accumulator tile share one dynamic allocation (as dlight's), except pipelined
+    # wmma operands: merged with the int32 tile, TVM 0.27's LowerAccessPtr rejects some small wmma
+    # tiles (int8 vs int32 tvm_access_ptr); they go to static shared memory
     operand_scope = "shared" if cfg.pipeline and not mma else "shared.dyn"
 
     def fetch_to_shared(block, idx):
