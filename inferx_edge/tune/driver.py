@@ -119,7 +119,7 @@ def tune_model(opts: TuneOptions, log=print) -> TuneSummary:
     from inferx_edge.compiler.build import resolve_tvm_target
     from inferx_edge.tune._intrin import import_tensor_intrinsics
     from inferx_edge.tune.builder import PersistentBuilder
-    from inferx_edge.tune.progress import Progress
+    from inferx_edge.tune.progress import Progress, TimeLimitReached
 
     spec = get_target(opts.target)
     rpc = opts.rpc or rpc_from_config(spec.name)
@@ -192,6 +192,10 @@ def tune_model(opts: TuneOptions, log=print) -> TuneSummary:
                 measure_callbacks=callbacks,
                 task_scheduler="gradient",
             )
+        except (TimeLimitReached, RuntimeError):  # TVM's FFI hands the callback's exception back as RuntimeError
+            if not progress.stopped_by_time:
+                raise
+            # the measured batches are in the database; the summary says the run was cut short
         except KeyboardInterrupt:
             progress.close()  # end the bar before the message
             log("interrupted: every finished trial is in the database; run the same command to continue")

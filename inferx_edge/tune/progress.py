@@ -9,6 +9,13 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
 
+class TimeLimitReached(Exception):
+    """Raised by the measure callback once the wall-clock limit has passed: it unwinds MetaSchedule's
+    task scheduler after the batch's records are in the database (the database callback runs first).
+    Terminating the tasks from the callback instead crashed TVM 0.27's gradient scheduler: it could
+    pick a task it had listed as alive before the callback terminated it (``!task->is_terminated``)."""
+
+
 class Progress:
     def __init__(self, task_names: list[str], before: dict[str, int], budget: int, minutes: float | None) -> None:
         from tqdm import tqdm
@@ -48,11 +55,9 @@ class Progress:
             refresh=False,
         )
         self.bar.update(len(runner_results))
-        if self.deadline and time.time() > self.deadline and not self.stopped_by_time:
+        if self.deadline and time.time() > self.deadline:
             self.stopped_by_time = True
-            for i, record in enumerate(scheduler.tasks_):
-                if not record.is_terminated:  # terminating a finished task again is a TVM error
-                    scheduler.terminate_task(i)
+            raise TimeLimitReached
 
     def close(self) -> None:
         self.bar.close()
