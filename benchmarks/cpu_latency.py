@@ -2,8 +2,8 @@
 
     python -m benchmarks.cpu_latency [--seconds 3] [--batches 1,64]
 
-"tuned" applies the committed database in tuning_logs/x86-cpu/ (made with
-``python -m inferx_edge tune --trials 1400 --input-shape image:B x1x28x28`` with xgboost); "untuned" is TVM's default
+"tuned" applies the committed database in tuning_logs/x86-cpu/ (made with ``python -m inferx_edge tune
+--trials 1400 --minutes 20 --input-shape image:Bx1x28x28``, xgboost, two threads); "untuned" is TVM's default
 schedules. Each system runs warm-up then timed synchronous runs for at least ``--seconds``; we report
 p50/p90 and ratios of p50s measured in this run.
 """
