@@ -164,13 +164,13 @@ def main() -> None:
     tvm_ms = time_cuda(lambda: f(a, b, c))
     torch_ms = time_cuda(lambda: torch._int_mm(ta, tb.t()))
     ops = 2 * N**3
+    from dataclasses import replace
+
+    from inferx_edge.compiler.build import pass_config
+    from inferx_edge.compiler.cuda_pipeline import int8_config_for, int8_wmma_schedule
+
     untuned = []
     for pipeline in ("", "async"):
-        from dataclasses import replace
-
-        from inferx_edge.compiler.build import pass_config
-        from inferx_edge.compiler.cuda_pipeline import int8_config_for, int8_wmma_schedule
-
         cfg = replace(int8_config_for((N, N, N), spec.sm_count), pipeline=pipeline)
         name = "inferx_edge untuned (build's int8 tile" + (", cp.async)" if pipeline else ")")
         try:

@@ -208,6 +208,22 @@ def test_large_elementwise_kernels_are_vectorized():
     assert len(scripts) == 2 and all("T.vectorized(T.int64(4))" in s for s in scripts)
 
 
+def _int8_conv1x1(nhwc: list[int], out_channels: int, epilogue, weight: str = "w"):
+    """A Relax module: NHWC int8 1x1 conv (OHWI int8 weights named ``weight``), int32 result through
+    ``epilogue``."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(nhwc, "int8"))
+    w = relax.Var(weight, relax.TensorType([out_channels, 1, 1, nhwc[-1]], "int8"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = relax.op.nn.conv2d(x, w, data_layout="NHWC", kernel_layout="OHWI", out_dtype="int32")
+            out = bb.emit_output(epilogue(y))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def _nhwc_int8_conv(n: int, hw: int, c: int, o: int, k: int):
     from benchmarks.gpu_conv_int8 import conv_module
 
@@ -245,15 +261,8 @@ def test_int8_mma_kernel_compiles_with_onnx_style_weight_names():
     its name (the CUDA did not compile) until the schedule renamed the kernel's buffers."""
     from tvm import relax
 
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([8, 14, 14, 128], "int8"))
-    w = relax.Var("onnx__Conv_5_int8", relax.TensorType([128, 1, 1, 128], "int8"))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            y = relax.op.nn.conv2d(x, w, data_layout="NHWC", kernel_layout="OHWI", out_dtype="int32")
-            out = bb.emit_output(relax.op.astype(y, "float32"))
-        bb.emit_func_output(out)
-    (script,) = _schedule_and_compile("h200", bb.get())
+    mod = _int8_conv1x1([8, 14, 14, 128], 128, lambda y: relax.op.astype(y, "float32"), weight="onnx__Conv_5_int8")
+    (script,) = _schedule_and_compile("h200", mod)
     assert _int8_tensor_cores(script) and "onnx__conv_5_int8" in script
 
 
@@ -382,20 +391,16 @@ def test_int8_quantize_epilogue_stores_4_bytes_at_a_time():
     from inferx_edge.targets import get_target
     from inferx_edge.tune._intrin import import_tensor_intrinsics
 
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([8, 28, 28, 64], "int8"))
-    w = relax.Var("w", relax.TensorType([256, 1, 1, 64], "int8"))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            y = relax.op.nn.conv2d(x, w, data_layout="NHWC", kernel_layout="OHWI", out_dtype="int32")
-            q = relax.op.round(relax.op.multiply(relax.op.astype(y, "float32"), relax.const(np.float32(0.01))))
-            out = bb.emit_output(relax.op.astype(relax.op.clip(q, -127, 127), "int8"))
-        bb.emit_func_output(out)
+    def quantize(y):
+        q = relax.op.round(relax.op.multiply(relax.op.astype(y, "float32"), relax.const(np.float32(0.01))))
+        return relax.op.astype(relax.op.clip(q, -127, 127), "int8")
+
+    mod = _int8_conv1x1([8, 28, 28, 64], 256, quantize)
     import_tensor_intrinsics()
     spec = get_target("h200")
     target = resolve_tvm_target(spec)
     with device_compiler(spec, "cubin"), target, pass_config():
-        ex = relax.build(bb.get(), target, relax_pipeline=cuda_pipeline(target, sm_count=spec.sm_count))
+        ex = relax.build(mod, target, relax_pipeline=cuda_pipeline(target, sm_count=spec.sm_count))
     (cuda,) = [m for m in ex.mod.imports[0].imports if m.kind == "cuda"]
     source = cuda.inspect_source("cuda")
     assert re.search(r"\.w = nearbyintf\(", source)  # the rounding, per lane of a float4
