@@ -44,27 +44,25 @@ def parse_config(text: str, extents=None, sm_count=None):
 
     from inferx_edge.compiler.cuda_pipeline import WmmaConfig, int8_config_for
 
-    if text.split(".")[0] == "auto":
-        rest = text.split(".")[1:]
-        pipe = [x for x in rest if x not in ("mma", "wmma")]
-        if len(pipe) > 1 or (pipe and pipe[0] != "async"):
-            raise SystemExit(f"bad config '{text}': the pipeline is async (or none)")
-        cfg = int8_config_for(extents or (1 << 20, 1 << 20), sm_count)
-        intrin = next((x for x in rest if x in ("mma", "wmma")), cfg.intrin)
-        return replace(cfg, pipeline=pipe[0] if pipe else "", intrin=intrin)
+    parts = text.split(".")
+    suffixes = [x for x in parts[1:] if x in ("async", "mma", "wmma")]
+    body = [x for x in parts if x not in suffixes]
+    named = [x for x in suffixes if x != "async"]
+    pipeline = "async" if "async" in suffixes else ""
     try:
-        i, j, k, v, *rest = text.split(".")
+        if len(set(suffixes)) < len(suffixes) or len(named) > 1:
+            raise ValueError(text)
+        if body == ["auto"]:
+            cfg = int8_config_for(extents or (1 << 20, 1 << 20), sm_count)
+            return replace(cfg, pipeline=pipeline, intrin=named[0] if named else cfg.intrin)
+        i, j, k, v = body
         wi, fi = (int(x) for x in i.split("x"))
         wj, fj = (int(x) for x in j.split("x"))
-        intrin = "mma" if "mma" in rest else "wmma"
-        pipe = [x for x in rest if x not in ("mma", "wmma")]
-        pipeline = pipe[0] if pipe else ""
-        if len(pipe) > 1 or pipeline not in ("", "async"):
-            raise ValueError(pipeline)
-        return WmmaConfig(wi, fi, wj, fj, int(k.lstrip("k")), int(v.lstrip("v")), pipeline, intrin)
+        return WmmaConfig(wi, fi, wj, fj, int(k.lstrip("k")), int(v.lstrip("v")), pipeline, *named)
     except ValueError:
         raise SystemExit(
-            f"bad config '{text}': expected WIxFI.WJxFJ.kK.vV[.async][.mma], e.g. 4x2.4x2.k1.v4.async"
+            f"bad config '{text}': expected WIxFI.WJxFJ.kK.vV or auto, then [.async][.mma|.wmma], "
+            "e.g. 4x2.4x2.k1.v4.async"
         ) from None
 
 

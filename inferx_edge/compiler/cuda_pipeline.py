@@ -227,14 +227,14 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
     if cfg.intrin not in ("wmma", "mma"):
         raise ValueError(f"unknown int8 tensor-core instructions '{cfg.intrin}'; valid: 'wmma', 'mma'")
     mma = cfg.intrin == "mma"
+    if mma and cfg.k_frags % 2:
+        raise ValueError(f"mma int8 tiles reduce 32 elements per instruction: k_frags must be even, got {cfg.k_frags}")
     if mma:
         renamed = _mma_safe_buffer_names(func)
         if renamed is None:
             mma, cfg = False, replace(cfg, intrin="wmma")
         else:
             func = renamed
-    if mma and cfg.k_frags % 2:
-        raise ValueError(f"mma int8 tiles reduce 32 elements per instruction: k_frags must be even, got {cfg.k_frags}")
     sch = s_tir.Schedule(func)
     blocks = sch.get_child_blocks(get_root_block(sch))
     reduction_blocks = get_reduction_blocks(sch, blocks)

@@ -35,11 +35,11 @@ class Progress:
         @derived_object
         class _Callback(PyMeasureCallback):
             def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
-                progress.update(task_scheduler, task_id, builder_results, runner_results)
+                progress.update(task_id, builder_results, runner_results)
 
         return _Callback()
 
-    def update(self, scheduler, task_id: int, builder_results, runner_results) -> None:
+    def update(self, task_id: int, builder_results, runner_results) -> None:
         name = self.names[task_id]
         for b, r in zip(builder_results, runner_results):
             self.trials += 1
