@@ -285,6 +285,38 @@ def test_int8_activations_use_16_byte_loads_unless_predicated():
     assert "T.vectorized(T.int64(16))" not in padded
 
 
+def test_constant_int8_vectors_are_packed_into_ints():
+    from inferx_edge.compiler.cuda import fix_int8_vector_constants
+
+    zeros = "make_int4(" + ", ".join(["(signed char)0"] * 16) + ")"
+    assert fix_int8_vector_constants(f"v = {zeros};") == "v = make_int4(0, 0, 0, 0);"
+    mixed = "make_int2(" + ", ".join(["(signed char)-1"] * 7 + ["(signed char)3"]) + ")"
+    assert fix_int8_vector_constants(mixed) == "make_int2(-1, 67108863)"  # bytes ff ff ff 03, little-endian
+    assert fix_int8_vector_constants("make_int4(a, b, c, d)") == "make_int4(a, b, c, d)"
+
+
+@needs_nvrtc
+def test_padded_convolution_compiles_with_16_byte_predicated_loads():
+    """A 16-byte load of a padded input takes a 16-lane int8 zero outside the image, which TVM 0.27
+    prints as make_int4 of 16 chars (does not compile) unless the CUDA source is repaired."""
+    from tvm import relax
+
+    from inferx_edge.compiler.build import resolve_tvm_target
+    from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.compiler.cuda_pipeline import INT8_WMMA, cuda_pipeline
+    from inferx_edge.targets import get_target
+    from inferx_edge.tune._intrin import import_tensor_intrinsics
+
+    import_tensor_intrinsics()
+    spec = get_target("h200")
+    target = resolve_tvm_target(spec)
+    cfg = replace(INT8_WMMA, padded_vector=16)
+    with device_compiler(spec, "cubin"), target:
+        ex = relax.build(_nhwc_int8_conv(8, 16, 64, 64, 3), target, relax_pipeline=cuda_pipeline(target, cfg))
+    (cuda,) = [m for m in ex.mod.imports[0].imports if m.kind == "cuda"]
+    assert "int4 condval" in cuda.inspect_source("cuda")  # the predicated 16-byte activation load
+
+
 @needs_nvrtc
 def test_async_copy_pipeline_compiles_to_cp_async():
     import tvm

@@ -31,6 +31,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key", default=None, help="device key registered with the tracker (with --rpc)")
     p.add_argument("--tuning-logs", type=Path, default=None, help="database root (default: tuning_logs/)")
     p.add_argument(
+        "--search",
+        default="metaschedule",
+        choices=["metaschedule", "int8-tiles"],
+        help="metaschedule: MetaSchedule's schedule space for every kernel (default); int8-tiles (CUDA, "
+        "int8/mixed): every candidate tile of build's int8 tensor-core schedule, each kernel measured on the GPU",
+    )
+    p.add_argument(
         "--prune", action="store_true", help="after tuning keep only the best record per kernel (small, for committing)"
     )
 
@@ -60,7 +67,14 @@ def run(args: argparse.Namespace) -> int:
         calib_method=args.calib_method,
         quant_plan=args.quant_plan,
         float_between_layers=args.float_between_layers,
+        search=args.search,
     )
+    if opts.search == "int8-tiles":
+        from inferx_edge.tune.driver import tune_int8_tiles
+        from inferx_edge.tune.tiles import print_tile_summary
+
+        print_tile_summary(tune_int8_tiles(opts))
+        return 0
     summary = tune_model(opts)
     print_summary(summary)
     if args.prune:

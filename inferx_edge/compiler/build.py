@@ -131,10 +131,12 @@ def _linker(spec: TargetSpec):
     return cc.cross_compiler(spec.cross_compiler)
 
 
-def apply_tuning(mod, target, work_dir: Path) -> tuple[Any, int, int]:
-    """Legalize + fuse, then give each kernel the best schedule ``work_dir``'s database holds.
+def apply_tuning(mod, target, work_dir: Path) -> tuple[Any, int, int, int]:
+    """Legalize + fuse, then give each kernel the best schedule ``work_dir``'s MetaSchedule database
+    holds, and each int8 tensor-core kernel without one the tile its int8 tile records name
+    (:mod:`inferx_edge.tune.tiles`).
 
-    Returns the module and (kernels tuned, kernels in total).
+    Returns the module and (kernels with a tuned schedule, kernels with a recorded tile, kernels in total).
     """
     import tvm
     from tvm import relax
@@ -142,17 +144,20 @@ def apply_tuning(mod, target, work_dir: Path) -> tuple[Any, int, int]:
 
     from inferx_edge.tune import database as tdb
     from inferx_edge.tune._intrin import import_tensor_intrinsics
+    from inferx_edge.tune.tiles import annotate_int8_tiles
 
-    import_tensor_intrinsics()  # traces may replay tensorize steps
     mod = relax.get_pipeline("zero")(mod)
-    # Read a snapshot: a tuning run may be appending to the database right now (a torn last line).
-    with tempfile.TemporaryDirectory(prefix="inferx_edge-db-") as snap:
-        tdb.snapshot(work_dir, Path(snap))
-        with target, ms.database.JSONDatabase(work_dir=snap):
-            mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
+    if tdb.has_database(work_dir):
+        import_tensor_intrinsics()  # traces may replay tensorize steps
+        # Read a snapshot: a tuning run may be appending to the database right now (a torn last line).
+        with tempfile.TemporaryDirectory(prefix="inferx_edge-db-") as snap:
+            tdb.snapshot(work_dir, Path(snap))
+            with target, ms.database.JSONDatabase(work_dir=snap):
+                mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
+    mod, tiled = annotate_int8_tiles(mod, work_dir)
     funcs = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     tuned = sum(1 for f in funcs if f.attrs is not None and "tirx.is_scheduled" in f.attrs)
-    return mod, tuned, len(funcs)
+    return mod, tuned, tiled, len(funcs)
 
 
 def conv_layout(spec: TargetSpec, precision: str) -> str:
@@ -425,8 +430,8 @@ def prepare_module(
         mod = fp16_bounded_depthwise(mod)
     mod, names, arrays = bake_weight_transforms(mod, list(imported.params) if bake else None, log)
     if tuning_dir is not None:
-        mod, n_tuned, n_total = apply_tuning(mod, target, tuning_dir)
-        tuned = {"database": str(tuning_dir), "kernels_tuned": n_tuned, "kernels": n_total}
+        mod, n_tuned, n_tiled, n_total = apply_tuning(mod, target, tuning_dir)
+        tuned = {"database": str(tuning_dir), "kernels_tuned": n_tuned, "int8_tiles": n_tiled, "kernels": n_total}
     return mod, tuned, (names, arrays)
 
 
@@ -640,8 +645,9 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
             if info["tuning"]:
                 t = info["tuning"]
                 log(
-                    f"      tuning database {tuning_dir}: {t['kernels_tuned']} of {t['kernels']} kernels tuned, "
-                    f"the rest default schedules"
+                    f"      tuning database {tuning_dir}: {t['kernels_tuned']} of {t['kernels']} kernels tuned"
+                    + (f", {t['int8_tiles']} int8 kernels with measured tiles" if t["int8_tiles"] else "")
+                    + ", the rest default schedules"
                 )
             else:
                 log(
@@ -659,7 +665,7 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
                     params=tuple(names),
                     inputs=imported.inputs,
                     outputs=imported.outputs,
-                    tuned=bool(info["tuning"] and info["tuning"]["kernels_tuned"]),
+                    tuned=bool(info["tuning"] and (info["tuning"]["kernels_tuned"] or info["tuning"]["int8_tiles"])),
                     extra=({"tuning": info["tuning"]} if info["tuning"] else {})
                     | ({"cuda_graph": True} if info["cuda_graph"] else {})
                     | {"conv_layout": info["conv_layout"]}

@@ -255,6 +255,30 @@ def nvcc_compile(nvcc: Nvcc, code: str, arch: str, fmt: str) -> bytes:
         return out.read_bytes()
 
 
+_CHAR = r"\(\(?signed char\)\s*(-?\d+)\)?"
+_PACKED_CHARS = re.compile(r"make_int([24])\(\s*(" + _CHAR + r"(?:\s*,\s*" + _CHAR + r")*)\s*\)")
+
+
+def fix_int8_vector_constants(code: str) -> str:
+    """Repair TVM 0.27's CUDA codegen for constant int8 vectors of 8 and 16 lanes: it prints
+    ``make_int4((signed char)0, ... 16 values)`` (e.g. the zero a padded convolution's 16-byte activation
+    load takes outside the image), which does not compile. Each group of 4 chars becomes the int holding
+    those bytes (little-endian), so the vector keeps its bits."""
+
+    def packed(m: re.Match) -> str:
+        n = int(m.group(1))
+        values = [int(v) for v in re.findall(_CHAR, m.group(2))]
+        if len(values) != 4 * n:
+            return m.group(0)
+        words = []
+        for i in range(0, len(values), 4):
+            word = sum((v & 0xFF) << (8 * k) for k, v in enumerate(values[i : i + 4]))
+            words.append(str(word - (1 << 32) if word >= 1 << 31 else word))
+        return f"make_int{n}({', '.join(words)})"
+
+    return _PACKED_CHARS.sub(packed, code)
+
+
 def compiler_errors(log: str, limit: int = 4000) -> str:
     """The error messages of a CUDA compiler log (each with the two lines that follow it: the source
     line and its caret), without the warnings that bury them; the log's tail when none is marked."""
@@ -300,7 +324,7 @@ def device_compiler(spec: TargetSpec, fmt: str):
         if dump:
             Path(dump).mkdir(parents=True, exist_ok=True)
             (Path(dump) / f"kernels_{os.getpid()}_{len(calls)}.cu").write_text(str(code))
-        return bytearray(compile_fn(tool, str(code), arch, fmt))
+        return bytearray(compile_fn(tool, fix_int8_vector_constants(str(code)), arch, fmt))
 
     previous = tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True)
     tvm_ffi.register_global_func("tvm_callback_cuda_compile", compile_cuda, override=True)

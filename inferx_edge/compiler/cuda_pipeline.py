@@ -106,6 +106,56 @@ class WmmaConfig:
     #: (``ldmatrix`` into registers and ``mma.sync.m16n8k32``: the full-rate int8 instruction; the
     #: stage depth 16*k_frags must then be a multiple of 32)
     intrin: str = "wmma"
+    #: bytes per activation load where the load is predicated (the tile pads rows or depth, or the
+    #: convolution pads its input): 4 by default; 8 and 16 compile since
+    #: :func:`~inferx_edge.compiler.cuda.fix_int8_vector_constants` repairs TVM's constant int8 vectors
+    padded_vector: int = 4
+
+    def text(self) -> str:
+        """``WIxFI.WJxFJ.kK.vV[.pP][.async].mma|.wmma``, the form :meth:`parse` reads (tuning records,
+        benchmark configs)."""
+        parts = [
+            f"{self.warps_i}x{self.frags_i}",
+            f"{self.warps_j}x{self.frags_j}",
+            f"k{self.k_frags}",
+            f"v{self.vector}",
+        ]
+        if self.padded_vector != 4:
+            parts.append(f"p{self.padded_vector}")
+        if self.pipeline:
+            parts.append(self.pipeline)
+        return ".".join(parts + [self.intrin])
+
+    @classmethod
+    def parse(cls, text: str) -> WmmaConfig:
+        """The config :meth:`text` wrote (suffixes in any order; without .mma/.wmma: wmma); ValueError
+        naming the expected form otherwise."""
+        parts = text.split(".")
+        try:
+            i, j, k, v, *rest = parts
+            wi, fi = (int(x) for x in i.split("x"))
+            wj, fj = (int(x) for x in j.split("x"))
+            if k[:1] != "k" or v[:1] != "v":
+                raise ValueError
+            kw = {"pipeline": "", "intrin": "wmma", "padded_vector": 4}
+            seen = set()
+            for x in rest:
+                key = "pipeline" if x == "async" else "intrin" if x in ("mma", "wmma") else "padded_vector"
+                if key in seen or (key == "padded_vector" and x[:1] != "p"):
+                    raise ValueError
+                seen.add(key)
+                kw[key] = int(x[1:]) if key == "padded_vector" else x
+            cfg = cls(wi, fi, wj, fj, int(k[1:]), int(v[1:]), **kw)
+        except ValueError:
+            raise ValueError(
+                f"bad int8 tile '{text}': expected WIxFI.WJxFJ.kK.vV[.pP][.async][.mma|.wmma], "
+                "e.g. 2x4.2x4.k4.v16.async.mma"
+            ) from None
+        if min(cfg.warps_i, cfg.frags_i, cfg.warps_j, cfg.frags_j, cfg.k_frags) < 1:
+            raise ValueError(f"bad int8 tile '{text}': warps, fragments and k must be positive")
+        if cfg.vector not in (1, 2, 4, 8, 16) or cfg.padded_vector not in (1, 2, 4, 8, 16):
+            raise ValueError(f"bad int8 tile '{text}': load widths are 1, 2, 4, 8 or 16 bytes")
+        return cfg
 
 
 #: the tile int8 tensor-core kernels get: 2x2 warps of 4x4 16x16 fragments (128x128 outputs per block,
@@ -263,15 +313,14 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
     tile = [1, micro * cfg.warps_i * cfg.frags_i, micro * cfg.warps_j * cfg.frags_j, micro * cfg.k_frags]
     extents = [iv.dom.extent for iv in sch.get(main_block).iter_vars]
 
-    # ``cfg.vector``-byte loads for A (activations) unless it is predicated: where the tile pads the
-    # GEMM (rows I or depth K) or the convolution pads its input (TVM 0.27 emits a malformed make_int4
-    # for predicated 8- and 16-byte int8 loads). B (weights) keeps 4-byte loads: wider ones miscompile
-    # for matmul weights ("Cannot convert type int32x16").
+    # ``cfg.vector``-byte loads for A (activations), ``cfg.padded_vector`` where they are predicated:
+    # where the tile pads the GEMM (rows I or depth K) or the convolution pads its input. B (weights)
+    # keeps 4-byte loads: wider ones miscompile for matmul weights ("Cannot convert type int32x16").
     def ragged(*axes):
         return any(not isinstance(extents[a], tirx.expr.IntImm) or int(extents[a].value) % tile[a] for a in axes)
 
     pad_a = ragged(1, 3) or "if_then_else" in func.script()
-    vectors = (min(cfg.vector, 4) if pad_a else cfg.vector, min(cfg.vector, 4))
+    vectors = (min(cfg.vector, cfg.padded_vector) if pad_a else cfg.vector, min(cfg.vector, 4))
     sch.pad_einsum(main_block, tile)
 
     block = main_block
@@ -384,10 +433,67 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
     return sch
 
 
+#: PrimFunc attribute naming the tile a kernel was measured fastest with (``WmmaConfig.text``), set
+#: from a tuning database (:func:`inferx_edge.tune.tiles.annotate_int8_tiles`)
+TILE_ATTR = "inferx.int8_tile"
+
+
+def _recorded_tile(func) -> WmmaConfig | None:
+    text = func.attrs.get(TILE_ATTR) if func.attrs is not None else None
+    return WmmaConfig.parse(str(text)) if text is not None else None
+
+
+def int8_gemm_extents(func) -> list[int] | None:
+    """(I, J, K) of ``func`` when :func:`int8_safe_matmul_rule` puts it on int8 tensor cores (an int8 ->
+    int32 matmul or implicit-GEMM convolution large enough), else None."""
+    sig = _matmul_signature(func)
+    if sig is None or sig[0] != _INT8:
+        return None
+    extents = sig[1]
+    if extents[0] < MIN_INT8_ROWS or any(e < MIN_TENSORIZE_DIM for e in extents[1:]):
+        return None
+    return extents
+
+
+def int8_tile_candidates(
+    extents, sm_count: int | None, padded: bool = True, ladder=INT8_TILE_LADDER
+) -> list[WmmaConfig]:
+    """The tiles a tile search measures for a GEMM of (I, J, K) ``extents``, the default
+    (:func:`int8_config_for`) first: the tiles of ``ladder`` that pad J by at most
+    :data:`MAX_J_PADDING`, give at least a quarter of a block per SM and are at least a quarter of the
+    default's area (or are the default), the two largest of them also with 128-deep reduction stages;
+    each synchronous and with the cp.async pipeline, and where activation loads are predicated
+    (``padded``) with 4- and 16-byte loads."""
+    i, j, k = extents[0], extents[1], extents[2]
+    default = int8_config_for(extents, sm_count, ladder)
+
+    def rows(c):
+        return 16 * c.warps_i * c.frags_i
+
+    def cols(c):
+        return 16 * c.warps_j * c.frags_j
+
+    limit = MAX_J_PADDING * -(-j // 64) * 64
+    tiles = [c for c in ladder if -(-j // cols(c)) * cols(c) <= limit] or list(ladder)
+    tiles = [c for c in tiles if c == default or 4 * rows(c) * cols(c) >= rows(default) * cols(default)]
+    if sm_count:
+        tiles = [c for c in tiles if c == default or 4 * -(-i // rows(c)) * -(-j // cols(c)) >= sm_count]
+    if k >= 256:
+        tiles += [replace(c, k_frags=2 * c.k_frags) for c in tiles[:2]]
+    out = [default]
+    for tile in tiles:
+        for pipeline in ("", "async"):
+            for width in (4, 16) if padded else (4,):
+                cfg = replace(tile, pipeline=pipeline, padded_vector=width)
+                if cfg not in out:
+                    out.append(cfg)
+    return out
+
+
 def int8_safe_matmul_rule(int8_config: WmmaConfig | None = None, sm_count: int | None = None):
     """A dlight rule: int8 and fp16 tensor-core matmuls without software pipelining, else dlight's Matmul.
-    ``int8_config``: one int8 tile for every kernel; by default each kernel gets
-    :func:`int8_config_for` its shape and ``sm_count``."""
+    ``int8_config``: one int8 tile for every kernel; by default each kernel gets the tile recorded in
+    its :data:`TILE_ATTR` (a tuning database's), else :func:`int8_config_for` its shape and ``sm_count``."""
     from tvm.s_tir import dlight as dl
     from tvm.s_tir.dlight.gpu import matmul as dl_matmul
 
@@ -404,7 +510,7 @@ def int8_safe_matmul_rule(int8_config: WmmaConfig | None = None, sm_count: int |
                     min_rows = MIN_INT8_ROWS if dtypes == _INT8 else MIN_TENSORIZE_DIM
                     if extents[0] >= min_rows and all(e >= MIN_TENSORIZE_DIM for e in extents[1:]):
                         if dtypes == _INT8:  # built without software pipelining
-                            cfg = int8_config or int8_config_for(extents, sm_count)
+                            cfg = int8_config or _recorded_tile(func) or int8_config_for(extents, sm_count)
                             sch = int8_wmma_schedule(func, target, cfg)
                         else:
                             sch = dl_matmul.MatmulTensorization().apply(func, target, tunable)

@@ -75,9 +75,12 @@ def model_database_dir(spec, imported, precision: str, root: Path | None = None)
 
 
 def find_database(spec, imported, precision: str, root: Path | None = None) -> Path | None:
-    """The database :func:`model_database_dir` names, when it holds one (else None)."""
+    """The database :func:`model_database_dir` names, when it holds MetaSchedule records or int8 tile
+    records (:mod:`inferx_edge.tune.tiles`) (else None)."""
+    from inferx_edge.tune.tiles import has_tiles
+
     work_dir = model_database_dir(spec, imported, precision, root)
-    return work_dir if has_database(work_dir) else None
+    return work_dir if has_database(work_dir) or has_tiles(work_dir) else None
 
 
 def has_database(work_dir: Path) -> bool:

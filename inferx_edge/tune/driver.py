@@ -22,6 +22,10 @@ from inferx_edge.targets import get_target
 from inferx_edge.tune import database as tdb
 from inferx_edge.tune.runners import RPCSettings, check_local_measurement, rpc_from_config
 
+#: what ``tune`` searches: MetaSchedule's schedule space for every kernel, or (CUDA int8/mixed) the int8
+#: tensor-core tiles of build's own schedule, kernel by kernel (:mod:`inferx_edge.tune.tiles`)
+SEARCHES = ("metaschedule", "int8-tiles")
+
 
 @dataclass(frozen=True)
 class TuneOptions:
@@ -39,6 +43,8 @@ class TuneOptions:
     per_iter : candidates measured per round of a task.
     rpc : measure on a remote device instead of this machine.
     root : directory holding databases (default ``tuning_logs/``).
+    search : one of :data:`SEARCHES`; with "int8-tiles", ``trials``/``trials_per_task``/``per_iter``
+        do not apply (every candidate tile of every kernel is measured once).
     """
 
     model: Path
@@ -56,12 +62,22 @@ class TuneOptions:
     calib_method: str = "entropy"
     quant_plan: Path | None = None
     float_between_layers: bool = False
+    search: str = "metaschedule"
 
     def __post_init__(self) -> None:
         from inferx_edge.compiler.build import PRECISIONS
 
         if self.precision not in PRECISIONS:
             raise UsageError(f"unknown precision '{self.precision}'; valid: {', '.join(PRECISIONS)}")
+        if self.search not in SEARCHES:
+            raise UsageError(f"unknown search '{self.search}'; valid: {', '.join(SEARCHES)}")
+        if self.search == "int8-tiles":
+            spec = get_target(self.target)
+            if not spec.is_cuda or self.precision not in ("int8", "mixed"):
+                raise UsageError(
+                    f"--search int8-tiles measures int8 tensor-core tiles: it needs a CUDA target and "
+                    f"--precision int8 or mixed (got {self.target}, {self.precision}); use --search metaschedule"
+                )
         if self.trials <= 0:
             raise UsageError(f"--trials must be positive, got {self.trials}")
         if self.minutes is not None and self.minutes <= 0:
@@ -110,6 +126,27 @@ def cost_model_name() -> str:
     except ImportError:
         return "random"
     return "xgb"
+
+
+def tune_int8_tiles(opts: TuneOptions, log=print):
+    """``tune --search int8-tiles``: the kernels build compiles for ``opts``, their tiles measured on the
+    GPU (local or ``opts.rpc``); returns a :class:`~inferx_edge.tune.tiles.TileSearchSummary`."""
+    from tvm import relax
+
+    from inferx_edge.tune.tiles import search_int8_tiles
+
+    spec = get_target(opts.target)
+    rpc = opts.rpc or rpc_from_config(spec.name)
+    if rpc is None:
+        check_local_measurement(spec)
+    log(f"[1/4] importing {opts.model}")
+    imported = import_model(opts.model, opts.input_shapes)
+    work_dir = tdb.model_database_dir(spec, imported, opts.precision, opts.root)
+    mod = relax.get_pipeline("zero")(_precision_module(imported, spec, opts, log))
+    log(f"[2/4] database {work_dir}")
+    summary = search_int8_tiles(mod, spec, work_dir, minutes=opts.minutes, rpc=rpc, log=log)
+    log(f"[4/4] done in {summary.seconds:.0f} s; 'build' applies the recorded tiles")
+    return summary
 
 
 def tune_model(opts: TuneOptions, log=print) -> TuneSummary:

@@ -1,0 +1,427 @@
+"""``tune --search int8-tiles``: measure the int8 tensor-core tiles of a CUDA model kernel by kernel.
+
+Build schedules every int8 GEMM and implicit-GEMM convolution with
+:func:`~inferx_edge.compiler.cuda_pipeline.int8_wmma_schedule`, its tile picked by a rule
+(:func:`~inferx_edge.compiler.cuda_pipeline.int8_config_for`). This search compiles each kernel with
+every candidate tile (:func:`~inferx_edge.compiler.cuda_pipeline.int8_tile_candidates`: tile sizes,
+cp.async pipeline, 128-deep stages, 16-byte predicated loads), runs them on the GPU, keeps the fastest
+whose outputs equal the default tile's, and records it in ``int8_tiles.json`` beside the model's
+MetaSchedule database. ``build`` reads the file and gives each kernel its recorded tile.
+
+Kernels are grouped by *tile key*: the kernel's TIR with its name, parameter names and float
+constants (quantization scales) blanked, so the convolutions of a network that differ only in their
+scales are measured once, and a re-calibrated model keeps its tiles. Groups are written as they finish
+(atomically, under the database's lock): an interrupted search keeps every finished group and the next
+run measures only what is missing.
+
+Candidates compile in a pool of worker processes (scheduling and CUDA compilation, the slow part) while
+this process times them on the GPU, one at a time, with TVM's time evaluator (median of repeats).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from inferx_edge.errors import UsageError
+from inferx_edge.package.atomic import atomic_write
+
+TILES_FILE = "int8_tiles.json"
+FORMAT = 1
+
+
+def tile_key(func) -> str:
+    """A name for what decides a kernel's best tile: its TIR without the kernel's name, its parameter
+    names and its float constants (16 hex digits)."""
+    text = "\n".join(line for line in func.script().splitlines() if not line.lstrip().startswith("#"))
+    sig = re.search(r"def (\w+)\((.*?)\):\n", text, re.S)
+    if sig:
+        names = [sig.group(1)] + re.findall(r"(\w+): T\.(?:Buffer|handle)", sig.group(2))
+        for n, name in enumerate(names):
+            text = re.sub(rf"\b{re.escape(name)}\b", f"__p{n}__", text)
+    text = re.sub(r"T\.float(16|32|64)\([^()]*\)", r"T.float\1(c)", text)
+    text = re.sub(r"(?<![\w.])(?:\d+\.\d*|\d+(?=e[-+]?\d))(?:e[-+]?\d+)?", "c", text)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass
+class TileGroup:
+    """Kernels sharing a tile key: one is measured, all get its tile."""
+
+    key: str
+    extents: list[int]
+    padded: bool
+    func: object  # the first kernel's PrimFunc
+    kernels: list[str] = field(default_factory=list)
+
+
+def int8_tile_groups(mod) -> list[TileGroup]:
+    """The int8 tensor-core kernels of a legalized, fused module (not yet scheduled), by tile key, in
+    module order."""
+    import tvm
+
+    from inferx_edge.compiler.cuda_pipeline import int8_gemm_extents
+
+    groups: dict[str, TileGroup] = {}
+    for gv, func in mod.functions_items():
+        if not isinstance(func, tvm.tirx.PrimFunc) or (func.attrs is not None and "tirx.is_scheduled" in func.attrs):
+            continue
+        extents = int8_gemm_extents(func)
+        if extents is None:
+            continue
+        key = tile_key(func)
+        if key not in groups:
+            padded = "if_then_else" in func.script() or extents[0] % 16 != 0 or extents[2] % 64 != 0
+            groups[key] = TileGroup(key, list(extents), padded, func)
+        groups[key].kernels.append(gv.name_hint)
+    return list(groups.values())
+
+
+def load_tiles(work_dir: Path, warn=lambda m: print(f"warning: {m}", file=sys.stderr)) -> dict:
+    """The tile records of a database directory ({} when there are none). A file that does not parse
+    is moved aside to ``int8_tiles.json.corrupt`` with a warning (its groups are measured again)."""
+    path = work_dir / TILES_FILE
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("groups"), dict):
+            raise ValueError(f"not an int8 tile file of format {FORMAT}")
+    except ValueError as exc:
+        aside = path.with_name(TILES_FILE + ".corrupt")
+        path.replace(aside)
+        warn(f"{path}: unreadable ({exc}); moved to {aside.name}, its kernels will be measured again")
+        return {}
+    return data
+
+
+def has_tiles(work_dir: Path) -> bool:
+    return (work_dir / TILES_FILE).exists()
+
+
+def save_tiles(work_dir: Path, data: dict) -> None:
+    with atomic_write(work_dir / TILES_FILE, "w") as f:
+        f.write(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def annotate_int8_tiles(mod, work_dir: Path) -> tuple[object, int]:
+    """Give each int8 tensor-core kernel of ``mod`` (legalized and fused) the tile ``work_dir`` records
+    for its tile key (when the recorded GEMM extents match); returns the module and how many kernels
+    got one."""
+    from inferx_edge.compiler.cuda_pipeline import TILE_ATTR, WmmaConfig
+
+    groups = load_tiles(work_dir).get("groups", {})
+    if not groups:
+        return mod, 0
+    done = 0
+    for group in int8_tile_groups(mod):
+        rec = groups.get(group.key)
+        if not rec or not rec.get("best") or rec.get("extents") != group.extents:
+            continue
+        WmmaConfig.parse(rec["best"])  # a bad record fails here, naming the file's text
+        for name in group.kernels:
+            gv = mod.get_global_var(name)
+            mod[gv] = mod[gv].with_attr(TILE_ATTR, rec["best"])
+            done += 1
+    return mod, done
+
+
+# --------------------------------------------------------------------------------------------------
+# the search
+
+
+def _compile_candidate(func, cfg_text: str, target, spec_name: str, cross_compiler: str | None) -> str | None:
+    """Runs in a pool worker: schedule ``func`` with the tile, compile it, export a shared library.
+    Returns its path, or None when the tile does not apply to the kernel."""
+    import tempfile
+
+    import tvm
+
+    from inferx_edge.compiler.build import pass_config
+    from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.compiler.cuda_pipeline import WmmaConfig, int8_wmma_schedule
+    from inferx_edge.compiler.tvm_ops import vectorizable_nearbyint
+    from inferx_edge.targets import get_target
+    from inferx_edge.tune._intrin import import_tensor_intrinsics
+
+    import_tensor_intrinsics()
+    vectorizable_nearbyint()
+    sch = int8_wmma_schedule(func, target, WmmaConfig.parse(cfg_text))
+    if sch is None:
+        return None
+    kernel = sch.mod["main"].with_attr("global_symbol", "main")  # exported: callable from the library
+    with device_compiler(get_target(spec_name), "cubin"), target, pass_config(async_copy=True):
+        lib = tvm.compile(tvm.IRModule({"main": kernel}), target=target)
+    path = os.path.join(tempfile.mkdtemp(prefix="inferx_tile_"), "kernel.so")
+    if cross_compiler:
+        from tvm.support import cc
+
+        lib.export_library(path, fcompile=cc.cross_compiler(cross_compiler))
+    else:
+        lib.export_library(path)
+    return path
+
+
+class _GPU:
+    dev = None
+
+    def load(self, path: str):
+        raise NotImplementedError
+
+    def measure(self, path: str, host_args: list[np.ndarray], repeat: int, min_repeat_ms: int):
+        """(median seconds, every argument after one call) of the library's kernel on ``host_args``."""
+        import tvm
+
+        lib = self.load(path)
+        args = [tvm.runtime.tensor(a, self.dev) for a in host_args]
+        lib["main"](*args)
+        self.dev.sync()
+        after = [a.numpy() for a in args]
+        timer = lib.time_evaluator("main", self.dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)
+        return float(np.median(timer(*args).results)), after
+
+    def close(self) -> None:
+        pass
+
+
+class LocalGPU(_GPU):
+    """Candidates run on this host's GPU 0."""
+
+    def __init__(self) -> None:
+        import tvm
+
+        self.dev = tvm.cuda(0)
+        if not self.dev.exist:
+            raise UsageError("tune --search int8-tiles measures on a CUDA GPU and this host has none; use --rpc")
+        self.name = str(self.dev.device_name)
+
+    def load(self, path: str):
+        import tvm
+
+        return tvm.runtime.load_module(path)
+
+
+class RemoteGPU(_GPU):
+    """Candidates run on GPU 0 of a device behind a TVM RPC tracker (libraries uploaded one by one)."""
+
+    def __init__(self, rpc) -> None:
+        from tvm import rpc as tvm_rpc
+
+        self.session = tvm_rpc.connect_tracker(rpc.host, rpc.port).request(rpc.key, session_timeout=600)
+        self.dev = self.session.cuda(0)
+        self.name = f"{rpc.key} via {rpc.host}:{rpc.port}"
+        self.uploaded = 0
+
+    def load(self, path: str):
+        self.uploaded += 1
+        name = f"inferx_tile_{os.getpid()}_{self.uploaded}.so"
+        self.session.upload(path, name)
+        return self.session.load_module(name)
+
+    def close(self) -> None:
+        self.session = None
+
+
+def _random_args(func, seed: int) -> list[np.ndarray]:
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for info in ArgInfo.from_prim_func(func):
+        shape, dtype = [int(d) for d in info.shape], str(info.dtype)
+        if dtype.startswith("int") or dtype.startswith("uint"):
+            bound = 127 if dtype in ("int8", "uint8") else 1000
+            out.append(rng.integers(-bound if dtype.startswith("int") else 0, bound + 1, shape).astype(dtype))
+        else:
+            out.append(rng.uniform(0.5, 1.5, shape).astype(dtype))
+    return out
+
+
+def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    for x, y in zip(a, b):
+        if x.dtype.kind == "f":
+            if not np.allclose(x, y, rtol=1e-5, atol=1e-6, equal_nan=True):
+                return False
+        elif not np.array_equal(x, y):
+            return False
+    return True
+
+
+@dataclass
+class TileSearchSummary:
+    work_dir: Path
+    groups: list[dict]
+    measured_now: int
+    candidates_run: int
+    seconds: float
+    stopped_by_time: bool = False
+
+
+def search_int8_tiles(
+    mod,
+    spec,
+    work_dir: Path,
+    minutes: float | None = None,
+    rpc=None,
+    gpu: _GPU | None = None,
+    workers: int | None = None,
+    repeat: int = 7,
+    min_repeat_ms: int = 10,
+    log=print,
+) -> TileSearchSummary:
+    """Measure every candidate tile of each int8 kernel group of ``mod`` (legalized and fused) that
+    ``work_dir`` does not record yet; record each group's fastest correct tile as it finishes.
+    Candidates run on ``gpu``, by default this host's GPU or the one behind ``rpc``."""
+    import platform
+
+    from tvm.support.popen_pool import PopenPoolExecutor
+
+    from inferx_edge.compiler.build import resolve_tvm_target
+    from inferx_edge.compiler.cuda_pipeline import int8_tile_candidates
+    from inferx_edge.tune import database as tdb
+
+    target = resolve_tvm_target(spec)
+    groups = int8_tile_groups(mod)
+    if not groups:
+        raise UsageError(
+            f"the model has no int8 tensor-core kernels for {spec.name}; the int8-tiles search is for "
+            f"CUDA int8/mixed variants"
+        )
+    t0 = time.time()
+    deadline = t0 + 60 * minutes if minutes else math.inf
+    with tdb.locked(work_dir):
+        data = load_tiles(work_dir) or {"format": FORMAT, "target": spec.name, "groups": {}}
+        todo = [g for g in groups if not data["groups"].get(g.key, {}).get("best")]
+        kernels = sum(len(g.kernels) for g in groups)
+        log(
+            f"[3/4] int8 tiles: {len(groups)} kernel groups ({kernels} kernels); {len(groups) - len(todo)} "
+            f"recorded in {work_dir / TILES_FILE}, {len(todo)} to measure"
+        )
+        if not todo:
+            return TileSearchSummary(work_dir, _rows(groups, data), 0, 0, 0.0)
+        gpu = gpu or (RemoteGPU(rpc) if rpc else LocalGPU())
+        data["device"] = gpu.name
+        cross = spec.cross_compiler if platform.machine() != spec.host_arch else None
+        plans = [(g, int8_tile_candidates(g.extents, spec.sm_count, g.padded)) for g in todo]
+        n_workers = workers or max(1, (os.cpu_count() or 2) - 1)
+        pool = PopenPoolExecutor(max_workers=n_workers, timeout=300, maximum_process_uses=64)
+        log(f"      {sum(len(c) for _, c in plans)} candidates, compiled by {n_workers} workers, run on {gpu.name}")
+        futures = [
+            [pool.submit(_compile_candidate, g.func, c.text(), target, spec.name, cross) for c in cands]
+            for g, cands in plans
+        ]
+        measured, run, stopped = 0, 0, False
+        try:
+            for n, ((group, cands), futs) in enumerate(zip(plans, futures), 1):
+                if time.time() > deadline:
+                    stopped = True
+                    break
+                rec = _measure_group(group, cands, futs, gpu, repeat, min_repeat_ms)
+                run += len(rec["us"])
+                data["groups"][group.key] = rec
+                save_tiles(work_dir, data)
+                measured += 1
+                best, default = rec.get("best"), rec["default"]
+                gain = (
+                    f"{rec['us'][best]:.1f} us, {rec['us'][default] / rec['us'][best]:.2f}x the default {default}"
+                    if best and rec["us"].get(default)
+                    else (
+                        f"{rec['us'][best]:.1f} us"
+                        if best
+                        else "no candidate ran: " + "; ".join(rec["errors"].values())[:300]
+                    )
+                )
+                log(
+                    f"      [{n}/{len(plans)}] {'x'.join(map(str, group.extents))} ({len(group.kernels)} kernel"
+                    f"{'s' if len(group.kernels) > 1 else ''}): {best or '-'} {gain}  [{time.time() - t0:.0f} s]"
+                )
+        except KeyboardInterrupt:
+            log(f"interrupted: {measured} groups recorded in {work_dir / TILES_FILE}; run the same command to continue")
+            raise
+        finally:
+            pool.shutdown()
+            gpu.close()
+    if stopped:
+        log(f"      stopped at the time limit: {measured} groups measured this run, {len(todo) - measured} left")
+    return TileSearchSummary(work_dir, _rows(groups, data), measured, run, time.time() - t0, stopped)
+
+
+def _measure_group(group: TileGroup, cands, futs, gpu, repeat: int, min_repeat_ms: int) -> dict:
+    """Time each compiled candidate; the default (first) gives the reference outputs."""
+    host_args = _random_args(group.func, seed=0)
+    rec = {"kernels": group.kernels, "extents": group.extents, "default": cands[0].text(), "us": {}, "errors": {}}
+    reference = None
+    for cfg, fut in zip(cands, futs):
+        text = cfg.text()
+        try:
+            path = fut.result()
+            if path is None:
+                rec["errors"][text] = "tile does not apply to this kernel"
+                continue
+            seconds, after = gpu.measure(path, host_args, repeat, min_repeat_ms)
+        except Exception as exc:  # a candidate that fails to compile or run is recorded, not fatal
+            rec["errors"][text] = (
+                f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''}"
+            )
+            continue
+        if reference is None:
+            if text != rec["default"]:
+                rec["errors"]["reference"] = "the default tile failed; outputs compared with the first that ran"
+            reference = after
+        elif not _same(after, reference):
+            rec["errors"][text] = "outputs differ from the default tile's"
+            continue
+        rec["us"][text] = round(seconds * 1e6, 3)
+    if rec["us"]:
+        rec["best"] = min(rec["us"], key=rec["us"].get)
+    return rec
+
+
+def _rows(groups: list[TileGroup], data: dict) -> list[dict]:
+    rows = []
+    for g in groups:
+        rec = data["groups"].get(g.key, {})
+        us = rec.get("us", {})
+        best = rec.get("best")
+        rows.append(
+            {
+                "group": g.key,
+                "extents": g.extents,
+                "kernels": len(g.kernels),
+                "best": best,
+                "best_us": us.get(best) if best else None,
+                "default_us": us.get(rec.get("default")),
+            }
+        )
+    return rows
+
+
+def print_tile_summary(summary: TileSearchSummary, out=sys.stdout) -> None:
+    print(f"{'GEMM (I x J x K)':24s} {'kernels':>7s} {'default':>10s} {'best':>10s}  tile", file=out)
+    default_sum = best_sum = 0.0
+    for r in summary.groups:
+        d, b = r["default_us"], r["best_us"]
+        if d and b:
+            default_sum += d * r["kernels"]
+            best_sum += b * r["kernels"]
+        print(
+            f"{'x'.join(map(str, r['extents'])):24s} {r['kernels']:7d} "
+            f"{(f'{d:.1f} us' if d else '-'):>10s} {(f'{b:.1f} us' if b else '-'):>10s}  {r['best'] or 'unmeasured'}",
+            file=out,
+        )
+    if best_sum:
+        print(
+            f"sum over measured kernels: {default_sum:.1f} us with the default tiles, {best_sum:.1f} us with the "
+            f"recorded ones ({default_sum / best_sum:.2f}x); {summary.measured_now} groups measured this run, "
+            f"{summary.candidates_run} candidates in {summary.seconds:.0f} s",
+            file=out,
+        )

@@ -1,0 +1,179 @@
+"""int8 tensor-core tile search (``tune --search int8-tiles``): tile texts, kernel grouping, the tile
+file (written as groups finish, resumed, repaired) and build applying it. Measuring needs a GPU; here a
+fake one times the really compiled candidates (the H200 runs are in benchmarks/results)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from inferx_edge.compiler.cuda_pipeline import INT8_TILE_LADDER, INT8_WMMA, WmmaConfig, int8_tile_candidates
+from tests.test_cross_targets import needs_nvrtc
+
+
+def test_tile_text_round_trips_and_bad_text_names_the_form():
+    for cfg in INT8_TILE_LADDER + (replace(INT8_WMMA, pipeline="async", padded_vector=16), WmmaConfig()):
+        assert WmmaConfig.parse(cfg.text()) == cfg
+    assert WmmaConfig.parse("2x4.2x4.k4.v16.async.mma") == replace(INT8_WMMA, pipeline="async")
+    for bad in ("2x4.2x4.k4", "2x4.2x4.k4.v16.mma.mma", "2x4.2x4.k4.v16.fast", "2x4.2x4.k4.v3.mma", "0x4.2x4.k4.v16"):
+        with pytest.raises(ValueError, match="int8 tile"):
+            WmmaConfig.parse(bad)
+
+
+def test_candidates_start_with_the_default_and_vary_what_the_kernel_can_use():
+    from inferx_edge.compiler.cuda_pipeline import int8_config_for
+
+    extents = (64 * 14 * 14, 256, 2304)  # ResNet-50 layer 3, 3x3, batch 64
+    cands = int8_tile_candidates(extents, 132, padded=True)
+    assert cands[0] == int8_config_for(extents, 132) and len(set(cands)) == len(cands)
+    assert {c.pipeline for c in cands} == {"", "async"} and {c.padded_vector for c in cands} == {4, 16}
+    assert any(c.k_frags == 8 for c in cands)  # deeper stages where K allows
+    unpadded = int8_tile_candidates(extents, 132, padded=False)
+    assert {c.padded_vector for c in unpadded} == {4} and len(unpadded) < len(cands)
+    # nothing smaller than a quarter of the default tile on a large GEMM
+    assert all(16 * c.warps_i * c.frags_i * 16 * c.warps_j * c.frags_j >= 128 * 128 // 4 for c in cands)
+
+
+def _quantized_conv(scale: float, weight: str = "w", hw: int = 14, c: int = 128, k: int = 3):
+    """NHWC int8 conv -> int32 -> float scale -> int8 quantize, as the int8 variants fuse it."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([8, hw, hw, c], "int8"))
+    w = relax.Var(weight, relax.TensorType([c, k, k, c], "int8"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = relax.op.nn.conv2d(
+                x, w, padding=[k // 2] * 4, data_layout="NHWC", kernel_layout="OHWI", out_dtype="int32"
+            )  # fmt: skip
+            y = relax.op.multiply(relax.op.astype(y, "float32"), relax.const(np.float32(scale)))
+            y = relax.op.astype(relax.op.clip(relax.op.round(y), -128, 127), "int8")
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _fused(mod):
+    from tvm import relax
+
+    return relax.get_pipeline("zero")(mod)
+
+
+def test_kernels_differing_only_in_scales_or_names_share_a_tile_key():
+    from inferx_edge.tune.tiles import int8_tile_groups
+
+    (a,) = int8_tile_groups(_fused(_quantized_conv(0.01)))
+    (b,) = int8_tile_groups(_fused(_quantized_conv(0.37, weight="onnx__Conv_566")))
+    (c,) = int8_tile_groups(_fused(_quantized_conv(0.01, k=1)))
+    assert a.key == b.key != c.key
+    assert a.extents == [8 * 14 * 14, 128, 9 * 128] and a.padded and not c.padded
+
+
+def _record(work_dir, mod, best: str, extents=None):
+    from inferx_edge.tune.tiles import FORMAT, TILES_FILE, int8_tile_groups
+
+    (g,) = int8_tile_groups(mod)
+    rec = {"kernels": g.kernels, "extents": extents or g.extents, "default": INT8_WMMA.text(), "us": {best: 1.0}}
+    work_dir.mkdir(parents=True, exist_ok=True)
+    (work_dir / TILES_FILE).write_text(json.dumps({"format": FORMAT, "groups": {g.key: rec | {"best": best}}}))
+
+
+@needs_nvrtc
+def test_build_gives_each_kernel_its_recorded_tile(tmp_path):
+    import tvm
+
+    from inferx_edge.compiler.build import apply_tuning, resolve_tvm_target
+    from inferx_edge.compiler.cuda_pipeline import TILE_ATTR, cuda_pipeline
+    from inferx_edge.targets import get_target
+    from inferx_edge.tune._intrin import import_tensor_intrinsics
+
+    import_tensor_intrinsics()
+    spec = get_target("h200")
+    target = resolve_tvm_target(spec)
+    recorded = "2x1.2x2.k8.v16.async.mma"  # 32 x 64, far from the rule's 64 x 128 pick for this shape
+    _record(tmp_path, _fused(_quantized_conv(0.01)), recorded)
+    mod, tuned, tiled, _ = apply_tuning(_quantized_conv(0.5, weight="onnx__Conv_1"), target, tmp_path)
+    assert (tuned, tiled) == (0, 1)
+    (func,) = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and TILE_ATTR in f.attrs]
+    assert func.attrs[TILE_ATTR] == recorded
+    with target:
+        scheduled = cuda_pipeline(target, sm_count=spec.sm_count)(mod)
+    (script,) = [f.script() for _, f in scheduled.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert 'T.thread_binding(T.int64(2), thread="blockIdx.y")' in script  # 128 output channels / 64
+    assert "software_pipeline_async_stages" in script
+    # a record for other extents (a different model's kernel with the same key cannot be) is ignored
+    _record(tmp_path, _fused(_quantized_conv(0.01)), recorded, extents=[1, 2, 3])
+    assert apply_tuning(_quantized_conv(0.5), target, tmp_path)[2] == 0
+
+
+class FakeGPU:
+    """Times candidates without a GPU: the n-th measured takes 100 - n us; the third returns different
+    outputs; ``stop_at`` raises KeyboardInterrupt at that measurement."""
+
+    name = "fake"
+
+    def __init__(self, stop_at: int | None = None):
+        self.calls, self.stop_at = 0, stop_at
+
+    def measure(self, path, host_args, repeat, min_repeat_ms):
+        self.calls += 1
+        if self.calls == self.stop_at:
+            raise KeyboardInterrupt
+        after = [a.copy() for a in host_args]
+        if self.calls == 3:
+            after[-1] = after[-1] + np.ones_like(after[-1])
+        return (100 - self.calls) * 1e-6, after
+
+    def close(self):
+        pass
+
+
+@needs_nvrtc
+def test_search_records_the_fastest_correct_tile_and_resumes(tmp_path):
+    from inferx_edge.targets import get_target
+    from inferx_edge.tune.tiles import TILES_FILE, int8_tile_groups, load_tiles, search_int8_tiles
+
+    spec = get_target("h200")
+    mod = _fused(_quantized_conv(0.01))
+    mod2 = _fused(_quantized_conv(0.01, k=1))
+    # two groups in one module: the 3x3 and the 1x1 conv
+    mod["conv1x1"] = next(f for gv, f in mod2.functions_items() if gv.name_hint != "main")
+    (g3, g1) = int8_tile_groups(mod)  # measured in this order
+    assert {g3.extents[2], g1.extents[2]} == {128, 9 * 128}
+    # interrupted while measuring the second group: the first is kept
+    n3 = len(int8_tile_candidates(g3.extents, spec.sm_count, g3.padded))
+    with pytest.raises(KeyboardInterrupt):
+        search_int8_tiles(mod, spec, tmp_path, gpu=FakeGPU(stop_at=n3 + 2), workers=2, log=lambda *a: None)
+    groups = load_tiles(tmp_path)["groups"]
+    assert list(groups) == [g3.key]
+    rec = groups[g3.key]
+    assert rec["default"] == int8_tile_candidates(g3.extents, spec.sm_count)[0].text()
+    assert "outputs differ" in " ".join(rec["errors"].values())
+    assert rec["best"] == min(rec["us"], key=rec["us"].get) and len(rec["us"]) == n3 - 1
+    # the next run measures only the missing group; a third one measures nothing
+    gpu = FakeGPU()
+    summary = search_int8_tiles(mod, spec, tmp_path, gpu=gpu, workers=2, log=lambda *a: None)
+    assert summary.measured_now == 1 and set(load_tiles(tmp_path)["groups"]) == {g3.key, g1.key}
+    assert all(r["best_us"] for r in summary.groups)
+    assert search_int8_tiles(mod, spec, tmp_path, gpu=FakeGPU(), log=lambda *a: None).measured_now == 0
+    # a corrupt file is moved aside with a warning, not fatal, and measured again
+    (tmp_path / TILES_FILE).write_text('{"format": 1, "groups": {')
+    warnings = []
+    assert load_tiles(tmp_path, warn=warnings.append) == {} and warnings
+    assert (tmp_path / (TILES_FILE + ".corrupt")).exists()
+
+
+def test_tile_search_needs_a_cuda_int8_variant():
+    from inferx_edge.cli._common import DEFAULT_MODEL
+    from inferx_edge.errors import UsageError
+    from inferx_edge.tune import TuneOptions
+
+    with pytest.raises(UsageError, match="CUDA target and --precision int8"):
+        TuneOptions(model=DEFAULT_MODEL, target="x86-cpu", precision="int8", search="int8-tiles")
+    with pytest.raises(UsageError, match="CUDA target and --precision int8"):
+        TuneOptions(model=DEFAULT_MODEL, target="h200", precision="fp16", search="int8-tiles")
+    with pytest.raises(UsageError, match="valid: metaschedule, int8-tiles"):
+        TuneOptions(model=DEFAULT_MODEL, target="h200", precision="int8", search="random")
