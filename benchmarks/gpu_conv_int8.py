@@ -4,7 +4,7 @@
 
     python -m benchmarks.gpu_conv_int8 --out DIR [--configs 4x2.4x2.k1.v4,4x2.4x2.k4.v16] [--batch 64]
 
-Shapes: ResNet-50's convolutions (NHWC activations, OHWI weights, as inferx_edge's CUDA int8 variants
+Shapes: ResNet-50's convolutions and MobileNetV2's narrow pointwise ones (NHWC activations, OHWI weights, as inferx_edge's CUDA int8 variants
 run them). Each kernel is checked exactly against a float64 convolution of the same int8 values, then
 timed (p50 of synchronous calls); TOPS = 2 * MACs / p50. A config is "WIxFI.WJxFJ.kK.vV[.P][.mma]" (warps
 and 16x16 fragments per warp along I and J, 16*K reduction elements per stage, V-byte global loads, P the
@@ -24,7 +24,7 @@ import numpy as np
 
 from benchmarks._record import versions, write_record
 
-#: (name, H=W of the input, C in, O out, kernel, stride) of ResNet-50 convolutions
+#: (name, H=W of the input, C in, O out, kernel, stride) of ResNet-50 and MobileNetV2 convolutions
 SHAPES = [
     ("l1.1x1.256-64", 56, 256, 64, 1, 1),
     ("l1.3x3.64-64", 56, 64, 64, 3, 1),
@@ -35,6 +35,12 @@ SHAPES = [
     ("l3.1x1.256-1024", 14, 256, 1024, 1, 1),
     ("l4.3x3.512-512", 7, 512, 512, 3, 1),
     ("l4.1x1.2048-512", 7, 2048, 512, 1, 1),
+    # MobileNetV2's narrow pointwise convolutions (16-32 channels in or out)
+    ("mb.1x1.32-16", 112, 32, 16, 1, 1),
+    ("mb.1x1.16-96", 112, 16, 96, 1, 1),
+    ("mb.1x1.144-24", 56, 144, 24, 1, 1),
+    ("mb.1x1.24-144", 56, 24, 144, 1, 1),
+    ("mb.1x1.192-32", 28, 192, 32, 1, 1),
 ]
 
 

@@ -254,6 +254,28 @@ def test_int8_tile_does_not_double_64_output_channels():
     assert int8_config_for((64 * 7 * 7, 576, 96), None) == INT8_WMMA  # 640 for 576: within 1/8
 
 
+def test_narrow_int8_gemms_get_narrow_tiles_and_shallow_stages():
+    """MobileNetV2's 16-32-channel pointwise convolutions: tensor cores with 16- or 32-column tiles and
+    32-deep stages for K <= 32, instead of CUDA cores."""
+    from inferx_edge.compiler.cuda_pipeline import int8_config_for
+
+    def tile(c):
+        return 16 * c.warps_i * c.frags_i, 16 * c.warps_j * c.frags_j, 16 * c.k_frags
+
+    assert tile(int8_config_for((64 * 56 * 56, 24, 144), 132)) == (128, 32, 64)  # project 144 -> 24
+    assert tile(int8_config_for((64 * 112 * 112, 16, 32), 132)) == (128, 16, 32)  # project 32 -> 16
+    assert tile(int8_config_for((64 * 56 * 56, 144, 24), 132))[1:] == (64, 32)  # expand 24 -> 144
+    assert tile(int8_config_for((64 * 14 * 14, 48, 576), 132))[1] == 16  # 48 = 3 x 16, not 64
+    assert tile(int8_config_for((64 * 56 * 56, 64, 576), 132))[1] == 64  # 64 channels as before
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("c,o", [(144, 24), (24, 144), (32, 16)])
+def test_narrow_int8_convolutions_run_on_tensor_cores(c, o):
+    (script,) = _schedule_and_compile("h200", _nhwc_int8_conv(8, 28, c, o, 1))
+    assert _int8_tensor_cores(script)
+
+
 @needs_nvrtc
 def test_int8_mma_kernel_compiles_with_onnx_style_weight_names():
     """TVM 0.27's mma.sync codegen substitutes the letters A-F of its asm template one after another:

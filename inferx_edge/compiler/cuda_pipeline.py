@@ -34,9 +34,13 @@ _PIPELINE_KEYS = ("software_pipeline_order", "software_pipeline_stage", "softwar
 #: ResNet-50's 64-channel convs on CUDA-core int8: about a quarter of its int8 batch-64 time on an H200)
 MIN_TENSORIZE_DIM = 64
 #: int8 GEMMs take tensor cores from this many rows (output pixels) when J and K reach
-#: :data:`MIN_TENSORIZE_DIM`: small row counts get a small tile (:data:`INT8_TILE_LADDER`); batch-1
+#: :data:`MIN_INT8_DIM`: small row counts get a small tile (:data:`INT8_TILE_LADDER`); batch-1
 #: ResNet-50's last convolutions (49 rows) otherwise ran on CUDA cores
 MIN_INT8_ROWS = 16
+#: int8 GEMMs take tensor cores from this many output channels (J) and reduction elements (K): narrow
+#: tiles (16 and 32 columns, :data:`INT8_NARROW_TILES`) and 32-deep stages keep the padding small.
+#: MobileNetV2's 16-32-channel pointwise convolutions ran on CUDA cores (64 was the floor).
+MIN_INT8_DIM = 16
 
 
 def sm_version(target) -> int:
@@ -182,9 +186,25 @@ INT8_TILE_LADDER = (
     WmmaConfig(warps_i=2, frags_i=1, warps_j=2, frags_j=1, k_frags=4, vector=16, intrin="mma"),  # 32 x 32
 )
 
-#: a tile may pad the output channels (J) up to this factor over J rounded up to 64: a 128-wide tile
-#: doubled the tensor-core work of 64-channel convolutions (ResNet-50's stem and layer 1)
+#: tiles for GEMMs with fewer than 64 output channels (J): 128 rows by 32 or 16 columns, 4 warps
+INT8_NARROW_TILES = (
+    WmmaConfig(warps_i=2, frags_i=4, warps_j=2, frags_j=1, k_frags=4, vector=16, intrin="mma"),  # 128 x 32
+    WmmaConfig(warps_i=4, frags_i=2, warps_j=1, frags_j=1, k_frags=4, vector=16, intrin="mma"),  # 128 x 16
+)
+
+#: a tile may pad the output channels (J) up to this factor over J rounded up to 64 (to 16 below 64
+#: channels): a 128-wide tile doubled the tensor-core work of 64-channel convolutions (ResNet-50's stem
+#: and layer 1)
 MAX_J_PADDING = 1.125
+
+
+def _j_limit(j: int) -> float:
+    return MAX_J_PADDING * (-(-j // 64) * 64 if j >= 64 else -(-j // 16) * 16)
+
+
+def _stage_depth(cfg: WmmaConfig, k: int) -> WmmaConfig:
+    """32-deep reduction stages for K <= 32 (a 64-deep stage would be mostly padding)."""
+    return replace(cfg, k_frags=2) if k <= 32 and cfg.intrin == "mma" and cfg.k_frags > 2 else cfg
 
 
 def int8_config_for(extents, sm_count: int | None, ladder=INT8_TILE_LADDER) -> WmmaConfig:
@@ -193,6 +213,7 @@ def int8_config_for(extents, sm_count: int | None, ladder=INT8_TILE_LADDER) -> W
     largest giving at least one thread block per SM, else the one giving the most blocks; without an
     SM count, the largest."""
     i, j = extents[0], extents[1]
+    k = extents[2] if len(extents) > 2 else 1 << 20
 
     def width(c: WmmaConfig) -> int:
         return 16 * c.warps_j * c.frags_j
@@ -200,14 +221,15 @@ def int8_config_for(extents, sm_count: int | None, ladder=INT8_TILE_LADDER) -> W
     def blocks(c: WmmaConfig) -> int:
         return -(-i // (16 * c.warps_i * c.frags_i)) * -(-j // width(c))
 
-    limit = MAX_J_PADDING * -(-j // 64) * 64
-    fitting = [c for c in ladder if -(-j // width(c)) * width(c) <= limit] or list(ladder)
+    if j < 64 and ladder is INT8_TILE_LADDER:
+        ladder = INT8_NARROW_TILES + ladder
+    fitting = [c for c in ladder if -(-j // width(c)) * width(c) <= _j_limit(j)] or list(ladder)
     if not sm_count:
-        return fitting[0]
+        return _stage_depth(fitting[0], k)
     for cfg in fitting:
         if blocks(cfg) >= sm_count:
-            return cfg
-    return max(fitting, key=blocks)
+            return _stage_depth(cfg, k)
+    return _stage_depth(max(fitting, key=blocks), k)
 
 
 def _register_int8_mma_intrinsics() -> None:
@@ -450,7 +472,7 @@ def int8_gemm_extents(func) -> list[int] | None:
     if sig is None or sig[0] != _INT8:
         return None
     extents = sig[1]
-    if extents[0] < MIN_INT8_ROWS or any(e < MIN_TENSORIZE_DIM for e in extents[1:]):
+    if extents[0] < MIN_INT8_ROWS or any(e < MIN_INT8_DIM for e in extents[1:]):
         return None
     return extents
 
@@ -459,8 +481,8 @@ def int8_tile_candidates(
     extents, sm_count: int | None, padded: bool = True, ladder=INT8_TILE_LADDER
 ) -> list[WmmaConfig]:
     """The tiles a tile search measures for a GEMM of (I, J, K) ``extents``, the default
-    (:func:`int8_config_for`) first: the tiles of ``ladder`` that pad J by at most
-    :data:`MAX_J_PADDING`, give at least a quarter of a block per SM and are at least a quarter of the
+    (:func:`int8_config_for`) first: the tiles of ``ladder`` (and :data:`INT8_NARROW_TILES` below 64
+    output channels) that pad J by at most :data:`MAX_J_PADDING`, give at least a quarter of a block per SM and are at least a quarter of the
     default's area (or are the default), the two largest of them also with 128-deep reduction stages;
     each synchronous and with the cp.async pipeline, and where activation loads are predicated
     (``padded``) with 4- and 16-byte loads."""
@@ -473,8 +495,10 @@ def int8_tile_candidates(
     def cols(c):
         return 16 * c.warps_j * c.frags_j
 
-    limit = MAX_J_PADDING * -(-j // 64) * 64
-    tiles = [c for c in ladder if -(-j // cols(c)) * cols(c) <= limit] or list(ladder)
+    if j < 64 and ladder is INT8_TILE_LADDER:
+        ladder = INT8_NARROW_TILES + ladder
+    tiles = [c for c in ladder if -(-j // cols(c)) * cols(c) <= _j_limit(j)] or list(ladder)
+    tiles = [_stage_depth(c, k) for c in tiles]
     tiles = [c for c in tiles if c == default or 4 * rows(c) * cols(c) >= rows(default) * cols(default)]
     if sm_count:
         tiles = [c for c in tiles if c == default or 4 * -(-i // rows(c)) * -(-j // cols(c)) >= sm_count]
@@ -507,8 +531,8 @@ def int8_safe_matmul_rule(int8_config: WmmaConfig | None = None, sm_count: int |
                 sig = _matmul_signature(func)
                 if sig is not None and sig[0] in _TENSOR_CORE_DTYPES:
                     dtypes, extents = sig
-                    min_rows = MIN_INT8_ROWS if dtypes == _INT8 else MIN_TENSORIZE_DIM
-                    if extents[0] >= min_rows and all(e >= MIN_TENSORIZE_DIM for e in extents[1:]):
+                    min_rows, min_dim = (MIN_INT8_ROWS, MIN_INT8_DIM) if dtypes == _INT8 else (MIN_TENSORIZE_DIM,) * 2
+                    if extents[0] >= min_rows and all(e >= min_dim for e in extents[1:]):
                         if dtypes == _INT8:  # built without software pipelining
                             cfg = int8_config or _recorded_tile(func) or int8_config_for(extents, sm_count)
                             sch = int8_wmma_schedule(func, target, cfg)
