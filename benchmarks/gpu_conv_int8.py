@@ -6,10 +6,12 @@
 
 Shapes: ResNet-50's convolutions and MobileNetV2's narrow pointwise ones (NHWC activations, OHWI weights, as inferx_edge's CUDA int8 variants
 run them). Each kernel is checked exactly against a float64 convolution of the same int8 values, then
-timed (p50 of synchronous calls); TOPS = 2 * MACs / p50. A config is "WIxFI.WJxFJ.kK.vV[.P][.mma]" (warps
-and 16x16 fragments per warp along I and J, 16*K reduction elements per stage, V-byte global loads, P the
-load pipeline: async; mma: ldmatrix + mma.sync instead of wmma), or "auto[.P][.mma|.wmma]": the tile
-``build`` picks for the shape and the GPU's SMs (with its instructions unless one is named).
+timed (p50 of synchronous calls); TOPS = 2 * MACs / p50. A config is "WIxFI.WJxFJ.kK.vV[.pP][.async]
+[.mma|.wmma]" (warps and 16x16 fragments per warp along I and J, 16*K reduction elements per stage, V-byte
+global loads, P-byte predicated activation loads, the cp.async pipeline, ldmatrix + mma.sync or wmma), or
+"auto[.async][.mma|.wmma]": the tile ``build`` picks for the shape and the GPU's SMs (with its
+instructions unless one is named). Records up to gpu_conv_int8_h200_b64_narrow.json picked "auto" from
+(I, J) only: 64-deep stages where build uses 32 for K <= 32.
 """
 
 from __future__ import annotations
@@ -45,31 +47,24 @@ SHAPES = [
 
 
 def parse_config(text: str, extents=None, sm_count=None):
-    """A :class:`WmmaConfig` from its text; "auto[.P]" needs the GEMM ``extents`` (I, J) and ``sm_count``."""
+    """A :class:`WmmaConfig` from its text (``WmmaConfig.parse``), or "auto[.async][.mma|.wmma]": the
+    tile ``build`` picks for the GEMM ``extents`` (I, J, K) and ``sm_count``."""
     from dataclasses import replace
 
     from inferx_edge.compiler.cuda_pipeline import WmmaConfig, int8_config_for
 
     parts = text.split(".")
-    suffixes = [x for x in parts[1:] if x in ("async", "mma", "wmma")]
-    body = [x for x in parts if x not in suffixes]
-    named = [x for x in suffixes if x != "async"]
-    pipeline = "async" if "async" in suffixes else ""
-    try:
-        if len(set(suffixes)) < len(suffixes) or len(named) > 1:
-            raise ValueError(text)
-        if body == ["auto"]:
-            cfg = int8_config_for(extents or (1 << 20, 1 << 20), sm_count)
-            return replace(cfg, pipeline=pipeline, intrin=named[0] if named else cfg.intrin)
-        i, j, k, v = body
-        wi, fi = (int(x) for x in i.split("x"))
-        wj, fj = (int(x) for x in j.split("x"))
-        return WmmaConfig(wi, fi, wj, fj, int(k.lstrip("k")), int(v.lstrip("v")), pipeline, *named)
-    except ValueError:
-        raise SystemExit(
-            f"bad config '{text}': expected WIxFI.WJxFJ.kK.vV or auto, then [.async][.mma|.wmma], "
-            "e.g. 4x2.4x2.k1.v4.async"
-        ) from None
+    if parts[0] != "auto":
+        try:
+            return WmmaConfig.parse(text)
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
+    suffixes = parts[1:]
+    named = [x for x in suffixes if x in ("mma", "wmma")]
+    if len(set(suffixes)) < len(suffixes) or len(named) > 1 or set(suffixes) - {"async", "mma", "wmma"}:
+        raise SystemExit(f"bad config '{text}': expected auto[.async][.mma|.wmma] or WIxFI.WJxFJ.kK.vV[...]")
+    cfg = int8_config_for(extents or (1 << 20, 1 << 20, 1 << 20), sm_count)
+    return replace(cfg, pipeline="async" if "async" in suffixes else "", intrin=named[0] if named else cfg.intrin)
 
 
 def _driver() -> str | None:
@@ -166,7 +161,7 @@ def main() -> None:
         results.append(row | {"tops": 2 * macs / (s.p50_ms * 1e-3) / 1e12})
         print(json.dumps(results[-1]), flush=True)
         for text in args.configs.split(","):
-            cfg = parse_config(text, (n * out_hw * out_hw, o), spec.sm_count)
+            cfg = parse_config(text, (n * out_hw * out_hw, o, c * k * k), spec.sm_count)
             row = {"shape": shape_name, "system": f"inferx int8 wmma {text}", "config": cfg.__dict__}
             t0 = time.time()
             try:

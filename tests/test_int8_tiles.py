@@ -177,3 +177,14 @@ def test_tile_search_needs_a_cuda_int8_variant():
         TuneOptions(model=DEFAULT_MODEL, target="h200", precision="fp16", search="int8-tiles")
     with pytest.raises(UsageError, match="valid: metaschedule, int8-tiles"):
         TuneOptions(model=DEFAULT_MODEL, target="h200", precision="int8", search="random")
+
+
+def test_benchmark_configs_are_tile_texts_or_builds_pick():
+    from benchmarks.gpu_conv_int8 import parse_config
+
+    assert parse_config("2x4.2x4.k4.v16.async.mma") == replace(INT8_WMMA, pipeline="async")
+    auto = parse_config("auto.async", (64 * 56 * 56, 144, 24), 132)  # K = 24: 32-deep stages, as build
+    assert auto.pipeline == "async" and auto.k_frags == 2
+    for bad in ("auto.fast", "auto.mma.wmma", "2x4.2x4"):
+        with pytest.raises(SystemExit):
+            parse_config(bad)

@@ -178,8 +178,11 @@ def test_jetson_without_device_names_both_ways(tmp_path):
     assert r.returncode == 2
     assert "cannot tune for jetson-agx-orin-64gb here" in r.stderr
     assert "rpc_server --tracker" in r.stderr and "--rpc THIS_HOST:9190" in r.stderr
+    assert "--no-fork" in r.stderr  # a forked server process cannot initialize CUDA
     assert "on the device itself" in r.stderr
     r = cli("tune", "--target", "h200", "--trials", "4", "--tuning-logs", tmp_path)
+    assert r.returncode == 2 and "no CUDA GPU" in r.stderr
+    r = cli("tune", "--target", "h200", "--precision", "int8", "--search", "int8-tiles", "--tuning-logs", tmp_path)
     assert r.returncode == 2 and "no CUDA GPU" in r.stderr
 
 

@@ -1,7 +1,8 @@
 """``rpc://tracker:port/key``: upload an artifact's library to a TVM RPC device, load it there, smoke-run it.
 
 The standard way to reach a Jetson from a workstation: ``python -m tvm.exec.rpc_tracker`` on the
-host, ``python -m tvm.exec.rpc_server --tracker HOST:PORT --key KEY`` on the device. An RPC server works
+host, ``python -m tvm.exec.rpc_server --tracker HOST:PORT --key KEY --no-fork`` on the device (a forked
+server process fails CUDA initialization: ``cudaErrorInitializationError``). An RPC server works
 in a temporary directory, so this installs nothing permanent: use ``ssh://`` for installs.
 """
 

@@ -59,7 +59,9 @@ def check_local_measurement(spec: TargetSpec) -> None:
     ways = (
         f"either (1) measure on the device over TVM RPC: on this host run "
         f"'python -m tvm.exec.rpc_tracker --host 0.0.0.0 --port 9190', on the device "
-        f"'python -m tvm.exec.rpc_server --tracker THIS_HOST:9190 --key {spec.name}', then "
+        f"'python -m tvm.exec.rpc_server --tracker THIS_HOST:9190 --key {spec.name}"
+        + (" --no-fork" if spec.is_cuda else "")
+        + "', then "
         f"'python -m inferx_edge tune --target {spec.name} --rpc THIS_HOST:9190 --key {spec.name}' "
         f"(or put tracker/key in configs/rpc.yaml); or (2) run 'python -m inferx_edge tune --target {spec.name}' "
         f"on the device itself"
