@@ -198,8 +198,21 @@ INT8_NARROW_TILES = (
 MAX_J_PADDING = 1.125
 
 
-def _j_limit(j: int) -> float:
-    return MAX_J_PADDING * (-(-j // 64) * 64 if j >= 64 else -(-j // 16) * 16)
+def _rows(c: WmmaConfig) -> int:
+    return 16 * c.warps_i * c.frags_i
+
+
+def _cols(c: WmmaConfig) -> int:
+    return 16 * c.warps_j * c.frags_j
+
+
+def _fitting_tiles(j: int, ladder) -> list[WmmaConfig]:
+    """The tiles of ``ladder`` (with :data:`INT8_NARROW_TILES` ahead of the default ladder below 64
+    output channels) that pad J by at most :data:`MAX_J_PADDING`; all of them when none does."""
+    if j < 64 and ladder is INT8_TILE_LADDER:
+        ladder = INT8_NARROW_TILES + ladder
+    limit = MAX_J_PADDING * (-(-j // 64) * 64 if j >= 64 else -(-j // 16) * 16)
+    return [c for c in ladder if -(-j // _cols(c)) * _cols(c) <= limit] or list(ladder)
 
 
 def _stage_depth(cfg: WmmaConfig, k: int) -> WmmaConfig:
@@ -215,15 +228,10 @@ def int8_config_for(extents, sm_count: int | None, ladder=INT8_TILE_LADDER) -> W
     i, j = extents[0], extents[1]
     k = extents[2] if len(extents) > 2 else 1 << 20
 
-    def width(c: WmmaConfig) -> int:
-        return 16 * c.warps_j * c.frags_j
-
     def blocks(c: WmmaConfig) -> int:
-        return -(-i // (16 * c.warps_i * c.frags_i)) * -(-j // width(c))
+        return -(-i // _rows(c)) * -(-j // _cols(c))
 
-    if j < 64 and ladder is INT8_TILE_LADDER:
-        ladder = INT8_NARROW_TILES + ladder
-    fitting = [c for c in ladder if -(-j // width(c)) * width(c) <= _j_limit(j)] or list(ladder)
+    fitting = _fitting_tiles(j, ladder)
     if not sm_count:
         return _stage_depth(fitting[0], k)
     for cfg in fitting:
@@ -465,43 +473,35 @@ def _recorded_tile(func) -> WmmaConfig | None:
     return WmmaConfig.parse(str(text)) if text is not None else None
 
 
+def _tensorizable(dtypes, extents) -> bool:
+    """Whether a matmul of these dtypes and (I, J, K) is large enough for tensor cores."""
+    min_rows, min_dim = (MIN_INT8_ROWS, MIN_INT8_DIM) if dtypes == _INT8 else (MIN_TENSORIZE_DIM,) * 2
+    return extents[0] >= min_rows and all(e >= min_dim for e in extents[1:])
+
+
 def int8_gemm_extents(func) -> list[int] | None:
     """(I, J, K) of ``func`` when :func:`int8_safe_matmul_rule` puts it on int8 tensor cores (an int8 ->
     int32 matmul or implicit-GEMM convolution large enough), else None."""
     sig = _matmul_signature(func)
-    if sig is None or sig[0] != _INT8:
-        return None
-    extents = sig[1]
-    if extents[0] < MIN_INT8_ROWS or any(e < MIN_INT8_DIM for e in extents[1:]):
-        return None
-    return extents
+    return sig[1] if sig is not None and sig[0] == _INT8 and _tensorizable(*sig) else None
 
 
 def int8_tile_candidates(
     extents, sm_count: int | None, padded: bool = True, ladder=INT8_TILE_LADDER
 ) -> list[WmmaConfig]:
     """The tiles a tile search measures for a GEMM of (I, J, K) ``extents``, the default
-    (:func:`int8_config_for`) first: the tiles of ``ladder`` (and :data:`INT8_NARROW_TILES` below 64
-    output channels) that pad J by at most :data:`MAX_J_PADDING`, give at least a quarter of a block per SM and are at least a quarter of the
-    default's area (or are the default), the two largest of them also with 128-deep reduction stages;
-    each synchronous and with the cp.async pipeline, and where activation loads are predicated
-    (``padded``) with 4- and 16-byte loads."""
+    (:func:`int8_config_for`) first: the tiles :func:`int8_config_for` chooses among that give at
+    least a quarter of a block per SM and are at least a quarter of the default's area (or are the
+    default), the two largest of them also with 128-deep reduction stages; each synchronous and with
+    the cp.async pipeline, and where activation loads are predicated (``padded``) with 4- and 16-byte
+    loads."""
     i, j, k = extents[0], extents[1], extents[2]
     default = int8_config_for(extents, sm_count, ladder)
-
-    def rows(c):
-        return 16 * c.warps_i * c.frags_i
-
-    def cols(c):
-        return 16 * c.warps_j * c.frags_j
-
-    if j < 64 and ladder is INT8_TILE_LADDER:
-        ladder = INT8_NARROW_TILES + ladder
-    tiles = [c for c in ladder if -(-j // cols(c)) * cols(c) <= _j_limit(j)] or list(ladder)
-    tiles = [_stage_depth(c, k) for c in tiles]
-    tiles = [c for c in tiles if c == default or 4 * rows(c) * cols(c) >= rows(default) * cols(default)]
+    area = _rows(default) * _cols(default)
+    tiles = [_stage_depth(c, k) for c in _fitting_tiles(j, ladder)]
+    tiles = [c for c in tiles if c == default or 4 * _rows(c) * _cols(c) >= area]
     if sm_count:
-        tiles = [c for c in tiles if c == default or 4 * -(-i // rows(c)) * -(-j // cols(c)) >= sm_count]
+        tiles = [c for c in tiles if c == default or 4 * -(-i // _rows(c)) * -(-j // _cols(c)) >= sm_count]
     if k >= 256:
         tiles += [replace(c, k_frags=2 * c.k_frags) for c in tiles[:2]]
     out = [default]
@@ -531,8 +531,7 @@ def int8_safe_matmul_rule(int8_config: WmmaConfig | None = None, sm_count: int |
                 sig = _matmul_signature(func)
                 if sig is not None and sig[0] in _TENSOR_CORE_DTYPES:
                     dtypes, extents = sig
-                    min_rows, min_dim = (MIN_INT8_ROWS, MIN_INT8_DIM) if dtypes == _INT8 else (MIN_TENSORIZE_DIM,) * 2
-                    if extents[0] >= min_rows and all(e >= min_dim for e in extents[1:]):
+                    if _tensorizable(dtypes, extents):
                         if dtypes == _INT8:  # built without software pipelining
                             cfg = int8_config or _recorded_tile(func) or int8_config_for(extents, sm_count)
                             sch = int8_wmma_schedule(func, target, cfg)
