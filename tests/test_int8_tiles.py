@@ -154,9 +154,10 @@ def test_search_records_the_fastest_correct_tile_and_resumes(tmp_path):
     assert "outputs differ" in " ".join(rec["errors"].values())
     assert rec["best"] == min(rec["us"], key=rec["us"].get) and len(rec["us"]) == n3 - 1
     # the next run measures only the missing group; a third one measures nothing
-    gpu = FakeGPU()
-    summary = search_int8_tiles(mod, spec, tmp_path, gpu=gpu, workers=2, log=lambda *a: None)
+    lines = []
+    summary = search_int8_tiles(mod, spec, tmp_path, gpu=FakeGPU(), workers=2, log=lines.append)
     assert summary.measured_now == 1 and set(load_tiles(tmp_path)["groups"]) == {g3.key, g1.key}
+    assert "1 recorded" in lines[0] and any("[1/1]" in x and "ETA" in x for x in lines)  # progress per group
     assert all(r["best_us"] for r in summary.groups)
     assert search_int8_tiles(mod, spec, tmp_path, gpu=FakeGPU(), log=lambda *a: None).measured_now == 0
     # a corrupt file is moved aside with a warning, not fatal, and measured again

@@ -340,9 +340,11 @@ def search_int8_tiles(
                         else "no candidate ran: " + "; ".join(rec["errors"].values())[:300]
                     )
                 )
+                elapsed = time.time() - t0
+                eta = elapsed / n * (len(plans) - n)
                 log(
                     f"      [{n}/{len(plans)}] {'x'.join(map(str, group.extents))} ({len(group.kernels)} kernel"
-                    f"{'s' if len(group.kernels) > 1 else ''}): {best or '-'} {gain}  [{time.time() - t0:.0f} s]"
+                    f"{'s' if len(group.kernels) > 1 else ''}): {best or '-'} {gain}  [{elapsed:.0f} s, ETA {eta:.0f} s]"
                 )
         except KeyboardInterrupt:
             log(f"interrupted: {measured} groups recorded in {work_dir / TILES_FILE}; run the same command to continue")
