@@ -86,6 +86,9 @@ def main() -> int:
     from inferx_edge.targets import get_target
     from inferx_edge.tune import database as tdb
 
+    from inferx_edge.runtime._tvm import set_default_cpu_threads
+
+    print(f"CPU threads: {set_default_cpu_threads()}")  # as the runtime runs CPU kernels
     spec = get_target(args.target)
     shapes = parse_input_shapes(args.input_shape)
     imported = import_model(args.model, shapes)
