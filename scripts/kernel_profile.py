@@ -83,10 +83,9 @@ def main() -> int:
     from inferx_edge.compiler.cuda import device_compiler
     from inferx_edge.frontend import import_model
     from inferx_edge.frontend.shapes import parse_input_shapes
+    from inferx_edge.runtime._tvm import set_default_cpu_threads
     from inferx_edge.targets import get_target
     from inferx_edge.tune import database as tdb
-
-    from inferx_edge.runtime._tvm import set_default_cpu_threads
 
     print(f"CPU threads: {set_default_cpu_threads()}")  # as the runtime runs CPU kernels
     spec = get_target(args.target)

@@ -27,12 +27,15 @@ def test_candidates_start_with_the_default_and_vary_what_the_kernel_can_use():
     from inferx_edge.compiler.cuda_pipeline import int8_config_for
 
     extents = (64 * 14 * 14, 256, 2304)  # ResNet-50 layer 3, 3x3, batch 64
-    cands = int8_tile_candidates(extents, 132, padded=True)
+    cands = int8_tile_candidates(extents, 132, input_padded=True)
     assert cands[0] == int8_config_for(extents, 132) and len(set(cands)) == len(cands)
     assert {c.pipeline for c in cands} == {"", "async"} and {c.padded_vector for c in cands} == {4, 16}
     assert any(c.k_frags == 8 for c in cands)  # deeper stages where K allows
-    unpadded = int8_tile_candidates(extents, 132, padded=False)
+    unpadded = int8_tile_candidates(extents, 132, input_padded=False)
     assert {c.padded_vector for c in unpadded} == {4} and len(unpadded) < len(cands)
+    # 3136 rows: 128-row tiles pad them (predicated loads: 16-byte variants), 64-row tiles do not
+    ragged = int8_tile_candidates((3136, 512, 2048), 132, input_padded=False)
+    assert {16 * c.warps_i * c.frags_i for c in ragged if c.padded_vector == 16} == {128}
     # nothing smaller than a quarter of the default tile on a large GEMM
     assert all(16 * c.warps_i * c.frags_i * 16 * c.warps_j * c.frags_j >= 128 * 128 // 4 for c in cands)
 
@@ -69,7 +72,7 @@ def test_kernels_differing_only_in_scales_or_names_share_a_tile_key():
     (b,) = int8_tile_groups(_fused(_quantized_conv(0.37, weight="onnx__Conv_566")))
     (c,) = int8_tile_groups(_fused(_quantized_conv(0.01, k=1)))
     assert a.key == b.key != c.key
-    assert a.extents == [8 * 14 * 14, 128, 9 * 128] and a.padded and not c.padded
+    assert a.extents == [8 * 14 * 14, 128, 9 * 128] and a.input_padded and not c.input_padded
 
 
 def _record(work_dir, mod, best: str, extents=None):
@@ -144,7 +147,7 @@ def test_search_records_the_fastest_correct_tile_and_resumes(tmp_path):
     (g3, g1) = int8_tile_groups(mod)  # measured in this order
     assert {g3.extents[2], g1.extents[2]} == {128, 9 * 128}
     # interrupted while measuring the second group: the first is kept
-    n3 = len(int8_tile_candidates(g3.extents, spec.sm_count, g3.padded))
+    n3 = len(int8_tile_candidates(g3.extents, spec.sm_count, g3.input_padded))
     with pytest.raises(KeyboardInterrupt):
         search_int8_tiles(mod, spec, tmp_path, gpu=FakeGPU(stop_at=n3 + 2), workers=2, log=lambda *a: None)
     groups = load_tiles(tmp_path)["groups"]

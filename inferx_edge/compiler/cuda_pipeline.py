@@ -487,14 +487,14 @@ def int8_gemm_extents(func) -> list[int] | None:
 
 
 def int8_tile_candidates(
-    extents, sm_count: int | None, padded: bool = True, ladder=INT8_TILE_LADDER
+    extents, sm_count: int | None, input_padded: bool = True, ladder=INT8_TILE_LADDER
 ) -> list[WmmaConfig]:
     """The tiles a tile search measures for a GEMM of (I, J, K) ``extents``, the default
     (:func:`int8_config_for`) first: the tiles :func:`int8_config_for` chooses among that give at
     least a quarter of a block per SM and are at least a quarter of the default's area (or are the
     default), the two largest of them also with 128-deep reduction stages; each synchronous and with
-    the cp.async pipeline, and where activation loads are predicated (``padded``) with 4- and 16-byte
-    loads."""
+    the cp.async pipeline, and where its activation loads are predicated (the convolution pads its
+    input, ``input_padded``, or the tile does not divide I or K) with 4- and 16-byte loads."""
     i, j, k = extents[0], extents[1], extents[2]
     default = int8_config_for(extents, sm_count, ladder)
     area = _rows(default) * _cols(default)
@@ -506,8 +506,9 @@ def int8_tile_candidates(
         tiles += [replace(c, k_frags=2 * c.k_frags) for c in tiles[:2]]
     out = [default]
     for tile in tiles:
+        predicated = input_padded or i % _rows(tile) or k % (16 * tile.k_frags)
         for pipeline in ("", "async"):
-            for width in (4, 16) if padded else (4,):
+            for width in (4, 16) if predicated else (4,):
                 cfg = replace(tile, pipeline=pipeline, padded_vector=width)
                 if cfg not in out:
                     out.append(cfg)

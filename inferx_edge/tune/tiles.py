@@ -59,7 +59,7 @@ class TileGroup:
 
     key: str
     extents: list[int]
-    padded: bool
+    input_padded: bool  # the convolution pads its input (predicated activation loads with any tile)
     func: object  # the first kernel's PrimFunc
     kernels: list[str] = field(default_factory=list)
 
@@ -80,8 +80,7 @@ def int8_tile_groups(mod) -> list[TileGroup]:
             continue
         key = tile_key(func)
         if key not in groups:
-            padded = "if_then_else" in func.script() or extents[0] % 16 != 0 or extents[2] % 64 != 0
-            groups[key] = TileGroup(key, list(extents), padded, func)
+            groups[key] = TileGroup(key, list(extents), "if_then_else" in func.script(), func)
         groups[key].kernels.append(gv.name_hint)
     return list(groups.values())
 
@@ -311,7 +310,7 @@ def search_int8_tiles(
         gpu = gpu or (RemoteGPU(rpc) if rpc else LocalGPU())
         data["device"] = gpu.name
         cross = spec.cross_compiler if platform.machine() != spec.host_arch else None
-        plans = [(g, int8_tile_candidates(g.extents, spec.sm_count, g.padded)) for g in todo]
+        plans = [(g, int8_tile_candidates(g.extents, spec.sm_count, g.input_padded)) for g in todo]
         n_workers = workers or max(1, (os.cpu_count() or 2) - 1)
         pool = PopenPoolExecutor(max_workers=n_workers, timeout=300, maximum_process_uses=64)
         log(f"      {sum(len(c) for _, c in plans)} candidates, compiled by {n_workers} workers, run on {gpu.name}")
