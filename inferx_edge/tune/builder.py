@@ -28,14 +28,19 @@ def _build_worker(mod, target, cross_compiler: str | None) -> str:
 
     vectorizable_nearbyint()  # as the build will compile it
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    rt_mod = tvm.compile(mod, target=target)
-    path = os.path.join(tempfile.mkdtemp(prefix="inferx_ms_"), "candidate.so")
+    return export_candidate(tvm.compile(mod, target=target), "inferx_ms_", cross_compiler)
+
+
+def export_candidate(lib, prefix: str, cross_compiler: str | None) -> str:
+    """Export a compiled candidate as a shared library in a new temporary folder (linked with
+    ``cross_compiler`` for another architecture); returns its path."""
+    path = os.path.join(tempfile.mkdtemp(prefix=prefix), "candidate.so")
     if cross_compiler:
         from tvm.support import cc
 
-        rt_mod.export_library(path, fcompile=cc.cross_compiler(cross_compiler))
+        lib.export_library(path, fcompile=cc.cross_compiler(cross_compiler))
     else:
-        rt_mod.export_library(path)
+        lib.export_library(path)
     return path
 
 

@@ -141,8 +141,6 @@ def annotate_int8_tiles(mod, work_dir: Path) -> tuple[object, int]:
 def _compile_candidate(func, cfg_text: str, target, spec_name: str, cross_compiler: str | None) -> str | None:
     """Runs in a pool worker: schedule ``func`` with the tile, compile it, export a shared library.
     Returns its path, or None when the tile does not apply to the kernel."""
-    import tempfile
-
     import tvm
 
     from inferx_edge.compiler.build import pass_config
@@ -151,6 +149,7 @@ def _compile_candidate(func, cfg_text: str, target, spec_name: str, cross_compil
     from inferx_edge.compiler.tvm_ops import vectorizable_nearbyint
     from inferx_edge.targets import get_target
     from inferx_edge.tune._intrin import import_tensor_intrinsics
+    from inferx_edge.tune.builder import export_candidate
 
     import_tensor_intrinsics()
     vectorizable_nearbyint()
@@ -160,14 +159,7 @@ def _compile_candidate(func, cfg_text: str, target, spec_name: str, cross_compil
     kernel = sch.mod["main"].with_attr("global_symbol", "main")  # exported: callable from the library
     with device_compiler(get_target(spec_name), "cubin"), target, pass_config(async_copy=True):
         lib = tvm.compile(tvm.IRModule({"main": kernel}), target=target)
-    path = os.path.join(tempfile.mkdtemp(prefix="inferx_tile_"), "kernel.so")
-    if cross_compiler:
-        from tvm.support import cc
-
-        lib.export_library(path, fcompile=cc.cross_compiler(cross_compiler))
-    else:
-        lib.export_library(path)
-    return path
+    return export_candidate(lib, "inferx_tile_", cross_compiler)
 
 
 class _GPU:
