@@ -128,21 +128,31 @@ def cost_model_name() -> str:
     return "xgb"
 
 
-def tune_int8_tiles(opts: TuneOptions, log=print):
-    """``tune --search int8-tiles``: the kernels build compiles for ``opts``, their tiles measured on the
-    GPU (local or ``opts.rpc``); returns a :class:`~inferx_edge.tune.tiles.TileSearchSummary`."""
+def _tuning_inputs(opts: TuneOptions, log):
+    """What both searches start from: the target, the RPC settings (None: this machine, checked to be
+    able to measure), the model's database directory, and the module ``build`` compiles, legalized and
+    fused."""
     from tvm import relax
-
-    from inferx_edge.tune.tiles import search_int8_tiles
 
     spec = get_target(opts.target)
     rpc = opts.rpc or rpc_from_config(spec.name)
     if rpc is None:
         check_local_measurement(spec)
+        from inferx_edge.runtime._tvm import set_default_cpu_threads
+
+        set_default_cpu_threads()  # local candidates run with the thread count the runtime will use here
     log(f"[1/4] importing {opts.model}")
     imported = import_model(opts.model, opts.input_shapes)
     work_dir = tdb.model_database_dir(spec, imported, opts.precision, opts.root)
-    mod = relax.get_pipeline("zero")(_precision_module(imported, spec, opts, log))
+    return spec, rpc, work_dir, relax.get_pipeline("zero")(_precision_module(imported, spec, opts, log))
+
+
+def tune_int8_tiles(opts: TuneOptions, log=print):
+    """``tune --search int8-tiles``: the kernels build compiles for ``opts``, their tiles measured on the
+    GPU (local or ``opts.rpc``); returns a :class:`~inferx_edge.tune.tiles.TileSearchSummary`."""
+    from inferx_edge.tune.tiles import search_int8_tiles
+
+    spec, rpc, work_dir, mod = _tuning_inputs(opts, log)
     log(f"[2/4] database {work_dir}")
     summary = search_int8_tiles(mod, spec, work_dir, minutes=opts.minutes, rpc=rpc, log=log)
     log(f"[4/4] done in {summary.seconds:.0f} s; 'build' applies the recorded tiles")
@@ -150,7 +160,6 @@ def tune_int8_tiles(opts: TuneOptions, log=print):
 
 
 def tune_model(opts: TuneOptions, log=print) -> TuneSummary:
-    from tvm import relax
     from tvm.s_tir import meta_schedule as ms
 
     from inferx_edge.compiler.build import resolve_tvm_target
@@ -158,22 +167,10 @@ def tune_model(opts: TuneOptions, log=print) -> TuneSummary:
     from inferx_edge.tune.builder import PersistentBuilder
     from inferx_edge.tune.progress import Progress, TimeLimitReached
 
-    spec = get_target(opts.target)
-    rpc = opts.rpc or rpc_from_config(spec.name)
-    if rpc is None:
-        check_local_measurement(spec)
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
-
-    log(f"[1/4] importing {opts.model}")
-    imported = import_model(opts.model, opts.input_shapes)
-    work_dir = tdb.model_database_dir(spec, imported, opts.precision, opts.root)
-    target = resolve_tvm_target(spec)
+    spec, rpc, work_dir, mod = _tuning_inputs(opts, log)
     import_tensor_intrinsics()
-    if rpc is None:  # local candidates run with the thread count the runtime will use here
-        from inferx_edge.runtime._tvm import set_default_cpu_threads
-
-        set_default_cpu_threads()
-    mod = relax.get_pipeline("zero")(_precision_module(imported, spec, opts, log))
+    target = resolve_tvm_target(spec)
     extracted = ms.relax_integration.extract_tasks(mod, target)
     log(f"[2/4] {len(extracted)} tasks; database {work_dir}")
 

@@ -39,10 +39,10 @@ TILES_FILE = "int8_tiles.json"
 FORMAT = 1
 
 
-def tile_key(func) -> str:
-    """A name for what decides a kernel's best tile: its TIR without the kernel's name, its parameter
-    names and its float constants (16 hex digits)."""
-    text = "\n".join(line for line in func.script().splitlines() if not line.lstrip().startswith("#"))
+def tile_key(script: str) -> str:
+    """A name for what decides a kernel's best tile: its TIR (``func.script()``) without the kernel's
+    name, its parameter names and its float constants (16 hex digits)."""
+    text = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("#"))
     sig = re.search(r"def (\w+)\((.*?)\):\n", text, re.S)
     if sig:
         names = [sig.group(1)] + re.findall(r"(\w+): T\.(?:Buffer|handle)", sig.group(2))
@@ -78,16 +78,18 @@ def int8_tile_groups(mod) -> list[TileGroup]:
         extents = int8_gemm_extents(func)
         if extents is None:
             continue
-        key = tile_key(func)
+        script = func.script()
+        key = tile_key(script)
         if key not in groups:
-            groups[key] = TileGroup(key, list(extents), "if_then_else" in func.script(), func)
+            groups[key] = TileGroup(key, list(extents), "if_then_else" in script, func)
         groups[key].kernels.append(gv.name_hint)
     return list(groups.values())
 
 
-def load_tiles(work_dir: Path, warn=lambda m: print(f"warning: {m}", file=sys.stderr)) -> dict:
+def load_tiles(work_dir: Path, warn=lambda m: print(f"warning: {m}", file=sys.stderr), repair: bool = True) -> dict:
     """The tile records of a database directory ({} when there are none). A file that does not parse
-    is moved aside to ``int8_tiles.json.corrupt`` with a warning (its groups are measured again)."""
+    is skipped with a warning and, with ``repair`` (the search, under the database lock), moved aside
+    to ``int8_tiles.json.corrupt`` (its groups are measured again)."""
     path = work_dir / TILES_FILE
     if not path.exists():
         return {}
@@ -96,6 +98,9 @@ def load_tiles(work_dir: Path, warn=lambda m: print(f"warning: {m}", file=sys.st
         if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("groups"), dict):
             raise ValueError(f"not an int8 tile file of format {FORMAT}")
     except ValueError as exc:
+        if not repair:
+            warn(f"{path}: unreadable ({exc}); ignored, its kernels keep the default tiles")
+            return {}
         aside = path.with_name(TILES_FILE + ".corrupt")
         path.replace(aside)
         warn(f"{path}: unreadable ({exc}); moved to {aside.name}, its kernels will be measured again")
@@ -118,7 +123,7 @@ def annotate_int8_tiles(mod, work_dir: Path) -> tuple[object, int]:
     got one."""
     from inferx_edge.compiler.cuda_pipeline import TILE_ATTR, WmmaConfig
 
-    groups = load_tiles(work_dir).get("groups", {})
+    groups = load_tiles(work_dir, repair=False).get("groups", {})  # build reads; only tune repairs
     if not groups:
         return mod, 0
     done = 0
