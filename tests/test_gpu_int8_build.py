@@ -147,7 +147,7 @@ def test_small_reductions_get_one_output_per_thread(kind):
     """dlight gave these one 256-thread block per output element (9 products shared by 256 threads)."""
     (script,) = _schedule_and_compile("h200", _conv_module(kind))
     assert 'thread="threadIdx.x"' in script and "T.unroll" in script
-    assert 'scope="local"' in script or kind == "pool"  # the epilogue runs in the same thread
+    assert 'scope="local"' in script  # the accumulator (and any epilogue) stays in the thread
     assert "cross_thread" not in script and "tvm_thread_allreduce" not in script
 
 
@@ -433,7 +433,8 @@ def test_float_depthwise_reads_fp16_only_behind_a_clip(clip_first):
 @needs_nvrtc
 def test_int8_quantize_epilogue_stores_4_bytes_at_a_time():
     """The rounding step of an int8 quantize (TIR nearbyint) used to make TVM scalarize the conv
-    epilogue: one byte stored per instruction. It now runs per lane inside the vectorized epilogue."""
+    epilogue: one byte stored per instruction. It now runs per lane inside the vectorized epilogue,
+    whose steps are unrolled."""
     import re
 
     import tvm
@@ -441,7 +442,7 @@ def test_int8_quantize_epilogue_stores_4_bytes_at_a_time():
 
     from inferx_edge.compiler.build import pass_config, resolve_tvm_target
     from inferx_edge.compiler.cuda import device_compiler
-    from inferx_edge.compiler.cuda_pipeline import cuda_pipeline
+    from inferx_edge.compiler.cuda_pipeline import EPILOGUE_UNROLL, cuda_pipeline
     from inferx_edge.targets import get_target
     from inferx_edge.tune._intrin import import_tensor_intrinsics
 
@@ -459,4 +460,72 @@ def test_int8_quantize_epilogue_stores_4_bytes_at_a_time():
     source = cuda.inspect_source("cuda")
     assert re.search(r"\.w = nearbyintf\(", source)  # the rounding, per lane of a float4
     assert not re.search(r"_s < 4", source)  # no scalarized epilogue loop
+    # 8 steps of 4 lanes unrolled (a 64 x 128 tile: 16 steps per thread), their loads issued together
+    assert source.count("nearbyintf(") == 4 * EPILOGUE_UNROLL
     assert isinstance(tvm.ir.Op.get("tirx.nearbyint").get_attr("TVectorizable"), (bool, int))
+
+
+def _int8_nhwc_conv(n, h, w, c, o, k, pad, stride):
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([n, h, w, c], "int8"))
+    wt = relax.Var("w", relax.TensorType([o, k, k, c], "int8"))
+    with bb.function("main", [x, wt]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, wt, stride, pad, 1, 1, "NHWC", "OHWI", "NHWC", "int32"))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (2, 16, 16, 3, 8, 7, 3),  # ResNet-50's stem, smaller: 7x7, odd padding -> 4x4 over 16 channels
+        (1, 28, 28, 1, 24, 3, 1),  # MobileNetV2's / the embedded model's: 3x3 -> 2x2
+        (2, 12, 10, 4, 5, 3, 0),  # no padding, H != W
+        (1, 10, 10, 2, 3, 5, 2),  # even padding, odd kernel
+        (1, 8, 8, 4, 4, 4, 1),  # even kernel, odd padding
+        (1, 14, 14, 3, 6, 3, (1, 0, 1, 1)),  # asymmetric padding
+    ],
+)
+def test_stride2_small_channel_int8_convs_run_on_a_space_to_depth_input(shape):
+    """RGB-like stride-2 int8 convolutions become stride-1 ones over 16-channel space-to-depth pixels
+    (compiler.build.space_to_depth_int8_convs): the same int32 sums, run on this CPU."""
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.build import convert_layout
+
+    n, h, w, c, o, k, pad = shape
+    mod = _int8_nhwc_conv(n, h, w, c, o, k, pad, 2)
+    rewritten = convert_layout(mod, "NHWC")
+    convs = [
+        b.value
+        for blk in rewritten["main"].body.blocks
+        for b in blk.bindings
+        if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.nn.conv2d"
+    ]
+    assert len(convs) == 1 and [int(s) for s in convs[0].attrs.strides] == [1, 1]
+    assert [int(d) for d in convs[0].args[0].ty.shape.values] == [n, h // 2, w // 2, 16]
+    rng = np.random.default_rng(0)
+    x = rng.integers(-127, 128, (n, h, w, c)).astype(np.int8)
+    wt = rng.integers(-127, 128, (o, k, k, c)).astype(np.int8)
+    outs = []
+    for m in (mod, rewritten):
+        vm = relax.VirtualMachine(relax.build(m, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+        outs.append(vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(wt)).numpy())
+    np.testing.assert_array_equal(outs[1], outs[0])
+
+
+@pytest.mark.parametrize(
+    "shape,stride",
+    [((1, 16, 16, 3, 8, 3, 1), 1), ((1, 16, 16, 8, 8, 3, 1), 2), ((1, 16, 16, 4, 8, 1, 0), 2), ((1, 15, 15, 3, 8, 3, 1), 2)],
+)
+def test_space_to_depth_leaves_other_convolutions(shape, stride):
+    """Stride 1, more than 4 channels, 1x1 kernels and odd sizes keep their convolution."""
+    from inferx_edge.compiler.build import space_to_depth_int8_convs
+
+    mod = _int8_nhwc_conv(*shape, stride)
+    assert "reshape" not in space_to_depth_int8_convs(mod).script()

@@ -169,10 +169,10 @@ def test_nhwc_int8_with_ohwi_weights_computes_the_same(tmp_path):
         if kernel_layout == "OHWI":  # output channels first, input channels last
             assert [p.shape for p in convs] == [(24, 3, 3, 1), (48, 3, 3, 24), (64, 3, 3, 48)]
         mod = convert_layout(q.mod, layout)
-        if layout == "NHWC":  # quantize clips became min/max (no transposes); the 1-channel stem padded to 4
-            script = mod.script()
-            assert "R.clip" not in script and script.count("R.nn.pad(") == 2
-            assert 'R.Tensor((24, 3, 3, 4), dtype="int8")' in script
+        if layout == "NHWC":  # quantize clips became min/max (no transposes); the 1-channel stride-2 stem
+            script = mod.script()  # padded to 4 channels, then a 2x2 conv over 16-channel space-to-depth pixels
+            assert "R.clip" not in script and script.count("R.nn.pad(") == 3
+            assert 'R.Tensor((24, 2, 2, 16), dtype="int8")' in script
         vm = relax.VirtualMachine(relax.build(mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
         outs.append(vm["main"](tvm.runtime.tensor(x), *[tvm.runtime.tensor(p) for p in q.params]).numpy())
     np.testing.assert_allclose(outs[1], outs[0], rtol=0, atol=1e-5)

@@ -26,6 +26,8 @@ Kernels with a tuning record keep their tuned schedule (dlight skips scheduled f
 
 from __future__ import annotations
 
+import math
+
 import re
 from dataclasses import dataclass, replace
 
@@ -457,10 +459,21 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
         sch.annotate(k0, "software_pipeline_async_stages", [0])
     auto_inline_consumer_chain(sch, acc_shared)
     fused = sch.fuse(*sch.get_loops(acc_shared)[-2:])
-    _, f1, f2 = sch.split(fused, factors=[None, warp_size, 4])
+    f0, f1, f2 = sch.split(fused, factors=[None, warp_size, 4])
     sch.bind(f1, "threadIdx.x")
     sch.vectorize(f2)
+    # each thread's epilogue steps (4 outputs each: a residual load, the requantize, a store) unrolled
+    # EPILOGUE_UNROLL at a time, so their global loads are in flight together instead of one step's
+    # latency after another
+    steps = 2 * cfg.frags_i * cfg.frags_j  # the warp's (16 frags_i) x (16 frags_j) outputs / (32 x 4)
+    if steps > 1:
+        _, f0 = sch.split(f0, factors=[None, math.gcd(steps, EPILOGUE_UNROLL)])
+        sch.unroll(f0)
     return sch
+
+
+#: epilogue steps per thread issued together (see :func:`int8_wmma_schedule`)
+EPILOGUE_UNROLL = 8
 
 
 #: PrimFunc attribute naming the tile a kernel was measured fastest with (``WmmaConfig.text``), set
@@ -607,6 +620,8 @@ def small_reduction_rule():
                 sch.reverse_compute_at(consumer, tx)
             if len(infos) > 1:
                 sch.set_scope(block, 0, "local")  # the accumulator never leaves the thread
+            else:  # accumulate in a register, store once (not a read-modify-write of global per element)
+                sch.reverse_compute_at(sch.cache_write(block, 0, "local"), tx)
             for lp in r_loops:
                 sch.unroll(lp)
             sch.decompose_reduction(block, r_loops[0])

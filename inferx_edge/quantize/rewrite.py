@@ -4,7 +4,7 @@ become int8 x int8 -> int32 ops with float rescaling after.
 For each such op with input activation ``x`` (calibrated threshold ``amax_x``) and weight ``W``
 (per-output-channel scales ``s_w``)::
 
-    xq = astype(clip(round(x / s_x), -127, 127), int8)          s_x = amax_x / 127
+    xq = astype(clip(round(x * (1 / s_x)), -127, 127), int8)    s_x = amax_x / 127
     y  = astype(conv2d(xq, Wq, out_dtype=int32), float32) * (s_x * s_w)   # bias/ReLU follow unchanged
 
 ``Wq`` replaces ``W`` in the function signature as an int8 parameter (so artifacts store int8
@@ -253,9 +253,11 @@ def quantize_imported(
     at_use = {}  # (activation name, scale) -> int8 var, for the others (one quantize each)
 
     def quantize(x, s_x):
-        return relax.op.astype(
-            relax.op.clip(relax.op.round(relax.op.divide(x, relax.const(np.float32(s_x)))), -QMAX, QMAX), "int8"
-        )
+        # multiply by the reciprocal: a float division is a multi-instruction sequence on GPUs (IEEE
+        # div.rn, no fast math), and a quantize runs in every int8 kernel's epilogue; x * (1/s) differs
+        # from x / s by at most an ulp (a value on a rounding tie may land one step away)
+        inv = relax.const(np.float32(1.0 / np.float64(s_x)))
+        return relax.op.astype(relax.op.clip(relax.op.round(relax.op.multiply(x, inv)), -QMAX, QMAX), "int8")
 
     def dequantize(xq, s_x):
         return relax.op.multiply(relax.op.astype(xq, "float32"), relax.const(np.float32(s_x)))

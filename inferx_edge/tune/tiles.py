@@ -297,6 +297,9 @@ def search_int8_tiles(
     with tdb.locked(work_dir):
         data = load_tiles(work_dir) or {"format": FORMAT, "target": spec.name, "groups": {}}
         todo = [g for g in groups if not data["groups"].get(g.key, {}).get("best")]
+        # the most work first (I*J*K over the group's kernels): a run cut short by --minutes has
+        # measured the kernels that matter most
+        todo.sort(key=lambda g: -math.prod(g.extents) * len(g.kernels))
         kernels = sum(len(g.kernels) for g in groups)
         log(
             f"[3/4] int8 tiles: {len(groups)} kernel groups ({kernels} kernels); {len(groups) - len(todo)} "
