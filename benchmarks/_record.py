@@ -23,13 +23,25 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+#: import names of distributions whose name differs
+_MODULES = {"apache-tvm": "tvm", "nvidia-ml-py": "pynvml"}
+
+
 def versions(*packages: str) -> dict[str, str]:
+    """Installed versions; a package importable without distribution metadata (on the path from a
+    source tree or an unpacked bundle) reports its ``__version__``, marked "(no metadata)"."""
+    import importlib
+
     out = {"python": platform.python_version()}
     for p in packages:
         try:
             out[p] = metadata.version(p)
         except metadata.PackageNotFoundError:
-            out[p] = "not installed"
+            try:
+                v = importlib.import_module(_MODULES.get(p, p.replace("-", "_"))).__version__
+                out[p] = f"{v} (no metadata)"
+            except (ImportError, AttributeError):
+                out[p] = "not installed"
     return out
 
 
