@@ -8,7 +8,9 @@ the GPU host) and the persistent builder. Then compiles the best record, checks 
 torch's int32 result, times both with the same method (CUDA events around 50 back-to-back launches),
 and writes a record with the tuning curve (best latency vs trials), plus a PNG of the curve. The
 same workload with the schedule ``build`` gives an untuned int8 GEMM (``compiler.cuda_pipeline``:
-ldmatrix + mma.sync tile, with and without the cp.async pipeline) is timed alongside.
+ldmatrix + mma.sync tile, with and without the cp.async pipeline) is timed alongside; with ``--tiles``
+every tile ``tune --search int8-tiles`` would try on it (``int8_tile_candidates``) is compiled in a
+process pool and timed the same way (each checked exactly against torch), the fastest reported.
 """
 
 from __future__ import annotations
@@ -92,6 +94,42 @@ def time_cuda(fn, iters: int = 50) -> float:
     return start.elapsed_time(end) / iters
 
 
+def time_tile_candidates(spec, target, a, b, c, ref, timer) -> list[dict]:
+    """Every int8 tile-search candidate for the workload: compiled in a process pool (as ``tune
+    --search int8-tiles`` does), run once and compared exactly with ``ref``, timed with ``timer``."""
+    import os
+
+    import torch
+    import tvm
+    from tvm.support.popen_pool import PopenPoolExecutor
+
+    from inferx_edge.compiler.cuda_pipeline import int8_tile_candidates
+    from inferx_edge.tune.tiles import _compile_candidate
+
+    cands = [t.text() for t in int8_tile_candidates((N, N, N), spec.sm_count, input_padded=False)]
+    pool = PopenPoolExecutor(max_workers=max(1, min(len(cands), (os.cpu_count() or 2) - 1)), timeout=300)
+    futures = [pool.submit(_compile_candidate, workload(), t, target, spec.name, None) for t in cands]
+    ops, out = 2 * N**3, []
+    for tile, fut in zip(cands, futures):
+        row = {"system": f"inferx_edge int8 tile {tile}", "tile": tile}
+        try:
+            path = fut.result()
+            if path is None:
+                raise RuntimeError("the tile does not apply")
+            f = tvm.runtime.load_module(path)["main"]
+            c.copyfrom(np.zeros((N, N), np.int32))
+            f(a, b, c)
+            row["exact"] = bool(torch.equal(torch.from_numpy(c.numpy()).cuda(), ref))
+            row["ms"] = timer(lambda f=f: f(a, b, c))
+            row["tops"] = ops / row["ms"] / 1e9
+        except Exception as exc:  # record it and go on
+            row["error"] = f"{type(exc).__name__}: {exc}"[:400]
+        print(json.dumps(row), flush=True)
+        out.append(row)
+    pool.shutdown()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=256, help="total trials the database should hold")
@@ -99,6 +137,7 @@ def main() -> None:
     ap.add_argument("--target", default="h200")
     ap.add_argument("--per-iter", type=int, default=32)
     ap.add_argument("--name", default=None, help="record name (default gpu_int8_matmul_<target>)")
+    ap.add_argument("--tiles", action="store_true", help="also time every int8 tile-search candidate")
     args = ap.parse_args()
 
     import torch
@@ -186,6 +225,9 @@ def main() -> None:
         except Exception as exc:  # record it and go on
             untuned.append({"system": name, "error": f"{type(exc).__name__}: {exc}"[:400]})
         print(json.dumps(untuned[-1]), flush=True)
+    searched = time_tile_candidates(spec, target, a, b, c, ref, time_cuda) if args.tiles else []
+    exact_tiles = [r for r in searched if r.get("exact")]
+    best_tile = min(exact_tiles, key=lambda r: r["ms"]) if exact_tiles else None
     pts = curve(work_dir)
     rec = {
         "device": torch.cuda.get_device_name(0),
@@ -201,8 +243,11 @@ def main() -> None:
             {"system": "inferx_edge MetaSchedule tuned", "ms": tvm_ms, "tops": ops / tvm_ms / 1e9},
             {"system": "torch._int_mm (cuBLASLt)", "ms": torch_ms, "tops": ops / torch_ms / 1e9},
             *untuned,
+            *searched,
         ],
         "tuned_over_cublaslt_throughput": torch_ms / tvm_ms,
+        "tile_search_best": best_tile
+        and {"tile": best_tile["tile"], "over_cublaslt_throughput": torch_ms / best_tile["ms"]},
         "curve_trials_best_ms": pts,
     }
     try:
