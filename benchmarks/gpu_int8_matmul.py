@@ -94,9 +94,10 @@ def time_cuda(fn, iters: int = 50) -> float:
     return start.elapsed_time(end) / iters
 
 
-def time_tile_candidates(spec, target, a, b, c, ref, timer) -> list[dict]:
-    """Every int8 tile-search candidate for the workload: compiled in a process pool (as ``tune
-    --search int8-tiles`` does), run once and compared exactly with ``ref``, timed with ``timer``."""
+def time_tile_candidates(spec, target, a, b, c, ref, timer, extra=()) -> list[dict]:
+    """Every int8 tile-search candidate for the workload (and the ``extra`` tiles): compiled in a
+    process pool (as ``tune --search int8-tiles`` does), run once and compared exactly with ``ref``,
+    timed with ``timer``."""
     import os
 
     import torch
@@ -106,7 +107,7 @@ def time_tile_candidates(spec, target, a, b, c, ref, timer) -> list[dict]:
     from inferx_edge.compiler.cuda_pipeline import int8_tile_candidates
     from inferx_edge.tune.tiles import _compile_candidate
 
-    cands = [t.text() for t in int8_tile_candidates((N, N, N), spec.sm_count, input_padded=False)]
+    cands = [t.text() for t in int8_tile_candidates((N, N, N), spec.sm_count, input_padded=False)] + list(extra)
     pool = PopenPoolExecutor(max_workers=max(1, min(len(cands), (os.cpu_count() or 2) - 1)), timeout=300)
     futures = [pool.submit(_compile_candidate, workload(), t, target, spec.name, None) for t in cands]
     ops, out = 2 * N**3, []
@@ -138,6 +139,7 @@ def main() -> None:
     ap.add_argument("--per-iter", type=int, default=32)
     ap.add_argument("--name", default=None, help="record name (default gpu_int8_matmul_<target>)")
     ap.add_argument("--tiles", action="store_true", help="also time every int8 tile-search candidate")
+    ap.add_argument("--extra-tiles", default="", help="comma-separated tiles (WmmaConfig text) timed with --tiles")
     args = ap.parse_args()
 
     import torch
@@ -225,7 +227,8 @@ def main() -> None:
         except Exception as exc:  # record it and go on
             untuned.append({"system": name, "error": f"{type(exc).__name__}: {exc}"[:400]})
         print(json.dumps(untuned[-1]), flush=True)
-    searched = time_tile_candidates(spec, target, a, b, c, ref, time_cuda) if args.tiles else []
+    extra = [t for t in args.extra_tiles.split(",") if t]
+    searched = time_tile_candidates(spec, target, a, b, c, ref, time_cuda, extra) if args.tiles else []
     exact_tiles = [r for r in searched if r.get("exact")]
     best_tile = min(exact_tiles, key=lambda r: r["ms"]) if exact_tiles else None
     pts = curve(work_dir)
