@@ -85,6 +85,10 @@ def _matmul_signature(func) -> tuple[tuple[str, str], list[int]] | None:
         return None
 
 
+#: :attr:`WmmaConfig.pipeline` values
+PIPELINES = ("", "async", "async3")
+
+
 @dataclass(frozen=True)
 class WmmaConfig:
     """Tile shape of :func:`int8_wmma_schedule`: a thread block computes (16*warps_i*frags_i) x
@@ -106,7 +110,8 @@ class WmmaConfig:
     #: until measured end to end. With wmma they are static (merged with the int32 tile, TVM 0.27's
     #: LowerAccessPtr rejects some small wmma tiles), and a tile whose static plus dynamic shared memory
     #: passes 48 KB fails to launch. (A register-prefetch pipeline built with TVM's software
-    #: pipelining gave wrong sums with wmma: not offered.)
+    #: pipelining gave wrong sums with wmma: not offered.) "async3": three shared-memory buffers, the
+    #: loads of two stages in flight while one is computed.
     pipeline: str = ""
     #: the warp-level instructions: "wmma" (``wmma::load_matrix_sync``/``mma_sync``, 16x16x16) or "mma"
     #: (``ldmatrix`` into registers and ``mma.sync.m16n8k32``: the full-rate int8 instruction; the
@@ -118,7 +123,7 @@ class WmmaConfig:
     padded_vector: int = 4
 
     def text(self) -> str:
-        """``WIxFI.WJxFJ.kK.vV[.pP][.async].mma|.wmma``, the form :meth:`parse` reads (tuning records,
+        """``WIxFI.WJxFJ.kK.vV[.pP][.async|.async3].mma|.wmma``, the form :meth:`parse` reads (tuning records,
         benchmark configs)."""
         parts = [
             f"{self.warps_i}x{self.frags_i}",
@@ -146,7 +151,7 @@ class WmmaConfig:
             kw = {"pipeline": "", "intrin": "wmma", "padded_vector": 4}
             seen = set()
             for x in rest:
-                key = "pipeline" if x == "async" else "intrin" if x in ("mma", "wmma") else "padded_vector"
+                key = "pipeline" if x in PIPELINES[1:] else "intrin" if x in ("mma", "wmma") else "padded_vector"
                 if key in seen or (key == "padded_vector" and x[:1] != "p"):
                     raise ValueError
                 seen.add(key)
@@ -154,7 +159,7 @@ class WmmaConfig:
             cfg = cls(wi, fi, wj, fj, int(k[1:]), int(v[1:]), **kw)
         except ValueError:
             raise ValueError(
-                f"bad int8 tile '{text}': expected WIxFI.WJxFJ.kK.vV[.pP][.async][.mma|.wmma], "
+                f"bad int8 tile '{text}': expected WIxFI.WJxFJ.kK.vV[.pP][.async|.async3][.mma|.wmma], "
                 "e.g. 2x4.2x4.k4.v16.async.mma"
             ) from None
         if min(cfg.warps_i, cfg.frags_i, cfg.warps_j, cfg.frags_j, cfg.k_frags) < 1:
@@ -304,8 +309,8 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
     if not isinstance(func, tirx.PrimFunc) or "dlight.do_not_tensorize" in func.attrs.keys():
         return None
     cfg = cfg or INT8_WMMA
-    if cfg.pipeline not in ("", "async"):
-        raise ValueError(f"unknown int8 load pipeline '{cfg.pipeline}'; valid: '' (none), 'async'")
+    if cfg.pipeline not in PIPELINES:
+        raise ValueError(f"unknown int8 load pipeline '{cfg.pipeline}'; valid: '' (none), 'async', 'async3'")
     if cfg.intrin not in ("wmma", "mma"):
         raise ValueError(f"unknown int8 tensor-core instructions '{cfg.intrin}'; valid: 'wmma', 'mma'")
     mma = cfg.intrin == "mma"
@@ -387,7 +392,7 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
         sch.bind(f_1, "threadIdx.y")
         sch.vectorize(f_3)
         sch.storage_align(block_read, 0, axis=-2, factor=32, offset=16)
-        if cfg.pipeline != "async":
+        if not cfg.pipeline:
             sch.annotate(block_read, "tirx.manifest_shared_memory_local_stage", 1)
         sch.annotate(block_read, "double_buffer_scope", 0)
         return block_read
@@ -453,8 +458,8 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
         sch.tensorize(sch.get_loops(block_inner)[-3], intrin["compute"])
     except Exception:  # a shape these intrinsics cannot cover
         return None
-    if cfg.pipeline == "async":  # children of k0: A g->s, B g->s, k1 loop
-        sch.annotate(k0, "software_pipeline_stage", [0, 0, 1])
+    if cfg.pipeline:  # children of k0: A g->s, B g->s, k1 loop; async3: loads run two stages ahead
+        sch.annotate(k0, "software_pipeline_stage", [0, 0, 2 if cfg.pipeline == "async3" else 1])
         sch.annotate(k0, "software_pipeline_order", [0, 1, 2])
         sch.annotate(k0, "software_pipeline_async_stages", [0])
     auto_inline_consumer_chain(sch, acc_shared)
