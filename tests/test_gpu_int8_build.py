@@ -521,7 +521,12 @@ def test_stride2_small_channel_int8_convs_run_on_a_space_to_depth_input(shape):
 
 @pytest.mark.parametrize(
     "shape,stride",
-    [((1, 16, 16, 3, 8, 3, 1), 1), ((1, 16, 16, 8, 8, 3, 1), 2), ((1, 16, 16, 4, 8, 1, 0), 2), ((1, 15, 15, 3, 8, 3, 1), 2)],
+    [
+        ((1, 16, 16, 3, 8, 3, 1), 1),
+        ((1, 16, 16, 8, 8, 3, 1), 2),
+        ((1, 16, 16, 4, 8, 1, 0), 2),
+        ((1, 15, 15, 3, 8, 3, 1), 2),
+    ],
 )
 def test_space_to_depth_leaves_other_convolutions(shape, stride):
     """Stride 1, more than 4 channels, 1x1 kernels and odd sizes keep their convolution."""

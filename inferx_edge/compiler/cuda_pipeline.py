@@ -27,7 +27,6 @@ Kernels with a tuning record keep their tuned schedule (dlight skips scheduled f
 from __future__ import annotations
 
 import math
-
 import re
 from dataclasses import dataclass, replace
 
