@@ -340,7 +340,10 @@ def test_padded_convolution_compiles_with_16_byte_predicated_loads():
 
 
 @needs_nvrtc
-def test_async_copy_pipeline_compiles_to_cp_async():
+@pytest.mark.parametrize("pipeline,in_flight", [("async", 1), ("async3", 2)])
+def test_async_copy_pipeline_compiles_to_cp_async(pipeline, in_flight):
+    """cp.async double (async) or triple (async3) buffering: the main loop waits until at most 1 or 2
+    stages' copies are pending."""
     import tvm
     from tvm import relax
 
@@ -353,12 +356,14 @@ def test_async_copy_pipeline_compiles_to_cp_async():
     import_tensor_intrinsics()
     spec = get_target("a100")
     target = resolve_tvm_target(spec)
-    cfg = replace(INT8_WMMA, pipeline="async")
+    cfg = replace(INT8_WMMA, pipeline=pipeline, k_frags=8)
     with device_compiler(spec, "cubin"), target, pass_config(async_copy=True):
-        ex = relax.build(_nhwc_int8_conv(8, 16, 256, 256, 1), target, relax_pipeline=cuda_pipeline(target, cfg))
+        ex = relax.build(_nhwc_int8_conv(8, 16, 1024, 256, 1), target, relax_pipeline=cuda_pipeline(target, cfg))
     (cuda,) = [m for m in ex.mod.imports[0].imports if m.kind == "cuda"]
     source = cuda.inspect_source("cuda")
-    assert "cp.async.commit_group" in source and "ptx_cp_async" in source.split("__global__")[-1]
+    kernel = source.split("__global__")[-1]
+    assert "cp.async.commit_group" in source and "ptx_cp_async" in kernel
+    assert f"wait_group_{in_flight}();" in kernel and f"wait_group_{in_flight + 1}();" not in kernel
     with target:
         legal = relax.transform.LegalizeOps()(_nhwc_int8_conv(8, 16, 256, 256, 1))
     func = next(f for _, f in legal.functions_items() if isinstance(f, tvm.tirx.PrimFunc))

@@ -29,8 +29,10 @@ def test_candidates_start_with_the_default_and_vary_what_the_kernel_can_use():
     extents = (64 * 14 * 14, 256, 2304)  # ResNet-50 layer 3, 3x3, batch 64
     cands = int8_tile_candidates(extents, 132, input_padded=True)
     assert cands[0] == int8_config_for(extents, 132) and len(set(cands)) == len(cands)
-    assert {c.pipeline for c in cands} == {"", "async"} and {c.padded_vector for c in cands} == {4, 16}
+    assert {c.pipeline for c in cands} == {"", "async", "async3"} and {c.padded_vector for c in cands} == {4, 16}
     assert any(c.k_frags == 8 for c in cands)  # deeper stages where K allows
+    assert all(c.k_frags == 8 for c in cands if c.pipeline == "async3")  # three buffers of 128-deep stages
+    assert "async3" not in {c.pipeline for c in int8_tile_candidates((64 * 56 * 56, 64, 576), 132)}  # K < 1024
     unpadded = int8_tile_candidates(extents, 132, input_padded=False)
     assert {c.padded_vector for c in unpadded} == {4} and len(unpadded) < len(cands)
     # 3136 rows: 128-row tiles pad them (predicated loads: 16-byte variants), 64-row tiles do not

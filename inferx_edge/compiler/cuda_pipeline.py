@@ -510,7 +510,8 @@ def int8_tile_candidates(
     (:func:`int8_config_for`) first: the tiles :func:`int8_config_for` chooses among that give at
     least a quarter of a block per SM and are at least a quarter of the default's area (or are the
     default), the two largest of them also with 128-deep reduction stages; each synchronous and with
-    the cp.async pipeline, and where its activation loads are predicated (the convolution pads its
+    the cp.async pipeline (with 128-deep stages and K >= 1024 also the three-buffer one), and where
+    its activation loads are predicated (the convolution pads its
     input, ``input_padded``, or the tile does not divide I or K) with 4- and 16-byte loads."""
     i, j, k = extents[0], extents[1], extents[2]
     default = int8_config_for(extents, sm_count, ladder)
@@ -524,7 +525,8 @@ def int8_tile_candidates(
     out = [default]
     for tile in tiles:
         predicated = input_padded or i % _rows(tile) or k % (16 * tile.k_frags)
-        for pipeline in ("", "async"):
+        # three-buffer pipelines for the 128-deep stages (enough K to keep two stages in flight)
+        for pipeline in ("", "async", "async3") if tile.k_frags >= 8 and k >= 1024 else ("", "async"):
             for width in (4, 16) if predicated else (4,):
                 cfg = replace(tile, pipeline=pipeline, padded_vector=width)
                 if cfg not in out:
