@@ -293,7 +293,7 @@ def pad_int8_conv_channels(mod, multiple: int = 4):
     return _rewrite_calls(mod, rewrite)
 
 
-def _space_to_depth_axis(pad_before: int, kernel: int, size: int, out: int) -> tuple[int, int, int, int] | None:
+def _space_to_depth_axis(pad_before: int, kernel: int, size: int, out: int) -> tuple[int, ...] | None:
     """For one spatial axis of a stride-2 convolution: (zero taps added before the kernel, taps after,
     stride-1 kernel size, padding before, padding after) of the same convolution on the space-to-depth
     input (half the size, pixel pairs as channels); None when it does not map."""

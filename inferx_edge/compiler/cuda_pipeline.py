@@ -511,8 +511,8 @@ def int8_tile_candidates(
     least a quarter of a block per SM and are at least a quarter of the default's area (or are the
     default), the two largest of them also with 128-deep reduction stages; each synchronous and with
     the cp.async pipeline (with 128-deep stages and K >= 1024 also the three-buffer one), and where
-    its activation loads are predicated (the convolution pads its
-    input, ``input_padded``, or the tile does not divide I or K) with 4- and 16-byte loads."""
+    its activation loads are predicated (the convolution pads its input, ``input_padded``, or the
+    tile does not divide I or K) with 4- and 16-byte loads."""
     i, j, k = extents[0], extents[1], extents[2]
     default = int8_config_for(extents, sm_count, ladder)
     area = _rows(default) * _cols(default)
