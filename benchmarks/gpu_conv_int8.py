@@ -47,8 +47,9 @@ SHAPES = [
 
 
 def parse_config(text: str, extents=None, sm_count=None):
-    """A :class:`WmmaConfig` from its text (``WmmaConfig.parse``), or "auto[.async][.mma|.wmma]": the
-    tile ``build`` picks for the GEMM ``extents`` (I, J, K) and ``sm_count``."""
+    """A :class:`WmmaConfig` from its text (``WmmaConfig.parse``), or "auto[.async|.async3][.a8][.mma|.wmma]":
+    the tile ``build`` picks for the GEMM ``extents`` (I, J, K) and ``sm_count``, with that pipeline,
+    accumulator padding and instruction set."""
     from dataclasses import replace
 
     from inferx_edge.compiler.cuda_pipeline import WmmaConfig, int8_config_for
@@ -61,10 +62,23 @@ def parse_config(text: str, extents=None, sm_count=None):
             raise SystemExit(str(exc)) from None
     suffixes = parts[1:]
     named = [x for x in suffixes if x in ("mma", "wmma")]
-    if len(set(suffixes)) < len(suffixes) or len(named) > 1 or set(suffixes) - {"async", "mma", "wmma"}:
-        raise SystemExit(f"bad config '{text}': expected auto[.async][.mma|.wmma] or WIxFI.WJxFJ.kK.vV[...]")
+    pipes = [x for x in suffixes if x in ("async", "async3")]
+    if (
+        len(set(suffixes)) < len(suffixes)
+        or len(named) > 1
+        or len(pipes) > 1
+        or set(suffixes) - {"async", "async3", "a8", "mma", "wmma"}
+    ):
+        raise SystemExit(
+            f"bad config '{text}': expected auto[.async|.async3][.a8][.mma|.wmma] or WIxFI.WJxFJ.kK.vV[...]"
+        )
     cfg = int8_config_for(extents or (1 << 20, 1 << 20, 1 << 20), sm_count)
-    return replace(cfg, pipeline="async" if "async" in suffixes else "", intrin=named[0] if named else cfg.intrin)
+    return replace(
+        cfg,
+        pipeline=pipes[0] if pipes else "",
+        intrin=named[0] if named else cfg.intrin,
+        acc_pad=8 if "a8" in suffixes else 0,
+    )
 
 
 def _driver() -> str | None:

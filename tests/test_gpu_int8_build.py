@@ -539,3 +539,37 @@ def test_space_to_depth_leaves_other_convolutions(shape, stride):
 
     mod = _int8_nhwc_conv(*shape, stride)
     assert "reshape" not in space_to_depth_int8_convs(mod).script()
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("intrin", ["mma", "wmma"])
+def test_padded_accumulator_tile_changes_only_its_row_stride(intrin):
+    """``acc_pad`` 8: the shared int32 tile the epilogue reads has rows of 128 + 8 ints (the mma store
+    wrote 8 rows per instruction into the same 4 banks); without it, rows of 128."""
+    import re
+
+    from tvm import relax
+
+    from inferx_edge.compiler.build import pass_config, resolve_tvm_target
+    from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.compiler.cuda_pipeline import INT8_WMMA, cuda_pipeline
+    from inferx_edge.targets import get_target
+    from inferx_edge.tune._intrin import import_tensor_intrinsics
+
+    import_tensor_intrinsics()
+    spec = get_target("h200")
+    target = resolve_tvm_target(spec)
+    strides = []
+    for pad in (0, 8):
+        cfg = replace(INT8_WMMA, intrin=intrin, acc_pad=pad)  # 128 x 128 tile
+        with device_compiler(spec, "cubin"), target, pass_config():
+            ex = relax.build(_nhwc_int8_conv(8, 16, 256, 256, 1), target, relax_pipeline=cuda_pipeline(target, cfg))
+        (cuda,) = [m for m in ex.mod.imports[0].imports if m.kind == "cuda"]
+        kernel = cuda.inspect_source("cuda").split("__global__")[-1]
+        # the epilogue's 16-byte reads of the accumulator tile: row index (threadIdx.x >> 4) times the row stride
+        reads = re.findall(
+            r"\*\(int4\*\)\(\(\(int\*\)buf_dyn_shmem_ptr\) \+ [^;]*?threadIdx\.x\) >> 4\) \* (\d+)\)", kernel
+        )
+        assert reads, kernel[-3000:]
+        strides.append(int(reads[0]))
+    assert strides == [128, 136]

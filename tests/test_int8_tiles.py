@@ -15,10 +15,20 @@ from tests.test_cross_targets import needs_nvrtc
 
 
 def test_tile_text_round_trips_and_bad_text_names_the_form():
-    for cfg in INT8_TILE_LADDER + (replace(INT8_WMMA, pipeline="async", padded_vector=16), WmmaConfig()):
+    extra = (replace(INT8_WMMA, pipeline="async", padded_vector=16), replace(INT8_WMMA, pipeline="async3", acc_pad=8))
+    for cfg in INT8_TILE_LADDER + extra + (WmmaConfig(),):
         assert WmmaConfig.parse(cfg.text()) == cfg
     assert WmmaConfig.parse("2x4.2x4.k4.v16.async.mma") == replace(INT8_WMMA, pipeline="async")
-    for bad in ("2x4.2x4.k4", "2x4.2x4.k4.v16.mma.mma", "2x4.2x4.k4.v16.fast", "2x4.2x4.k4.v3.mma", "0x4.2x4.k4.v16"):
+    assert WmmaConfig.parse("2x4.2x4.k4.v16.a8.async3.mma") == replace(INT8_WMMA, pipeline="async3", acc_pad=8)
+    for bad in (
+        "2x4.2x4.k4",
+        "2x4.2x4.k4.v16.mma.mma",
+        "2x4.2x4.k4.v16.fast",
+        "2x4.2x4.k4.v3.mma",
+        "0x4.2x4.k4.v16",
+        "2x4.2x4.k4.v16.a6.mma",  # accumulator rows pad by a multiple of 4 ints (16-byte epilogue loads)
+        "2x4.2x4.k4.v16.a8.a8.mma",
+    ):
         with pytest.raises(ValueError, match="int8 tile"):
             WmmaConfig.parse(bad)
 
@@ -32,6 +42,8 @@ def test_candidates_start_with_the_default_and_vary_what_the_kernel_can_use():
     assert {c.pipeline for c in cands} == {"", "async", "async3"} and {c.padded_vector for c in cands} == {4, 16}
     assert any(c.k_frags == 8 for c in cands)  # deeper stages where K allows
     assert all(c.k_frags == 8 for c in cands if c.pipeline == "async3")  # three buffers of 128-deep stages
+    # every tile also with the padded accumulator tile (2-way instead of 8-way bank conflicts)
+    assert {replace(c, acc_pad=0) for c in cands if c.acc_pad == 8} == {c for c in cands if c.acc_pad == 0}
     assert "async3" not in {c.pipeline for c in int8_tile_candidates((64 * 56 * 56, 64, 576), 132)}  # K < 1024
     unpadded = int8_tile_candidates(extents, 132, input_padded=False)
     assert {c.padded_vector for c in unpadded} == {4} and len(unpadded) < len(cands)
@@ -194,6 +206,7 @@ def test_benchmark_configs_are_tile_texts_or_builds_pick():
     assert parse_config("2x4.2x4.k4.v16.async.mma") == replace(INT8_WMMA, pipeline="async")
     auto = parse_config("auto.async", (64 * 56 * 56, 144, 24), 132)  # K = 24: 32-deep stages, as build
     assert auto.pipeline == "async" and auto.k_frags == 2
-    for bad in ("auto.fast", "auto.mma.wmma", "2x4.2x4"):
+    assert parse_config("auto.a8.async3", (64 * 56 * 56, 256, 64), 132).acc_pad == 8
+    for bad in ("auto.fast", "auto.mma.wmma", "auto.async.async3", "2x4.2x4"):
         with pytest.raises(SystemExit):
             parse_config(bad)

@@ -120,9 +120,14 @@ class WmmaConfig:
     #: convolution pads its input): 4 by default; 8 and 16 compile since
     #: :func:`~inferx_edge.compiler.cuda.fix_int8_vector_constants` repairs TVM's constant int8 vectors
     padded_vector: int = 4
+    #: int32 elements added to each row of the shared-memory accumulator tile the epilogue reads.
+    #: Unpadded (0), a row is 32-128 ints (a multiple of 32 banks), and the mma store of the
+    #: accumulators writes 8 rows per instruction into the same 4 banks (8-way bank conflicts, seen in
+    #: the generated CUDA); 8 makes it 2-way. Offered by the tile search (``.a8``); not yet measured.
+    acc_pad: int = 0
 
     def text(self) -> str:
-        """``WIxFI.WJxFJ.kK.vV[.pP][.async|.async3].mma|.wmma``, the form :meth:`parse` reads (tuning records,
+        """``WIxFI.WJxFJ.kK.vV[.pP][.aA][.async|.async3].mma|.wmma``, the form :meth:`parse` reads (tuning records,
         benchmark configs)."""
         parts = [
             f"{self.warps_i}x{self.frags_i}",
@@ -132,6 +137,8 @@ class WmmaConfig:
         ]
         if self.padded_vector != 4:
             parts.append(f"p{self.padded_vector}")
+        if self.acc_pad:
+            parts.append(f"a{self.acc_pad}")
         if self.pipeline:
             parts.append(self.pipeline)
         return ".".join(parts + [self.intrin])
@@ -147,24 +154,34 @@ class WmmaConfig:
             wj, fj = (int(x) for x in j.split("x"))
             if k[:1] != "k" or v[:1] != "v":
                 raise ValueError
-            kw = {"pipeline": "", "intrin": "wmma", "padded_vector": 4}
+            kw = {"pipeline": "", "intrin": "wmma", "padded_vector": 4, "acc_pad": 0}
+            numeric = {"p": "padded_vector", "a": "acc_pad"}
             seen = set()
             for x in rest:
-                key = "pipeline" if x in PIPELINES[1:] else "intrin" if x in ("mma", "wmma") else "padded_vector"
-                if key in seen or (key == "padded_vector" and x[:1] != "p"):
+                if x in PIPELINES[1:]:
+                    key = "pipeline"
+                elif x in ("mma", "wmma"):
+                    key = "intrin"
+                elif x[:1] in numeric and x[1:].isdigit():
+                    key = numeric[x[0]]
+                else:
+                    raise ValueError
+                if key in seen:
                     raise ValueError
                 seen.add(key)
-                kw[key] = int(x[1:]) if key == "padded_vector" else x
+                kw[key] = int(x[1:]) if key in numeric.values() else x
             cfg = cls(wi, fi, wj, fj, int(k[1:]), int(v[1:]), **kw)
         except ValueError:
             raise ValueError(
-                f"bad int8 tile '{text}': expected WIxFI.WJxFJ.kK.vV[.pP][.async|.async3][.mma|.wmma], "
+                f"bad int8 tile '{text}': expected WIxFI.WJxFJ.kK.vV[.pP][.aA][.async|.async3][.mma|.wmma], "
                 "e.g. 2x4.2x4.k4.v16.async.mma"
             ) from None
         if min(cfg.warps_i, cfg.frags_i, cfg.warps_j, cfg.frags_j, cfg.k_frags) < 1:
             raise ValueError(f"bad int8 tile '{text}': warps, fragments and k must be positive")
         if cfg.vector not in (1, 2, 4, 8, 16) or cfg.padded_vector not in (1, 2, 4, 8, 16):
             raise ValueError(f"bad int8 tile '{text}': load widths are 1, 2, 4, 8 or 16 bytes")
+        if cfg.acc_pad % 4 or not 0 <= cfg.acc_pad < 32:
+            raise ValueError(f"bad int8 tile '{text}': the accumulator padding is 0, 4, ..., 28 ints")
         return cfg
 
 
@@ -409,6 +426,7 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
     acc_shared = sch.cache_write(block_outer, 0, "shared.dyn")
     sch.storage_align(acc_shared, 0, -2, 16, 4)
     store = sch.cache_write(block_outer, 0, reg_c)
+    store_name = sch.get(store).name_hint
     sch.reverse_compute_at(store, thread_idy)
     sch.reverse_compute_at(acc_shared, thread_idy)
     si, sj = sch.get_loops(store)[-2:]
@@ -461,6 +479,8 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
         sch.annotate(k0, "software_pipeline_stage", [0, 0, 2 if cfg.pipeline == "async3" else 1])
         sch.annotate(k0, "software_pipeline_order", [0, 1, 2])
         sch.annotate(k0, "software_pipeline_async_stages", [0])
+    if cfg.acc_pad:  # on the tensorized store (the block writing the shared tile), rows padded to 32k + pad
+        sch.storage_align(sch.get_sblock(store_name + "_o"), 0, axis=-2, factor=32, offset=cfg.acc_pad)
     auto_inline_consumer_chain(sch, acc_shared)
     fused = sch.fuse(*sch.get_loops(acc_shared)[-2:])
     f0, f1, f2 = sch.split(fused, factors=[None, warp_size, 4])
@@ -512,7 +532,8 @@ def int8_tile_candidates(
     default), the two largest of them also with 128-deep reduction stages; each synchronous and with
     the cp.async pipeline (with 128-deep stages and K >= 1024 also the three-buffer one), and where
     its activation loads are predicated (the convolution pads its input, ``input_padded``, or the
-    tile does not divide I or K) with 4- and 16-byte loads."""
+    tile does not divide I or K) with 4- and 16-byte loads; each with and without the padded
+    accumulator tile (:attr:`WmmaConfig.acc_pad` 8)."""
     i, j, k = extents[0], extents[1], extents[2]
     default = int8_config_for(extents, sm_count, ladder)
     area = _rows(default) * _cols(default)
@@ -528,9 +549,10 @@ def int8_tile_candidates(
         # three-buffer pipelines for the 128-deep stages (enough K to keep two stages in flight)
         for pipeline in ("", "async", "async3") if tile.k_frags >= 8 and k >= 1024 else ("", "async"):
             for width in (4, 16) if predicated else (4,):
-                cfg = replace(tile, pipeline=pipeline, padded_vector=width)
-                if cfg not in out:
-                    out.append(cfg)
+                for acc_pad in (0, 8):
+                    cfg = replace(tile, pipeline=pipeline, padded_vector=width, acc_pad=acc_pad)
+                    if cfg not in out:
+                        out.append(cfg)
     return out
 
 
