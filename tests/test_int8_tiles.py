@@ -178,6 +178,22 @@ def test_search_records_the_fastest_correct_tile_and_resumes(tmp_path):
     assert "1 recorded" in lines[0] and any("[1/1]" in x and "ETA" in x for x in lines)  # progress per group
     assert all(r["best_us"] for r in summary.groups)
     assert search_int8_tiles(mod, spec, tmp_path, gpu=FakeGPU(), log=lambda *a: None).measured_now == 0
+    # candidates a newer release adds (here: two forgotten by the record) are measured alone, with the
+    # default again as the reference; the record keeps the others' timings
+    data = load_tiles(tmp_path)
+    rec = data["groups"][g1.key]
+    order = [c.text() for c in int8_tile_candidates(g1.extents, spec.sm_count, g1.input_padded)]
+    dropped = [t for t in order[1:] if t in rec["us"]][:2]  # in the order they are measured
+    kept = {t: us for t, us in rec["us"].items() if t not in dropped}
+    data["groups"][g1.key] = {**rec, "us": kept}
+    (tmp_path / TILES_FILE).write_text(json.dumps(data))
+    gpu, lines = FakeGPU(), []
+    assert search_int8_tiles(mod, spec, tmp_path, gpu=gpu, workers=2, log=lines.append).measured_now == 1
+    assert gpu.calls == 3 and "1 recorded ones only for candidates added since" in lines[0]
+    after = load_tiles(tmp_path)["groups"][g1.key]  # FakeGPU's third run (the second new one) differs
+    assert dropped[0] in after["us"] and "outputs differ" in after["errors"][dropped[1]]
+    assert all(after["us"][t] == us for t, us in kept.items() if t != rec["default"])
+    assert after["best"] == min(after["us"], key=after["us"].get)
     # a corrupt file is moved aside with a warning, not fatal, and measured again
     (tmp_path / TILES_FILE).write_text('{"format": 1, "groups": {')
     warnings = []

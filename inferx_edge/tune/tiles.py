@@ -275,14 +275,14 @@ def search_int8_tiles(
     log=print,
 ) -> TileSearchSummary:
     """Measure every candidate tile of each int8 kernel group of ``mod`` (legalized and fused) that
-    ``work_dir`` does not record yet; record each group's fastest correct tile as it finishes.
+    ``work_dir`` does not record yet (whole groups, and candidates added since a group was recorded);
+    record each group's fastest correct tile as it finishes.
     Candidates run on ``gpu``, by default this host's GPU or the one behind ``rpc``."""
     import platform
 
     from tvm.support.popen_pool import PopenPoolExecutor
 
     from inferx_edge.compiler.build import resolve_tvm_target
-    from inferx_edge.compiler.cuda_pipeline import int8_tile_candidates
     from inferx_edge.tune import database as tdb
 
     target = resolve_tvm_target(spec)
@@ -296,36 +296,42 @@ def search_int8_tiles(
     deadline = t0 + 60 * minutes if minutes else math.inf
     with tdb.locked(work_dir):
         data = load_tiles(work_dir) or {"format": FORMAT, "target": spec.name, "groups": {}}
-        todo = [g for g in groups if not data["groups"].get(g.key, {}).get("best")]
-        # the most work first (I*J*K over the group's kernels): a run cut short by --minutes has
-        # measured the kernels that matter most
-        todo.sort(key=lambda g: -math.prod(g.extents) * len(g.kernels))
+        plans = _plan(groups, data, spec.sm_count)
+        n_new = sum(1 for *_, old in plans if old is not None)
         kernels = sum(len(g.kernels) for g in groups)
         log(
-            f"[3/4] int8 tiles: {len(groups)} kernel groups ({kernels} kernels); {len(groups) - len(todo)} "
-            f"recorded in {work_dir / TILES_FILE}, {len(todo)} to measure"
+            f"[3/4] int8 tiles: {len(groups)} kernel groups ({kernels} kernels); {len(groups) - len(plans)} "
+            f"recorded in {work_dir / TILES_FILE}, {len(plans)} to measure"
+            + (f" ({n_new} recorded ones only for candidates added since)" if n_new else "")
         )
-        if not todo:
+        if not plans:
             return TileSearchSummary(work_dir, _rows(groups, data), 0, 0, 0.0)
         gpu = gpu or (RemoteGPU(rpc) if rpc else LocalGPU())
+        if n_new and data.get("device") not in (None, gpu.name):  # timed on another GPU: measure them anew
+            plans = _plan(groups, data, spec.sm_count, anew={g.key for g, _, old in plans if old is not None})
         data["device"] = gpu.name
         cross = spec.cross_compiler if platform.machine() != spec.host_arch else None
-        plans = [(g, int8_tile_candidates(g.extents, spec.sm_count, g.input_padded)) for g in todo]
         n_workers = workers or max(1, (os.cpu_count() or 2) - 1)
         pool = PopenPoolExecutor(max_workers=n_workers, timeout=300, maximum_process_uses=64)
-        log(f"      {sum(len(c) for _, c in plans)} candidates, compiled by {n_workers} workers, run on {gpu.name}")
+        log(f"      {sum(len(c) for _, c, _ in plans)} candidates, compiled by {n_workers} workers, run on {gpu.name}")
         futures = [
             [pool.submit(_compile_candidate, g.func, c.text(), target, spec.name, cross) for c in cands]
-            for g, cands in plans
+            for g, cands, _ in plans
         ]
         measured, run, stopped = 0, 0, False
         try:
-            for n, ((group, cands), futs) in enumerate(zip(plans, futures), 1):
+            for n, ((group, cands, old), futs) in enumerate(zip(plans, futures), 1):
                 if time.time() > deadline:
                     stopped = True
                     break
                 rec = _measure_group(group, cands, futs, gpu, repeat, min_repeat_ms)
                 run += len(rec["us"])
+                if old is not None:  # earlier candidates' timings kept; the default's is re-timed
+                    rec["us"] = {**old.get("us", {}), **rec["us"]}
+                    errors = {**old.get("errors", {}), **rec["errors"]}
+                    rec["errors"] = {k: v for k, v in errors.items() if k not in rec["us"]}
+                    if rec["us"]:
+                        rec["best"] = min(rec["us"], key=rec["us"].get)
                 data["groups"][group.key] = rec
                 save_tiles(work_dir, data)
                 measured += 1
@@ -352,8 +358,30 @@ def search_int8_tiles(
             pool.shutdown()
             gpu.close()
     if stopped:
-        log(f"      stopped at the time limit: {measured} groups measured this run, {len(todo) - measured} left")
+        log(f"      stopped at the time limit: {measured} groups measured this run, {len(plans) - measured} left")
     return TileSearchSummary(work_dir, _rows(groups, data), measured, run, time.time() - t0, stopped)
+
+
+def _plan(groups: list[TileGroup], data: dict, sm_count: int | None, anew: set = frozenset()) -> list[tuple]:
+    """(group, candidates to measure, its record or None) for each group with something to measure,
+    the most work first (I*J*K over the group's kernels: a run cut short by --minutes has measured
+    the kernels that matter most). A recorded group is measured again only for candidates its record
+    has neither timed nor rejected (added by a newer inferx_edge), with its default first again as
+    the reference for outputs; groups keyed in ``anew`` are measured in full."""
+    from inferx_edge.compiler.cuda_pipeline import int8_tile_candidates
+
+    plans = []
+    for g in sorted(groups, key=lambda g: -math.prod(g.extents) * len(g.kernels)):
+        cands = int8_tile_candidates(g.extents, sm_count, g.input_padded)
+        rec = {} if g.key in anew else data["groups"].get(g.key, {})
+        if not rec.get("best"):
+            plans.append((g, cands, None))
+            continue
+        seen = set(rec.get("us", {})) | set(rec.get("errors", {}))
+        new = [c for c in cands[1:] if c.text() not in seen]
+        if new:
+            plans.append((g, [cands[0], *new], rec))
+    return plans
 
 
 def _measure_group(group: TileGroup, cands, futs, gpu, repeat: int, min_repeat_ms: int) -> dict:
