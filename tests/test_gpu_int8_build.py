@@ -3,6 +3,7 @@ workaround for TVM 0.27's dlight schedule (checked on the scheduled TIR and by c
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -573,3 +574,35 @@ def test_padded_accumulator_tile_changes_only_its_row_stride(intrin):
         assert reads, kernel[-3000:]
         strides.append(int(reads[0]))
     assert strides == [128, 136]
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("pipeline", ["", "async"])
+def test_16_byte_weight_loads_compile_for_ohwi_conv_weights(pipeline):
+    """``weight_vector`` 16: the conv's OHWI int8 weight (contiguous along K) is loaded 16 bytes at a
+    time, synchronously or with cp.async; by default 4."""
+    from tvm import relax
+
+    from inferx_edge.compiler.build import pass_config, resolve_tvm_target
+    from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.compiler.cuda_pipeline import INT8_WMMA, cuda_pipeline
+    from inferx_edge.targets import get_target
+    from inferx_edge.tune._intrin import import_tensor_intrinsics
+
+    import_tensor_intrinsics()
+    spec = get_target("h200")
+    target = resolve_tvm_target(spec)
+    widths = []
+    for wv in (4, 16):
+        cfg = replace(INT8_WMMA, pipeline=pipeline, weight_vector=wv)
+        with device_compiler(spec, "cubin"), target, pass_config(async_copy=True):
+            ex = relax.build(_nhwc_int8_conv(8, 16, 256, 256, 3), target, relax_pipeline=cuda_pipeline(target, cfg))
+        (cuda,) = [m for m in ex.mod.imports[0].imports if m.kind == "cuda"]
+        kernel = cuda.inspect_source("cuda").split("__global__")[-1]
+        if pipeline:  # the copy helper named by its width, called with the weight as source
+            widths.append(
+                sorted({int(n) for n in re.findall(r"cp_async_legacy_c[ag]_(\d+)_\d+_\d+\([^;]*, w_ptr,", kernel)})
+            )
+        else:
+            widths.append(sorted({{"int": 4, "int4": 16}[t] for t in re.findall(r"= \*\((int4?)\*\)\(w_ptr", kernel)}))
+    assert widths == [[4], [16]]

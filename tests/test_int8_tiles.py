@@ -15,11 +15,16 @@ from tests.test_cross_targets import needs_nvrtc
 
 
 def test_tile_text_round_trips_and_bad_text_names_the_form():
-    extra = (replace(INT8_WMMA, pipeline="async", padded_vector=16), replace(INT8_WMMA, pipeline="async3", acc_pad=8))
+    extra = (
+        replace(INT8_WMMA, pipeline="async", padded_vector=16),
+        replace(INT8_WMMA, pipeline="async3", acc_pad=8, weight_vector=16),
+    )
     for cfg in INT8_TILE_LADDER + extra + (WmmaConfig(),):
         assert WmmaConfig.parse(cfg.text()) == cfg
     assert WmmaConfig.parse("2x4.2x4.k4.v16.async.mma") == replace(INT8_WMMA, pipeline="async")
-    assert WmmaConfig.parse("2x4.2x4.k4.v16.a8.async3.mma") == replace(INT8_WMMA, pipeline="async3", acc_pad=8)
+    assert WmmaConfig.parse("2x4.2x4.k4.v16.a8.w16.async3.mma") == replace(
+        INT8_WMMA, pipeline="async3", acc_pad=8, weight_vector=16
+    )
     for bad in (
         "2x4.2x4.k4",
         "2x4.2x4.k4.v16.mma.mma",
@@ -42,8 +47,10 @@ def test_candidates_start_with_the_default_and_vary_what_the_kernel_can_use():
     assert {c.pipeline for c in cands} == {"", "async", "async3"} and {c.padded_vector for c in cands} == {4, 16}
     assert any(c.k_frags == 8 for c in cands)  # deeper stages where K allows
     assert all(c.k_frags == 8 for c in cands if c.pipeline == "async3")  # three buffers of 128-deep stages
-    # every tile also with the padded accumulator tile (2-way instead of 8-way bank conflicts)
-    assert {replace(c, acc_pad=0) for c in cands if c.acc_pad == 8} == {c for c in cands if c.acc_pad == 0}
+    # every tile also with the padded accumulator tile (2-way instead of 8-way bank conflicts) and
+    # 16-byte weight loads
+    twins = {replace(c, acc_pad=0, weight_vector=4) for c in cands if (c.acc_pad, c.weight_vector) == (8, 16)}
+    assert twins == {c for c in cands if (c.acc_pad, c.weight_vector) == (0, 4)}
     assert "async3" not in {c.pipeline for c in int8_tile_candidates((64 * 56 * 56, 64, 576), 132)}  # K < 1024
     unpadded = int8_tile_candidates(extents, 132, input_padded=False)
     assert {c.padded_vector for c in unpadded} == {4} and len(unpadded) < len(cands)

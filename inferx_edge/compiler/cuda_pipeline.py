@@ -125,9 +125,13 @@ class WmmaConfig:
     #: accumulators writes 8 rows per instruction into the same 4 banks (8-way bank conflicts, seen in
     #: the generated CUDA); 8 makes it 2-way. Offered by the tile search (``.a8``); not yet measured.
     acc_pad: int = 0
+    #: bytes per weight (B operand) load: 4 by default; 16 needs the weight contiguous along K (int8
+    #: conv weights stored OHWI are; a weight transposed inside the kernel is not, and fails to compile
+    #: with "Cannot convert type int32x16"). Offered by the tile search (``.w16``); not yet measured.
+    weight_vector: int = 4
 
     def text(self) -> str:
-        """``WIxFI.WJxFJ.kK.vV[.pP][.aA][.async|.async3].mma|.wmma``, the form :meth:`parse` reads (tuning records,
+        """``WIxFI.WJxFJ.kK.vV[.pP][.aA][.wW][.async|.async3].mma|.wmma``, the form :meth:`parse` reads (tuning records,
         benchmark configs)."""
         parts = [
             f"{self.warps_i}x{self.frags_i}",
@@ -139,6 +143,8 @@ class WmmaConfig:
             parts.append(f"p{self.padded_vector}")
         if self.acc_pad:
             parts.append(f"a{self.acc_pad}")
+        if self.weight_vector != 4:
+            parts.append(f"w{self.weight_vector}")
         if self.pipeline:
             parts.append(self.pipeline)
         return ".".join(parts + [self.intrin])
@@ -154,8 +160,8 @@ class WmmaConfig:
             wj, fj = (int(x) for x in j.split("x"))
             if k[:1] != "k" or v[:1] != "v":
                 raise ValueError
-            kw = {"pipeline": "", "intrin": "wmma", "padded_vector": 4, "acc_pad": 0}
-            numeric = {"p": "padded_vector", "a": "acc_pad"}
+            kw = {"pipeline": "", "intrin": "wmma", "padded_vector": 4, "acc_pad": 0, "weight_vector": 4}
+            numeric = {"p": "padded_vector", "a": "acc_pad", "w": "weight_vector"}
             seen = set()
             for x in rest:
                 if x in PIPELINES[1:]:
@@ -173,12 +179,12 @@ class WmmaConfig:
             cfg = cls(wi, fi, wj, fj, int(k[1:]), int(v[1:]), **kw)
         except ValueError:
             raise ValueError(
-                f"bad int8 tile '{text}': expected WIxFI.WJxFJ.kK.vV[.pP][.aA][.async|.async3][.mma|.wmma], "
+                f"bad int8 tile '{text}': expected WIxFI.WJxFJ.kK.vV[.pP][.aA][.wW][.async|.async3][.mma|.wmma], "
                 "e.g. 2x4.2x4.k4.v16.async.mma"
             ) from None
         if min(cfg.warps_i, cfg.frags_i, cfg.warps_j, cfg.frags_j, cfg.k_frags) < 1:
             raise ValueError(f"bad int8 tile '{text}': warps, fragments and k must be positive")
-        if cfg.vector not in (1, 2, 4, 8, 16) or cfg.padded_vector not in (1, 2, 4, 8, 16):
+        if any(v not in (1, 2, 4, 8, 16) for v in (cfg.vector, cfg.padded_vector, cfg.weight_vector)):
             raise ValueError(f"bad int8 tile '{text}': load widths are 1, 2, 4, 8 or 16 bytes")
         if cfg.acc_pad % 4 or not 0 <= cfg.acc_pad < 32:
             raise ValueError(f"bad int8 tile '{text}': the accumulator padding is 0, 4, ..., 28 ints")
@@ -367,13 +373,13 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
     extents = [iv.dom.extent for iv in sch.get(main_block).iter_vars]
 
     # ``cfg.vector``-byte loads for A (activations), ``cfg.padded_vector`` where they are predicated:
-    # where the tile pads the GEMM (rows I or depth K) or the convolution pads its input. B (weights)
-    # keeps 4-byte loads: wider ones miscompile for matmul weights ("Cannot convert type int32x16").
+    # where the tile pads the GEMM (rows I or depth K) or the convolution pads its input. B (weights):
+    # ``cfg.weight_vector`` bytes, at most ``cfg.vector``.
     def ragged(*axes):
         return any(not isinstance(extents[a], tirx.expr.IntImm) or int(extents[a].value) % tile[a] for a in axes)
 
     pad_a = ragged(1, 3) or "if_then_else" in func.script()
-    vectors = (min(cfg.vector, cfg.padded_vector) if pad_a else cfg.vector, min(cfg.vector, 4))
+    vectors = (min(cfg.vector, cfg.padded_vector) if pad_a else cfg.vector, min(cfg.vector, cfg.weight_vector))
     sch.pad_einsum(main_block, tile)
 
     block = main_block
@@ -532,8 +538,8 @@ def int8_tile_candidates(
     default), the two largest of them also with 128-deep reduction stages; each synchronous and with
     the cp.async pipeline (with 128-deep stages and K >= 1024 also the three-buffer one), and where
     its activation loads are predicated (the convolution pads its input, ``input_padded``, or the
-    tile does not divide I or K) with 4- and 16-byte loads; each with and without the padded
-    accumulator tile (:attr:`WmmaConfig.acc_pad` 8)."""
+    tile does not divide I or K) with 4- and 16-byte loads; each also with the padded accumulator
+    tile and 16-byte weight loads (:attr:`WmmaConfig.acc_pad` 8, :attr:`WmmaConfig.weight_vector` 16)."""
     i, j, k = extents[0], extents[1], extents[2]
     default = int8_config_for(extents, sm_count, ladder)
     area = _rows(default) * _cols(default)
@@ -549,8 +555,10 @@ def int8_tile_candidates(
         # three-buffer pipelines for the 128-deep stages (enough K to keep two stages in flight)
         for pipeline in ("", "async", "async3") if tile.k_frags >= 8 and k >= 1024 else ("", "async"):
             for width in (4, 16) if predicated else (4,):
-                for acc_pad in (0, 8):
-                    cfg = replace(tile, pipeline=pipeline, padded_vector=width, acc_pad=acc_pad)
+                for acc_pad, weight_vector in ((0, 4), (8, 16)):
+                    cfg = replace(
+                        tile, pipeline=pipeline, padded_vector=width, acc_pad=acc_pad, weight_vector=weight_vector
+                    )
                     if cfg not in out:
                         out.append(cfg)
     return out
