@@ -47,9 +47,9 @@ SHAPES = [
 
 
 def parse_config(text: str, extents=None, sm_count=None):
-    """A :class:`WmmaConfig` from its text (``WmmaConfig.parse``), or "auto[.async|.async3][.a8][.mma|.wmma]":
+    """A :class:`WmmaConfig` from its text (``WmmaConfig.parse``), or "auto[.async|.async3][.a8][.w16][.mma|.wmma]":
     the tile ``build`` picks for the GEMM ``extents`` (I, J, K) and ``sm_count``, with that pipeline,
-    accumulator padding and instruction set."""
+    accumulator padding, weight load width and instruction set."""
     from dataclasses import replace
 
     from inferx_edge.compiler.cuda_pipeline import WmmaConfig, int8_config_for
@@ -67,10 +67,10 @@ def parse_config(text: str, extents=None, sm_count=None):
         len(set(suffixes)) < len(suffixes)
         or len(named) > 1
         or len(pipes) > 1
-        or set(suffixes) - {"async", "async3", "a8", "mma", "wmma"}
+        or set(suffixes) - {"async", "async3", "a8", "w16", "mma", "wmma"}
     ):
         raise SystemExit(
-            f"bad config '{text}': expected auto[.async|.async3][.a8][.mma|.wmma] or WIxFI.WJxFJ.kK.vV[...]"
+            f"bad config '{text}': expected auto[.async|.async3][.a8][.w16][.mma|.wmma] or WIxFI.WJxFJ.kK.vV[...]"
         )
     cfg = int8_config_for(extents or (1 << 20, 1 << 20, 1 << 20), sm_count)
     return replace(
@@ -78,6 +78,7 @@ def parse_config(text: str, extents=None, sm_count=None):
         pipeline=pipes[0] if pipes else "",
         intrin=named[0] if named else cfg.intrin,
         acc_pad=8 if "a8" in suffixes else 0,
+        weight_vector=16 if "w16" in suffixes else cfg.weight_vector,
     )
 
 

@@ -229,7 +229,8 @@ def test_benchmark_configs_are_tile_texts_or_builds_pick():
     assert parse_config("2x4.2x4.k4.v16.async.mma") == replace(INT8_WMMA, pipeline="async")
     auto = parse_config("auto.async", (64 * 56 * 56, 144, 24), 132)  # K = 24: 32-deep stages, as build
     assert auto.pipeline == "async" and auto.k_frags == 2
-    assert parse_config("auto.a8.async3", (64 * 56 * 56, 256, 64), 132).acc_pad == 8
+    padded = parse_config("auto.a8.w16.async3", (64 * 56 * 56, 256, 64), 132)
+    assert (padded.acc_pad, padded.weight_vector, padded.pipeline) == (8, 16, "async3")
     for bad in ("auto.fast", "auto.mma.wmma", "auto.async.async3", "2x4.2x4"):
         with pytest.raises(SystemExit):
             parse_config(bad)
