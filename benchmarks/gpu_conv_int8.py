@@ -1,5 +1,5 @@
 """Untuned int8 tensor-core convolutions on one NVIDIA GPU: tile configurations of
-``inferx_edge.compiler.cuda_pipeline.int8_wmma_schedule`` against each other and against cuDNN fp16
+``inferx_edge.compiler.cuda_pipeline.tensor_core_schedule`` against each other and against cuDNN fp16
 (torch, channels_last) on the same shapes, in one process.
 
     python -m benchmarks.gpu_conv_int8 --out DIR [--configs 4x2.4x2.k1.v4,4x2.4x2.k4.v16] [--batch 64]

@@ -9,7 +9,7 @@ torch's int32 result, times both with the same method (CUDA events around 50 bac
 and writes a record with the tuning curve (best latency vs trials), plus a PNG of the curve. The
 same workload with the schedule ``build`` gives an untuned int8 GEMM (``compiler.cuda_pipeline``:
 ldmatrix + mma.sync tile, with and without the cp.async pipeline) is timed alongside; with ``--tiles``
-every tile ``tune --search int8-tiles`` would try on it (``int8_tile_candidates``) is compiled in a
+every tile ``tune --search tiles`` would try on it (``tile_candidates``) is compiled in a
 process pool and timed the same way (each checked exactly against torch), the fastest reported.
 """
 
@@ -96,7 +96,7 @@ def time_cuda(fn, iters: int = 50) -> float:
 
 def time_tile_candidates(spec, target, a, b, c, ref, timer, extra=()) -> list[dict]:
     """Every int8 tile-search candidate for the workload (and the ``extra`` tiles): compiled in a
-    process pool (as ``tune --search int8-tiles`` does), run once and compared exactly with ``ref``,
+    process pool (as ``tune --search tiles`` does), run once and compared exactly with ``ref``,
     timed with ``timer``."""
     import os
 
@@ -104,10 +104,10 @@ def time_tile_candidates(spec, target, a, b, c, ref, timer, extra=()) -> list[di
     import tvm
     from tvm.support.popen_pool import PopenPoolExecutor
 
-    from inferx_edge.compiler.cuda_pipeline import int8_tile_candidates
+    from inferx_edge.compiler.cuda_pipeline import tile_candidates
     from inferx_edge.tune.tiles import _compile_candidate
 
-    cands = [t.text() for t in int8_tile_candidates((N, N, N), spec.sm_count, input_padded=False)] + list(extra)
+    cands = [t.text() for t in tile_candidates((N, N, N), spec.sm_count, input_padded=False)] + list(extra)
     pool = PopenPoolExecutor(max_workers=max(1, min(len(cands), (os.cpu_count() or 2) - 1)), timeout=300)
     futures = [pool.submit(_compile_candidate, workload(), t, target, spec.name, None) for t in cands]
     ops, out = 2 * N**3, []
@@ -208,14 +208,14 @@ def main() -> None:
     from dataclasses import replace
 
     from inferx_edge.compiler.build import pass_config
-    from inferx_edge.compiler.cuda_pipeline import int8_config_for, int8_wmma_schedule
+    from inferx_edge.compiler.cuda_pipeline import int8_config_for, tensor_core_schedule
 
     untuned = []
     for pipeline in ("", "async"):
         cfg = replace(int8_config_for((N, N, N), spec.sm_count), pipeline=pipeline)
         name = "inferx_edge untuned (build's int8 tile" + (", cp.async)" if pipeline else ")")
         try:
-            default = int8_wmma_schedule(workload(), target, cfg)
+            default = tensor_core_schedule(workload(), target, cfg)
             with target, pass_config(async_copy=bool(pipeline)):
                 dlib = tvm.compile(default.mod, target=target)
             c.copyfrom(np.zeros((N, N), np.int32))

@@ -155,9 +155,49 @@ def test_small_reductions_get_one_output_per_thread(kind):
 @needs_nvrtc
 @pytest.mark.parametrize("target", ["a100", "h200"])
 def test_fp16_convolution_uses_tensor_cores(target):
-    """dlight's own rule skips fp16 tensor cores on sm_90a (its arch parser rejects the 'a')."""
+    """fp16 convs take the int8 kernels' tensor-core schedule from sm_80: ldmatrix + mma.sync.m16n8k16
+    with fp16 accumulation, 16-byte loads (8 halves) where unpredicated. (dlight's own rule skipped fp16
+    tensor cores on sm_90a: its arch parser rejects the 'a'.)"""
     (script,) = _schedule_and_compile(target, _conv_module("fp16-conv"))
-    assert "wmma.matrix_a" in script and "tvm_mma_sync" in script and "software_pipeline" not in script
+    assert "ldmatrix" in script and 'mma("m16n8k16", "row", "col", "fp16", "fp16", "fp16"' in script
+    assert "software_pipeline" not in script  # the rule's default tile is synchronous
+
+
+@needs_nvrtc
+def test_fp16_tiles_compile_with_cp_async_and_wide_loads():
+    """Every load width in a tile text is bytes: fp16 tiles load 16 bytes as 8 halves (the conv's
+    NHWC input and OHWI weight), with the cp.async pipeline; the accumulator tile is fp16."""
+    from tvm import relax
+
+    from inferx_edge.compiler.build import pass_config, resolve_tvm_target
+    from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.compiler.cuda_pipeline import WmmaConfig, cuda_pipeline
+    from inferx_edge.targets import get_target
+    from inferx_edge.tune._intrin import import_tensor_intrinsics
+    from inferx_edge.tune.tiles import tile_groups
+
+    import_tensor_intrinsics()
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([8, 28, 28, 256], "float16"))
+    w = relax.Var("w", relax.TensorType([256, 1, 1, 256], "float16"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = relax.op.nn.conv2d(x, w, data_layout="NHWC", kernel_layout="OHWI", out_dtype="float16")
+            out = bb.emit_output(relax.op.nn.relu(y))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    (group,) = tile_groups(relax.get_pipeline("zero")(mod))  # the tile search sees the fp16 kernel
+    assert group.extents == [8 * 28 * 28, 256, 256] and not group.input_padded
+    spec = get_target("h200")
+    target = resolve_tvm_target(spec)
+    cfg = WmmaConfig.parse("2x4.2x4.k4.v16.w16.async.mma")
+    with device_compiler(spec, "cubin"), target, pass_config(async_copy=True):
+        ex = relax.build(mod, target, relax_pipeline=cuda_pipeline(target, sm_count=spec.sm_count, tile_config=cfg))
+    (cuda,) = [m for m in ex.mod.imports[0].imports if m.kind == "cuda"]
+    kernel = cuda.inspect_source("cuda").split("__global__")[-1]
+    assert "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16" in kernel
+    copies = re.findall(r"cp_async_legacy_c[ag]_(\d+)_\d+_\d+\([^;]*, (\w+)_ptr,", kernel)
+    assert {(int(n), src) for n, src in copies} == {(16, "x"), (16, "w")}
 
 
 @needs_nvrtc
@@ -350,7 +390,7 @@ def test_async_copy_pipeline_compiles_to_cp_async(pipeline, in_flight):
 
     from inferx_edge.compiler.build import pass_config, resolve_tvm_target
     from inferx_edge.compiler.cuda import device_compiler
-    from inferx_edge.compiler.cuda_pipeline import INT8_WMMA, cuda_pipeline, int8_wmma_schedule
+    from inferx_edge.compiler.cuda_pipeline import INT8_WMMA, cuda_pipeline, tensor_core_schedule
     from inferx_edge.targets import get_target
     from inferx_edge.tune._intrin import import_tensor_intrinsics
 
@@ -368,8 +408,8 @@ def test_async_copy_pipeline_compiles_to_cp_async(pipeline, in_flight):
     with target:
         legal = relax.transform.LegalizeOps()(_nhwc_int8_conv(8, 16, 256, 256, 1))
     func = next(f for _, f in legal.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
-    with pytest.raises(ValueError, match="unknown int8 load pipeline"):
-        int8_wmma_schedule(func, target, replace(INT8_WMMA, pipeline="reg"))
+    with pytest.raises(ValueError, match="unknown tile load pipeline"):
+        tensor_core_schedule(func, target, replace(INT8_WMMA, pipeline="reg"))
 
 
 def test_compiler_errors_keep_the_errors_not_the_warnings():

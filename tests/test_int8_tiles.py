@@ -1,4 +1,4 @@
-"""int8 tensor-core tile search (``tune --search int8-tiles``): tile texts, kernel grouping, the tile
+"""Tensor-core tile search (``tune --search tiles``): tile texts, kernel grouping, the tile
 file (written as groups finish, resumed, repaired) and build applying it. Measuring needs a GPU; here a
 fake one times the really compiled candidates (the H200 runs are in benchmarks/results)."""
 
@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from inferx_edge.compiler.cuda_pipeline import INT8_TILE_LADDER, INT8_WMMA, WmmaConfig, int8_tile_candidates
+from inferx_edge.compiler.cuda_pipeline import INT8_TILE_LADDER, INT8_WMMA, WmmaConfig, tile_candidates
 from tests.test_cross_targets import needs_nvrtc
 
 
@@ -42,7 +42,7 @@ def test_candidates_start_with_the_default_and_vary_what_the_kernel_can_use():
     from inferx_edge.compiler.cuda_pipeline import int8_config_for
 
     extents = (64 * 14 * 14, 256, 2304)  # ResNet-50 layer 3, 3x3, batch 64
-    cands = int8_tile_candidates(extents, 132, input_padded=True)
+    cands = tile_candidates(extents, 132, input_padded=True)
     assert cands[0] == int8_config_for(extents, 132) and len(set(cands)) == len(cands)
     assert {c.pipeline for c in cands} == {"", "async", "async3"} and {c.padded_vector for c in cands} == {4, 16}
     assert any(c.k_frags == 8 for c in cands)  # deeper stages where K allows
@@ -51,11 +51,11 @@ def test_candidates_start_with_the_default_and_vary_what_the_kernel_can_use():
     # 16-byte weight loads
     twins = {replace(c, acc_pad=0, weight_vector=4) for c in cands if (c.acc_pad, c.weight_vector) == (8, 16)}
     assert twins == {c for c in cands if (c.acc_pad, c.weight_vector) == (0, 4)}
-    assert "async3" not in {c.pipeline for c in int8_tile_candidates((64 * 56 * 56, 64, 576), 132)}  # K < 1024
-    unpadded = int8_tile_candidates(extents, 132, input_padded=False)
+    assert "async3" not in {c.pipeline for c in tile_candidates((64 * 56 * 56, 64, 576), 132)}  # K < 1024
+    unpadded = tile_candidates(extents, 132, input_padded=False)
     assert {c.padded_vector for c in unpadded} == {4} and len(unpadded) < len(cands)
     # 3136 rows: 128-row tiles pad them (predicated loads: 16-byte variants), 64-row tiles do not
-    ragged = int8_tile_candidates((3136, 512, 2048), 132, input_padded=False)
+    ragged = tile_candidates((3136, 512, 2048), 132, input_padded=False)
     assert {16 * c.warps_i * c.frags_i for c in ragged if c.padded_vector == 16} == {128}
     # nothing smaller than a quarter of the default tile on a large GEMM
     assert all(16 * c.warps_i * c.frags_i * 16 * c.warps_j * c.frags_j >= 128 * 128 // 4 for c in cands)
@@ -87,19 +87,19 @@ def _fused(mod):
 
 
 def test_kernels_differing_only_in_scales_or_names_share_a_tile_key():
-    from inferx_edge.tune.tiles import int8_tile_groups
+    from inferx_edge.tune.tiles import tile_groups
 
-    (a,) = int8_tile_groups(_fused(_quantized_conv(0.01)))
-    (b,) = int8_tile_groups(_fused(_quantized_conv(0.37, weight="onnx__Conv_566")))
-    (c,) = int8_tile_groups(_fused(_quantized_conv(0.01, k=1)))
+    (a,) = tile_groups(_fused(_quantized_conv(0.01)))
+    (b,) = tile_groups(_fused(_quantized_conv(0.37, weight="onnx__Conv_566")))
+    (c,) = tile_groups(_fused(_quantized_conv(0.01, k=1)))
     assert a.key == b.key != c.key
     assert a.extents == [8 * 14 * 14, 128, 9 * 128] and a.input_padded and not c.input_padded
 
 
 def _record(work_dir, mod, best: str, extents=None):
-    from inferx_edge.tune.tiles import FORMAT, TILES_FILE, int8_tile_groups
+    from inferx_edge.tune.tiles import FORMAT, TILES_FILE, tile_groups
 
-    (g,) = int8_tile_groups(mod)
+    (g,) = tile_groups(mod)
     rec = {"kernels": g.kernels, "extents": extents or g.extents, "default": INT8_WMMA.text(), "us": {best: 1.0}}
     work_dir.mkdir(parents=True, exist_ok=True)
     (work_dir / TILES_FILE).write_text(json.dumps({"format": FORMAT, "groups": {g.key: rec | {"best": best}}}))
@@ -158,7 +158,7 @@ class FakeGPU:
 @needs_nvrtc
 def test_search_records_the_fastest_correct_tile_and_resumes(tmp_path):
     from inferx_edge.targets import get_target
-    from inferx_edge.tune.tiles import TILES_FILE, int8_tile_groups, load_tiles, search_int8_tiles
+    from inferx_edge.tune.tiles import TILES_FILE, tile_groups, load_tiles, search_tiles
 
     spec = get_target("h200")
     mod = _fused(_quantized_conv(0.01))
@@ -166,36 +166,36 @@ def test_search_records_the_fastest_correct_tile_and_resumes(tmp_path):
     # two groups in one module: the 3x3 and the 1x1 conv
     mod["conv1x1"] = next(f for gv, f in mod2.functions_items() if gv.name_hint != "main")
     # measured most work (I*J*K) first: the 3x3 conv, then the 1x1 (the module holds them the other way)
-    (g1, g3) = int8_tile_groups(mod)
+    (g1, g3) = tile_groups(mod)
     assert (g3.extents[2], g1.extents[2]) == (9 * 128, 128)
     # interrupted while measuring the second group: the first is kept
-    n3 = len(int8_tile_candidates(g3.extents, spec.sm_count, g3.input_padded))
+    n3 = len(tile_candidates(g3.extents, spec.sm_count, g3.input_padded))
     with pytest.raises(KeyboardInterrupt):
-        search_int8_tiles(mod, spec, tmp_path, gpu=FakeGPU(stop_at=n3 + 2), workers=2, log=lambda *a: None)
+        search_tiles(mod, spec, tmp_path, gpu=FakeGPU(stop_at=n3 + 2), workers=2, log=lambda *a: None)
     groups = load_tiles(tmp_path)["groups"]
     assert list(groups) == [g3.key]
     rec = groups[g3.key]
-    assert rec["default"] == int8_tile_candidates(g3.extents, spec.sm_count)[0].text()
+    assert rec["default"] == tile_candidates(g3.extents, spec.sm_count)[0].text()
     assert "outputs differ" in " ".join(rec["errors"].values())
     assert rec["best"] == min(rec["us"], key=rec["us"].get) and len(rec["us"]) == n3 - 1
     # the next run measures only the missing group; a third one measures nothing
     lines = []
-    summary = search_int8_tiles(mod, spec, tmp_path, gpu=FakeGPU(), workers=2, log=lines.append)
+    summary = search_tiles(mod, spec, tmp_path, gpu=FakeGPU(), workers=2, log=lines.append)
     assert summary.measured_now == 1 and set(load_tiles(tmp_path)["groups"]) == {g3.key, g1.key}
     assert "1 recorded" in lines[0] and any("[1/1]" in x and "ETA" in x for x in lines)  # progress per group
     assert all(r["best_us"] for r in summary.groups)
-    assert search_int8_tiles(mod, spec, tmp_path, gpu=FakeGPU(), log=lambda *a: None).measured_now == 0
+    assert search_tiles(mod, spec, tmp_path, gpu=FakeGPU(), log=lambda *a: None).measured_now == 0
     # candidates a newer release adds (here: two forgotten by the record) are measured alone, with the
     # default again as the reference; the record keeps the others' timings
     data = load_tiles(tmp_path)
     rec = data["groups"][g1.key]
-    order = [c.text() for c in int8_tile_candidates(g1.extents, spec.sm_count, g1.input_padded)]
+    order = [c.text() for c in tile_candidates(g1.extents, spec.sm_count, g1.input_padded)]
     dropped = [t for t in order[1:] if t in rec["us"]][:2]  # in the order they are measured
     kept = {t: us for t, us in rec["us"].items() if t not in dropped}
     data["groups"][g1.key] = {**rec, "us": kept}
     (tmp_path / TILES_FILE).write_text(json.dumps(data))
     gpu, lines = FakeGPU(), []
-    assert search_int8_tiles(mod, spec, tmp_path, gpu=gpu, workers=2, log=lines.append).measured_now == 1
+    assert search_tiles(mod, spec, tmp_path, gpu=gpu, workers=2, log=lines.append).measured_now == 1
     assert gpu.calls == 3 and "1 recorded ones only for candidates added since" in lines[0]
     after = load_tiles(tmp_path)["groups"][g1.key]  # FakeGPU's third run (the second new one) differs
     assert dropped[0] in after["us"] and "outputs differ" in after["errors"][dropped[1]]
@@ -210,16 +210,19 @@ def test_search_records_the_fastest_correct_tile_and_resumes(tmp_path):
     assert (tmp_path / (TILES_FILE + ".corrupt")).exists()
 
 
-def test_tile_search_needs_a_cuda_int8_variant():
+def test_tile_search_needs_a_cuda_tensor_core_variant():
     from inferx_edge.cli._common import DEFAULT_MODEL
     from inferx_edge.errors import UsageError
     from inferx_edge.tune import TuneOptions
 
-    with pytest.raises(UsageError, match="CUDA target and --precision int8"):
-        TuneOptions(model=DEFAULT_MODEL, target="x86-cpu", precision="int8", search="int8-tiles")
-    with pytest.raises(UsageError, match="CUDA target and --precision int8"):
-        TuneOptions(model=DEFAULT_MODEL, target="h200", precision="fp16", search="int8-tiles")
-    with pytest.raises(UsageError, match="valid: metaschedule, int8-tiles"):
+    with pytest.raises(UsageError, match="CUDA target and --precision fp16, int8, mixed"):
+        TuneOptions(model=DEFAULT_MODEL, target="x86-cpu", precision="int8", search="tiles")
+    with pytest.raises(UsageError, match="CUDA target and --precision fp16, int8, mixed"):
+        TuneOptions(model=DEFAULT_MODEL, target="h200", precision="fp32", search="tiles")
+    assert TuneOptions(model=DEFAULT_MODEL, target="h200", precision="fp16", search="tiles").search == "tiles"
+    # the earlier name of the search still works
+    assert TuneOptions(model=DEFAULT_MODEL, target="h200", precision="int8", search="int8-tiles").search == "tiles"
+    with pytest.raises(UsageError, match="valid: metaschedule, tiles, int8-tiles"):
         TuneOptions(model=DEFAULT_MODEL, target="h200", precision="int8", search="random")
 
 
@@ -234,3 +237,33 @@ def test_benchmark_configs_are_tile_texts_or_builds_pick():
     for bad in ("auto.fast", "auto.mma.wmma", "auto.async.async3", "2x4.2x4"):
         with pytest.raises(SystemExit):
             parse_config(bad)
+
+
+def test_fp16_outputs_match_within_tolerance_int8_exactly():
+    from inferx_edge.tune.tiles import FP16_MATCH, _same
+
+    rng = np.random.default_rng(0)
+    ref = rng.uniform(0, 300, (64, 64)).astype(np.float16)
+    close = (ref.astype(np.float32) * (1 + rng.uniform(-1e-3, 1e-3, ref.shape))).astype(np.float16)
+    assert _same([close], [ref])  # another accumulation order
+    off = ref.copy()
+    off[3, 5] += np.float16(FP16_MATCH * 2 * np.abs(ref).max())  # a missing or doubled term
+    assert not _same([off], [ref])
+    nan = ref.copy()
+    nan[0, 0] = np.nan
+    assert not _same([nan], [ref])
+    q = rng.integers(-128, 128, (8, 8)).astype(np.int8)
+    q2 = q.copy()
+    q2[0, 0] ^= 1
+    assert _same([q], [q.copy()]) and not _same([q2], [q])
+
+
+def test_legacy_tile_file_is_read_and_replaced_by_the_next_save(tmp_path):
+    from inferx_edge.tune.tiles import FORMAT, LEGACY_TILES_FILE, TILES_FILE, has_tiles, load_tiles, save_tiles
+
+    data = {"format": FORMAT, "groups": {"k": {"best": INT8_WMMA.text(), "extents": [1, 2, 3]}}}
+    (tmp_path / LEGACY_TILES_FILE).write_text(json.dumps(data))
+    assert has_tiles(tmp_path) and load_tiles(tmp_path) == data
+    save_tiles(tmp_path, data)
+    assert (tmp_path / TILES_FILE).exists() and not (tmp_path / LEGACY_TILES_FILE).exists()
+    assert load_tiles(tmp_path) == data

@@ -182,7 +182,7 @@ def test_jetson_without_device_names_both_ways(tmp_path):
     assert "on the device itself" in r.stderr
     r = cli("tune", "--target", "h200", "--trials", "4", "--tuning-logs", tmp_path)
     assert r.returncode == 2 and "no CUDA GPU" in r.stderr
-    r = cli("tune", "--target", "h200", "--precision", "int8", "--search", "int8-tiles", "--tuning-logs", tmp_path)
+    r = cli("tune", "--target", "h200", "--precision", "fp16", "--search", "tiles", "--tuning-logs", tmp_path)
     assert r.returncode == 2 and "no CUDA GPU" in r.stderr
 
 

@@ -33,9 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--search",
         default="metaschedule",
-        choices=["metaschedule", "int8-tiles"],
-        help="metaschedule: MetaSchedule's schedule space for every kernel (default); int8-tiles (CUDA, "
-        "int8/mixed): every candidate tile of build's int8 tensor-core schedule, each kernel measured on the GPU",
+        choices=["metaschedule", "tiles", "int8-tiles"],
+        help="metaschedule: MetaSchedule's schedule space for every kernel (default); tiles (CUDA, "
+        "fp16/int8/mixed): every candidate tile of build's tensor-core schedule, each kernel measured on the "
+        "GPU ('int8-tiles': the same, its earlier name)",
     )
     p.add_argument(
         "--prune", action="store_true", help="after tuning keep only the best record per kernel (small, for committing)"
@@ -69,11 +70,11 @@ def run(args: argparse.Namespace) -> int:
         float_between_layers=args.float_between_layers,
         search=args.search,
     )
-    if opts.search == "int8-tiles":
-        from inferx_edge.tune.driver import tune_int8_tiles
+    if opts.search == "tiles":
+        from inferx_edge.tune.driver import tune_tiles
         from inferx_edge.tune.tiles import print_tile_summary
 
-        print_tile_summary(tune_int8_tiles(opts))
+        print_tile_summary(tune_tiles(opts))
         return 0
     summary = tune_model(opts)
     print_summary(summary)

@@ -144,7 +144,7 @@ def apply_tuning(mod, target, work_dir: Path) -> tuple[Any, int, int, int]:
 
     from inferx_edge.tune import database as tdb
     from inferx_edge.tune._intrin import import_tensor_intrinsics
-    from inferx_edge.tune.tiles import annotate_int8_tiles
+    from inferx_edge.tune.tiles import annotate_tiles
 
     mod = relax.get_pipeline("zero")(mod)
     if tdb.has_database(work_dir):
@@ -154,7 +154,7 @@ def apply_tuning(mod, target, work_dir: Path) -> tuple[Any, int, int, int]:
             tdb.snapshot(work_dir, Path(snap))
             with target, ms.database.JSONDatabase(work_dir=snap):
                 mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
-    mod, tiled = annotate_int8_tiles(mod, work_dir)
+    mod, tiled = annotate_tiles(mod, work_dir)
     funcs = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     tuned = sum(1 for f in funcs if f.attrs is not None and "tirx.is_scheduled" in f.attrs)
     return mod, tuned, tiled, len(funcs)
@@ -502,7 +502,7 @@ def prepare_module(
     mod, names, arrays = bake_weight_transforms(mod, list(imported.params) if bake else None, log)
     if tuning_dir is not None:
         mod, n_tuned, n_tiled, n_total = apply_tuning(mod, target, tuning_dir)
-        tuned = {"database": str(tuning_dir), "kernels_tuned": n_tuned, "int8_tiles": n_tiled, "kernels": n_total}
+        tuned = {"database": str(tuning_dir), "kernels_tuned": n_tuned, "tiles": n_tiled, "kernels": n_total}
     return mod, tuned, (names, arrays)
 
 
@@ -717,7 +717,7 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
                 t = info["tuning"]
                 log(
                     f"      tuning database {tuning_dir}: {t['kernels_tuned']} of {t['kernels']} kernels tuned"
-                    + (f", {t['int8_tiles']} int8 kernels with measured tiles" if t["int8_tiles"] else "")
+                    + (f", {t['tiles']} tensor-core kernels with measured tiles" if t['tiles'] else "")
                     + ", the rest default schedules"
                 )
             else:
@@ -736,7 +736,7 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
                     params=tuple(names),
                     inputs=imported.inputs,
                     outputs=imported.outputs,
-                    tuned=bool(info["tuning"] and (info["tuning"]["kernels_tuned"] or info["tuning"]["int8_tiles"])),
+                    tuned=bool(info["tuning"] and (info["tuning"]["kernels_tuned"] or info["tuning"]["tiles"])),
                     extra=({"tuning": info["tuning"]} if info["tuning"] else {})
                     | ({"cuda_graph": True} if info["cuda_graph"] else {})
                     | {"conv_layout": info["conv_layout"]}

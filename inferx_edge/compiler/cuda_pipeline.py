@@ -11,10 +11,11 @@ ran on CUDA cores.
 memory staging, tensorized load/multiply/store) without the software-pipeline annotations, with
 ldmatrix + ``mma.sync.m16n8k32`` (the full-rate int8 instruction) in place of wmma's 16x16x16, a tile
 chosen per GEMM shape (:func:`int8_config_for`); reads ``sm_90a`` as 90; and leaves every other
-matmul to dlight's own rule. The same arch parsing kept
-fp16 matmuls and convolutions off tensor cores on ``sm_90a``: the rule applies dlight's fp16 wmma
-schedule there too (also without software pipelining). Convolutions reach these rules as implicit
-GEMMs (dlight's reindex turns the input window into the A operand in shared memory).
+matmul to dlight's own rule. The same arch parsing kept fp16 matmuls and convolutions off tensor
+cores on ``sm_90a``. From sm_80 they take the same schedule (:func:`tensor_core_schedule`: ldmatrix +
+``mma.sync.m16n8k16``, the same tiles, the tile search measures them as it does int8's); below
+sm_80, dlight's fp16 wmma schedule without software pipelining. Convolutions reach these rules as
+implicit GEMMs (dlight's reindex turns the input window into the A operand in shared memory).
 
 :class:`SmallReduction` schedules reductions over a few elements per output (depthwise convolutions,
 pooling windows) one output per thread with the reduction unrolled in registers and the epilogue in
@@ -50,10 +51,15 @@ def sm_version(target) -> int:
     return int(m.group(1)) if m else -1
 
 
-#: (input, output) dtypes of matmul-like kernels that get a wmma schedule: ours for int8
-#: (:func:`int8_wmma_schedule`), dlight's ``MatmulTensorization`` for fp16
+#: (input, output) dtypes of matmul-like kernels that get a tensor-core schedule: ours
+#: (:func:`tensor_core_schedule`, tile per kernel) for all of them from sm_80, dlight's
+#: ``MatmulTensorization`` for fp16 on sm_70-sm_75
 _INT8 = ("int8", "int32")
 _TENSOR_CORE_DTYPES = (_INT8, ("float16", "float16"), ("float16", "float32"))
+#: the dtypes :func:`tensor_core_schedule` schedules (and the tile search measures)
+_TILED_DTYPES = _TENSOR_CORE_DTYPES
+#: the first architecture our schedule serves fp16 on (fp16 mma.m16n8k16, cp.async)
+MIN_FP16_TILE_SM = 80
 
 
 def _matmul_signature(func) -> tuple[tuple[str, str], list[int]] | None:
@@ -90,7 +96,7 @@ PIPELINES = ("", "async", "async3")
 
 @dataclass(frozen=True)
 class WmmaConfig:
-    """Tile shape of :func:`int8_wmma_schedule`: a thread block computes (16*warps_i*frags_i) x
+    """Tile shape of :func:`tensor_core_schedule`: a thread block computes (16*warps_i*frags_i) x
     (16*warps_j*frags_j) outputs with warps_i*warps_j warps, each warp frags_i x frags_j 16x16
     fragments; the reduction advances 16*k_frags per shared-memory stage; global loads are ``vector``
     bytes per thread. dlight's values are (4, 2, 4, 2, 1, 4)."""
@@ -313,16 +319,19 @@ def _mma_safe_buffer_names(func):
     return renamed.with_attrs(func.attrs) if func.attrs is not None else renamed
 
 
-def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
+def tensor_core_schedule(func, target, cfg: WmmaConfig | None = None):
     """dlight's int8 wmma matmul schedule (``MatmulInt8Tensorization``) with its tile as parameters,
     without software pipelining (which TVM 0.27 cannot lower for wmma fragments), and with
-    ldmatrix/mma.sync in place of wmma when ``cfg.intrin`` is "mma". Returns the schedule or None when
-    ``func`` is not an int8 matmul/implicit-GEMM convolution it can tensorize."""
+    ldmatrix/mma.sync in place of wmma when ``cfg.intrin`` is "mma"; for int8 -> int32 and fp16 ->
+    fp16/fp32 matmuls (mma.sync.m16n8k32 for int8, m16n8k16 for fp16). Load widths in ``cfg`` are bytes.
+    Returns the schedule or None when ``func`` is not a matmul/implicit-GEMM convolution of those
+    dtypes it can tensorize."""
     from tvm import s_tir, tirx
     from tvm.s_tir.dlight.analysis import get_root_block
     from tvm.s_tir.dlight.gpu.matmul import (
         auto_inline_consumer_chain,
         auto_inline_producers,
+        get_in_out_dtypes,
         get_index_map,
         get_reduction_blocks,
     )
@@ -332,11 +341,20 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
         return None
     cfg = cfg or INT8_WMMA
     if cfg.pipeline not in PIPELINES:
-        raise ValueError(f"unknown int8 load pipeline '{cfg.pipeline}'; valid: '' (none), 'async', 'async3'")
+        raise ValueError(f"unknown tile load pipeline '{cfg.pipeline}'; valid: '' (none), 'async', 'async3'")
     if cfg.intrin not in ("wmma", "mma"):
-        raise ValueError(f"unknown int8 tensor-core instructions '{cfg.intrin}'; valid: 'wmma', 'mma'")
+        raise ValueError(f"unknown tensor-core instructions '{cfg.intrin}'; valid: 'wmma', 'mma'")
     mma = cfg.intrin == "mma"
-    if mma and cfg.k_frags % 2:
+    probe = s_tir.Schedule(func)
+    found = get_reduction_blocks(probe, probe.get_child_blocks(get_root_block(probe)))
+    if not found:
+        return None
+    dtypes = tuple(str(d) for d in get_in_out_dtypes(probe.get(found[0])))
+    if dtypes not in _TILED_DTYPES:
+        return None
+    in_dtype, out_dtype = dtypes
+    item = 1 if in_dtype == "int8" else 2  # bytes per operand element
+    if mma and in_dtype == "int8" and cfg.k_frags % 2:
         raise ValueError(f"mma int8 tiles reduce 32 elements per instruction: k_frags must be even, got {cfg.k_frags}")
     if mma:
         renamed = _mma_safe_buffer_names(func)
@@ -350,7 +368,8 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
     if reduction_blocks is None:
         return None
     warp_size, micro = 32, 16
-    micro_k = 32 if mma else micro  # mma.m16n8k32 (two per 16x16 output fragment) or wmma 16x16x16
+    # int8 mma.m16n8k32 (two per 16x16 output fragment); fp16 mma.m16n8k16; wmma 16x16x16
+    micro_k = 32 if mma and in_dtype == "int8" else micro
     i_factors = [None, 1, cfg.warps_i, cfg.frags_i]
     j_factors = [1, None, cfg.warps_j, cfg.frags_j]
     k_factors = [None, cfg.k_frags * micro // micro_k]
@@ -379,7 +398,8 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
         return any(not isinstance(extents[a], tirx.expr.IntImm) or int(extents[a].value) % tile[a] for a in axes)
 
     pad_a = ragged(1, 3) or "if_then_else" in func.script()
-    vectors = (min(cfg.vector, cfg.padded_vector) if pad_a else cfg.vector, min(cfg.vector, cfg.weight_vector))
+    widths = (min(cfg.vector, cfg.padded_vector) if pad_a else cfg.vector, min(cfg.vector, cfg.weight_vector))
+    vectors = tuple(max(1, w // item) for w in widths)  # elements per load
     sch.pad_einsum(main_block, tile)
 
     block = main_block
@@ -413,7 +433,8 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
         sch.bind(f_2, "threadIdx.x")
         sch.bind(f_1, "threadIdx.y")
         sch.vectorize(f_3)
-        sch.storage_align(block_read, 0, axis=-2, factor=32, offset=16)
+        # rows 16 bytes past a multiple of 32 elements: the 8 rows an ldmatrix reads fall in distinct banks
+        sch.storage_align(block_read, 0, axis=-2, factor=32, offset=16 // item)
         if not cfg.pipeline:
             sch.annotate(block_read, "tirx.manifest_shared_memory_local_stage", 1)
         sch.annotate(block_read, "double_buffer_scope", 0)
@@ -442,10 +463,10 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
     init = sch.get_child_blocks(sch.decompose_reduction(block_outer, k0))[0]
     if mma:
         _register_int8_mma_intrinsics()
-        intrin = get_mma_intrin_group(operand_scope, "shared.dyn", "int8", "int32", trans_a=False, trans_b=True)
+        intrin = get_mma_intrin_group(operand_scope, "shared.dyn", in_dtype, out_dtype, trans_a=False, trans_b=True)
     else:
         intrin = get_wmma_intrin_group(
-            load_scope=operand_scope, store_scope="shared.dyn", in_dtype="int8", out_dtype="int32", trans_b=True
+            load_scope=operand_scope, store_scope="shared.dyn", in_dtype=in_dtype, out_dtype=out_dtype, trans_b=True
         )
     try:
         loads = []
@@ -463,9 +484,11 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
                 shared_16x32_to_ldmatrix_32x16_layout,
             )
 
+            fragment = shared_16x32_to_ldmatrix_32x16_layout if micro_k == 32 else shared_16x16_to_ldmatrix_32x8_layout
+
             def operand_layout(*idx):
                 *lead, r, c = idx
-                return (*lead, r // micro, c // micro_k, *shared_16x32_to_ldmatrix_32x16_layout(r % micro, c % micro_k))
+                return (*lead, r // micro, c // micro_k, *fragment(r % micro, c % micro_k))
 
             def acc_layout(*idx):
                 *lead, r, c = idx
@@ -502,13 +525,13 @@ def int8_wmma_schedule(func, target, cfg: WmmaConfig | None = None):
     return sch
 
 
-#: epilogue steps per thread issued together (see :func:`int8_wmma_schedule`)
+#: epilogue steps per thread issued together (see :func:`tensor_core_schedule`)
 EPILOGUE_UNROLL = 8
 
 
 #: PrimFunc attribute naming the tile a kernel was measured fastest with (``WmmaConfig.text``), set
-#: from a tuning database (:func:`inferx_edge.tune.tiles.annotate_int8_tiles`)
-TILE_ATTR = "inferx.int8_tile"
+#: from a tuning database (:func:`inferx_edge.tune.tiles.annotate_tiles`)
+TILE_ATTR = "inferx.tile"
 
 
 def _recorded_tile(func) -> WmmaConfig | None:
@@ -516,20 +539,37 @@ def _recorded_tile(func) -> WmmaConfig | None:
     return WmmaConfig.parse(str(text)) if text is not None else None
 
 
-def _tensorizable(dtypes, extents) -> bool:
-    """Whether a matmul of these dtypes and (I, J, K) is large enough for tensor cores."""
-    min_rows, min_dim = (MIN_INT8_ROWS, MIN_INT8_DIM) if dtypes == _INT8 else (MIN_TENSORIZE_DIM,) * 2
+def _tensorizable(dtypes, extents, tiled: bool = True) -> bool:
+    """Whether a matmul of these dtypes and (I, J, K) is large enough for tensor cores: from
+    :data:`MIN_INT8_ROWS` x :data:`MIN_INT8_DIM` with our schedule's narrow tiles (``tiled``), from
+    :data:`MIN_TENSORIZE_DIM` in every dim with dlight's."""
+    min_rows, min_dim = (MIN_INT8_ROWS, MIN_INT8_DIM) if tiled else (MIN_TENSORIZE_DIM,) * 2
     return extents[0] >= min_rows and all(e >= min_dim for e in extents[1:])
 
 
-def int8_gemm_extents(func) -> list[int] | None:
-    """(I, J, K) of ``func`` when :func:`int8_safe_matmul_rule` puts it on int8 tensor cores (an int8 ->
-    int32 matmul or implicit-GEMM convolution large enough), else None."""
+def _dtype_pair(sig) -> tuple[str, str]:
+    return tuple(str(d) for d in sig[0])
+
+
+def tile_gemm_extents(func, precision: str | None = None) -> list[int] | None:
+    """(I, J, K) of ``func`` when :func:`int8_safe_matmul_rule` schedules it with
+    :func:`tensor_core_schedule` on sm_80+ (an int8 -> int32 or fp16 matmul or implicit-GEMM
+    convolution large enough), else None. ``precision`` "int8" or "fp16": only kernels of that input
+    type."""
     sig = _matmul_signature(func)
-    return sig[1] if sig is not None and sig[0] == _INT8 and _tensorizable(*sig) else None
+    if sig is None or _dtype_pair(sig) not in _TILED_DTYPES or not _tensorizable(*sig):
+        return None
+    if precision is not None and _dtype_pair(sig)[0] != {"fp16": "float16"}.get(precision, precision):
+        return None
+    return sig[1]
 
 
-def int8_tile_candidates(
+def int8_gemm_extents(func) -> list[int] | None:
+    """(I, J, K) of ``func`` when it runs on int8 tensor cores, else None."""
+    return tile_gemm_extents(func, "int8")
+
+
+def tile_candidates(
     extents, sm_count: int | None, input_padded: bool = True, ladder=INT8_TILE_LADDER
 ) -> list[WmmaConfig]:
     """The tiles a tile search measures for a GEMM of (I, J, K) ``extents``, the default
@@ -564,9 +604,10 @@ def int8_tile_candidates(
     return out
 
 
-def int8_safe_matmul_rule(int8_config: WmmaConfig | None = None, sm_count: int | None = None):
-    """A dlight rule: int8 and fp16 tensor-core matmuls without software pipelining, else dlight's Matmul.
-    ``int8_config``: one int8 tile for every kernel; by default each kernel gets the tile recorded in
+def int8_safe_matmul_rule(tile_config: WmmaConfig | None = None, sm_count: int | None = None):
+    """A dlight rule: int8 and fp16 tensor-core matmuls with :func:`tensor_core_schedule` (fp16 below
+    sm_80: dlight's wmma schedule without software pipelining), else dlight's Matmul.
+    ``tile_config``: one tile for every kernel of our schedule; by default each kernel gets the tile recorded in
     its :data:`TILE_ATTR` (a tuning database's), else :func:`int8_config_for` its shape and ``sm_count``."""
     from tvm.s_tir import dlight as dl
     from tvm.s_tir.dlight.gpu import matmul as dl_matmul
@@ -579,12 +620,13 @@ def int8_safe_matmul_rule(int8_config: WmmaConfig | None = None, sm_count: int |
                 return None
             if target.kind.name == "cuda" and sm_version(target) >= 70:
                 sig = _matmul_signature(func)
-                if sig is not None and sig[0] in _TENSOR_CORE_DTYPES:
-                    dtypes, extents = sig
-                    if _tensorizable(dtypes, extents):
-                        if dtypes == _INT8:  # built without software pipelining
-                            cfg = int8_config or _recorded_tile(func) or int8_config_for(extents, sm_count)
-                            sch = int8_wmma_schedule(func, target, cfg)
+                if sig is not None and _dtype_pair(sig) in _TENSOR_CORE_DTYPES:
+                    dtypes, extents = _dtype_pair(sig), sig[1]
+                    ours = dtypes == _INT8 or sm_version(target) >= MIN_FP16_TILE_SM
+                    if _tensorizable(dtypes, extents, tiled=ours):
+                        if ours:  # built without TVM's software pipelining (cp.async by the tile's choice)
+                            cfg = tile_config or _recorded_tile(func) or int8_config_for(extents, sm_count)
+                            sch = tensor_core_schedule(func, target, cfg)
                         else:
                             sch = dl_matmul.MatmulTensorization().apply(func, target, tunable)
                             if sch is not None:
@@ -724,7 +766,7 @@ def vectorized_elementwise_rule():
     return VectorizedElementwise()
 
 
-def cuda_pipeline(target, int8_config: WmmaConfig | None = None, sm_count: int | None = None):
+def cuda_pipeline(target, tile_config: WmmaConfig | None = None, sm_count: int | None = None):
     """TVM's default CUDA Relax pipeline with :func:`int8_safe_matmul_rule` in place of dlight's Matmul
     and :func:`small_reduction_rule` ahead of its reduction rules, :func:`vectorized_elementwise_rule`
     ahead of its fallback. ``sm_count``: the GPU's SMs, for the int8 tile choice."""
@@ -743,7 +785,7 @@ def cuda_pipeline(target, int8_config: WmmaConfig | None = None, sm_count: int |
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
         dl.ApplyDefaultSchedule(
-            int8_safe_matmul_rule(int8_config, sm_count),
+            int8_safe_matmul_rule(tile_config, sm_count),
             dl.gpu.GEMV(),
             small_reduction_rule(),
             dl.gpu.Reduction(),

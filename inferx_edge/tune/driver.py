@@ -22,9 +22,12 @@ from inferx_edge.targets import get_target
 from inferx_edge.tune import database as tdb
 from inferx_edge.tune.runners import RPCSettings, check_local_measurement, rpc_from_config
 
-#: what ``tune`` searches: MetaSchedule's schedule space for every kernel, or (CUDA int8/mixed) the int8
-#: tensor-core tiles of build's own schedule, kernel by kernel (:mod:`inferx_edge.tune.tiles`)
-SEARCHES = ("metaschedule", "int8-tiles")
+#: what ``tune`` searches: MetaSchedule's schedule space for every kernel, or (CUDA fp16/int8/mixed) the
+#: tensor-core tiles of build's own schedule, kernel by kernel (:mod:`inferx_edge.tune.tiles`);
+#: "int8-tiles" is the name releases before fp16 tiles used for "tiles"
+SEARCHES = ("metaschedule", "tiles", "int8-tiles")
+#: precisions whose CUDA variants have tensor-core kernels the tile search measures
+TILE_PRECISIONS = ("fp16", "int8", "mixed")
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,7 @@ class TuneOptions:
     per_iter : candidates measured per round of a task.
     rpc : measure on a remote device instead of this machine.
     root : directory holding databases (default ``tuning_logs/``).
-    search : one of :data:`SEARCHES`; with "int8-tiles", ``trials``/``trials_per_task``/``per_iter``
+    search : one of :data:`SEARCHES`; with "tiles", ``trials``/``trials_per_task``/``per_iter``
         do not apply (every candidate tile of every kernel is measured once).
     """
 
@@ -72,11 +75,13 @@ class TuneOptions:
         if self.search not in SEARCHES:
             raise UsageError(f"unknown search '{self.search}'; valid: {', '.join(SEARCHES)}")
         if self.search == "int8-tiles":
+            object.__setattr__(self, "search", "tiles")
+        if self.search == "tiles":
             spec = get_target(self.target)
-            if not spec.is_cuda or self.precision not in ("int8", "mixed"):
+            if not spec.is_cuda or self.precision not in TILE_PRECISIONS:
                 raise UsageError(
-                    f"--search int8-tiles measures int8 tensor-core tiles: it needs a CUDA target and "
-                    f"--precision int8 or mixed (got {self.target}, {self.precision}); use --search metaschedule"
+                    f"--search tiles measures tensor-core tiles: it needs a CUDA target and --precision "
+                    f"{', '.join(TILE_PRECISIONS)} (got {self.target}, {self.precision}); use --search metaschedule"
                 )
         if self.trials <= 0:
             raise UsageError(f"--trials must be positive, got {self.trials}")
@@ -147,14 +152,14 @@ def _tuning_inputs(opts: TuneOptions, log):
     return spec, rpc, work_dir, relax.get_pipeline("zero")(_precision_module(imported, spec, opts, log))
 
 
-def tune_int8_tiles(opts: TuneOptions, log=print):
-    """``tune --search int8-tiles``: the kernels build compiles for ``opts``, their tiles measured on the
+def tune_tiles(opts: TuneOptions, log=print):
+    """``tune --search tiles``: the kernels build compiles for ``opts``, their tiles measured on the
     GPU (local or ``opts.rpc``); returns a :class:`~inferx_edge.tune.tiles.TileSearchSummary`."""
-    from inferx_edge.tune.tiles import search_int8_tiles
+    from inferx_edge.tune.tiles import search_tiles
 
     spec, rpc, work_dir, mod = _tuning_inputs(opts, log)
     log(f"[2/4] database {work_dir}")
-    summary = search_int8_tiles(mod, spec, work_dir, minutes=opts.minutes, rpc=rpc, log=log)
+    summary = search_tiles(mod, spec, work_dir, minutes=opts.minutes, rpc=rpc, log=log)
     log(f"[4/4] done in {summary.seconds:.0f} s; 'build' applies the recorded tiles")
     return summary
 

@@ -1,12 +1,15 @@
-"""``tune --search int8-tiles``: measure the int8 tensor-core tiles of a CUDA model kernel by kernel.
+"""``tune --search tiles``: measure the tensor-core tiles of a CUDA model kernel by kernel.
 
-Build schedules every int8 GEMM and implicit-GEMM convolution with
-:func:`~inferx_edge.compiler.cuda_pipeline.int8_wmma_schedule`, its tile picked by a rule
+Build schedules every int8 and fp16 GEMM and implicit-GEMM convolution (sm_80+) with
+:func:`~inferx_edge.compiler.cuda_pipeline.tensor_core_schedule`, its tile picked by a rule
 (:func:`~inferx_edge.compiler.cuda_pipeline.int8_config_for`). This search compiles each kernel with
-every candidate tile (:func:`~inferx_edge.compiler.cuda_pipeline.int8_tile_candidates`: tile sizes,
+every candidate tile (:func:`~inferx_edge.compiler.cuda_pipeline.tile_candidates`: tile sizes,
 cp.async pipeline, 128-deep stages, 16-byte predicated loads), runs them on the GPU, keeps the fastest
-whose outputs equal the default tile's, and records it in ``int8_tiles.json`` beside the model's
-MetaSchedule database. ``build`` reads the file and gives each kernel its recorded tile.
+whose outputs match the default tile's (int8: equal; fp16: within :data:`FP16_MATCH` of the largest
+output), and records it in ``tiles.json`` beside the model's MetaSchedule database (one directory per
+precision). ``build`` reads the file and gives each kernel its recorded tile. (Databases written
+before fp16 was searched name the file ``int8_tiles.json``; it is read, and replaced by
+``tiles.json`` on the next search.)
 
 Kernels are grouped by *tile key*: the kernel's TIR with its name, parameter names and float
 constants (quantization scales) blanked, so the convolutions of a network that differ only in their
@@ -35,7 +38,12 @@ import numpy as np
 from inferx_edge.errors import UsageError
 from inferx_edge.package.atomic import atomic_write
 
-TILES_FILE = "int8_tiles.json"
+TILES_FILE = "tiles.json"
+#: the name int8-only releases gave the file
+LEGACY_TILES_FILE = "int8_tiles.json"
+#: fp16 candidates match the default tile when every output is within this fraction of the largest
+#: output magnitude (accumulation order differs between tiles; a wrong tile is off by whole terms)
+FP16_MATCH = 1e-2
 FORMAT = 1
 
 
@@ -64,18 +72,18 @@ class TileGroup:
     kernels: list[str] = field(default_factory=list)
 
 
-def int8_tile_groups(mod) -> list[TileGroup]:
-    """The int8 tensor-core kernels of a legalized, fused module (not yet scheduled), by tile key, in
-    module order."""
+def tile_groups(mod) -> list[TileGroup]:
+    """The tensor-core kernels (int8 and fp16) of a legalized, fused module (not yet scheduled), by
+    tile key, in module order."""
     import tvm
 
-    from inferx_edge.compiler.cuda_pipeline import int8_gemm_extents
+    from inferx_edge.compiler.cuda_pipeline import tile_gemm_extents
 
     groups: dict[str, TileGroup] = {}
     for gv, func in mod.functions_items():
         if not isinstance(func, tvm.tirx.PrimFunc) or (func.attrs is not None and "tirx.is_scheduled" in func.attrs):
             continue
-        extents = int8_gemm_extents(func)
+        extents = tile_gemm_extents(func)
         if extents is None:
             continue
         script = func.script()
@@ -89,36 +97,43 @@ def int8_tile_groups(mod) -> list[TileGroup]:
 def load_tiles(work_dir: Path, warn=lambda m: print(f"warning: {m}", file=sys.stderr), repair: bool = True) -> dict:
     """The tile records of a database directory ({} when there are none). A file that does not parse
     is skipped with a warning and, with ``repair`` (the search, under the database lock), moved aside
-    to ``int8_tiles.json.corrupt`` (its groups are measured again)."""
-    path = work_dir / TILES_FILE
+    to ``tiles.json.corrupt`` (its groups are measured again)."""
+    path = _tiles_path(work_dir)
     if not path.exists():
         return {}
     try:
         data = json.loads(path.read_text())
         if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("groups"), dict):
-            raise ValueError(f"not an int8 tile file of format {FORMAT}")
+            raise ValueError(f"not a tile file of format {FORMAT}")
     except ValueError as exc:
         if not repair:
             warn(f"{path}: unreadable ({exc}); ignored, its kernels keep the default tiles")
             return {}
-        aside = path.with_name(TILES_FILE + ".corrupt")
+        aside = path.with_name(path.name + ".corrupt")
         path.replace(aside)
         warn(f"{path}: unreadable ({exc}); moved to {aside.name}, its kernels will be measured again")
         return {}
     return data
 
 
+def _tiles_path(work_dir: Path) -> Path:
+    """``tiles.json``, or the legacy ``int8_tiles.json`` when only that exists."""
+    path = work_dir / TILES_FILE
+    return work_dir / LEGACY_TILES_FILE if not path.exists() and (work_dir / LEGACY_TILES_FILE).exists() else path
+
+
 def has_tiles(work_dir: Path) -> bool:
-    return (work_dir / TILES_FILE).exists()
+    return _tiles_path(work_dir).exists()
 
 
 def save_tiles(work_dir: Path, data: dict) -> None:
     with atomic_write(work_dir / TILES_FILE, "w") as f:
         f.write(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    (work_dir / LEGACY_TILES_FILE).unlink(missing_ok=True)  # its records are in tiles.json now
 
 
-def annotate_int8_tiles(mod, work_dir: Path) -> tuple[object, int]:
-    """Give each int8 tensor-core kernel of ``mod`` (legalized and fused) the tile ``work_dir`` records
+def annotate_tiles(mod, work_dir: Path) -> tuple[object, int]:
+    """Give each tensor-core kernel of ``mod`` (legalized and fused) the tile ``work_dir`` records
     for its tile key (when the recorded GEMM extents match); returns the module and how many kernels
     got one."""
     from inferx_edge.compiler.cuda_pipeline import TILE_ATTR, WmmaConfig
@@ -127,7 +142,7 @@ def annotate_int8_tiles(mod, work_dir: Path) -> tuple[object, int]:
     if not groups:
         return mod, 0
     done = 0
-    for group in int8_tile_groups(mod):
+    for group in tile_groups(mod):
         rec = groups.get(group.key)
         if not rec or not rec.get("best") or rec.get("extents") != group.extents:
             continue
@@ -150,7 +165,7 @@ def _compile_candidate(func, cfg_text: str, target, spec_name: str, cross_compil
 
     from inferx_edge.compiler.build import pass_config
     from inferx_edge.compiler.cuda import device_compiler
-    from inferx_edge.compiler.cuda_pipeline import WmmaConfig, int8_wmma_schedule
+    from inferx_edge.compiler.cuda_pipeline import WmmaConfig, tensor_core_schedule
     from inferx_edge.compiler.tvm_ops import vectorizable_nearbyint
     from inferx_edge.targets import get_target
     from inferx_edge.tune._intrin import import_tensor_intrinsics
@@ -158,7 +173,7 @@ def _compile_candidate(func, cfg_text: str, target, spec_name: str, cross_compil
 
     import_tensor_intrinsics()
     vectorizable_nearbyint()
-    sch = int8_wmma_schedule(func, target, WmmaConfig.parse(cfg_text))
+    sch = tensor_core_schedule(func, target, WmmaConfig.parse(cfg_text))
     if sch is None:
         return None
     kernel = sch.mod["main"].with_attr("global_symbol", "main")  # exported: callable from the library
@@ -197,7 +212,7 @@ class LocalGPU(_GPU):
 
         self.dev = tvm.cuda(0)
         if not self.dev.exist:
-            raise UsageError("tune --search int8-tiles measures on a CUDA GPU and this host has none; use --rpc")
+            raise UsageError("tune --search tiles measures on a CUDA GPU and this host has none; use --rpc")
         self.name = str(self.dev.device_name)
 
     def load(self, path: str):
@@ -244,7 +259,15 @@ def _random_args(func, seed: int) -> list[np.ndarray]:
 
 def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
     for x, y in zip(a, b):
-        if x.dtype.kind == "f":
+        if x.dtype == np.float16:  # tiles accumulate in different orders: close, not equal
+            x, y = x.astype(np.float64), y.astype(np.float64)
+            if np.isnan(x).any() or np.isnan(y).any() or (np.isinf(x) != np.isinf(y)).any():
+                return False
+            finite = np.isfinite(y)
+            scale = float(np.abs(y[finite]).max()) if finite.any() else 0.0
+            if (np.abs(x[finite] - y[finite]) > FP16_MATCH * max(scale, 1e-3)).any():
+                return False
+        elif x.dtype.kind == "f":
             if not np.allclose(x, y, rtol=1e-5, atol=1e-6, equal_nan=True):
                 return False
         elif not np.array_equal(x, y):
@@ -262,7 +285,7 @@ class TileSearchSummary:
     stopped_by_time: bool = False
 
 
-def search_int8_tiles(
+def search_tiles(
     mod,
     spec,
     work_dir: Path,
@@ -274,7 +297,7 @@ def search_int8_tiles(
     min_repeat_ms: int = 10,
     log=print,
 ) -> TileSearchSummary:
-    """Measure every candidate tile of each int8 kernel group of ``mod`` (legalized and fused) that
+    """Measure every candidate tile of each tensor-core kernel group of ``mod`` (legalized and fused) that
     ``work_dir`` does not record yet (whole groups, and candidates added since a group was recorded);
     record each group's fastest correct tile as it finishes.
     Candidates run on ``gpu``, by default this host's GPU or the one behind ``rpc``."""
@@ -283,14 +306,16 @@ def search_int8_tiles(
     from tvm.support.popen_pool import PopenPoolExecutor
 
     from inferx_edge.compiler.build import resolve_tvm_target
+    from inferx_edge.compiler.cuda_pipeline import MIN_INT8_DIM as MIN_DIM
+    from inferx_edge.compiler.cuda_pipeline import MIN_INT8_ROWS as MIN_ROWS
     from inferx_edge.tune import database as tdb
 
     target = resolve_tvm_target(spec)
-    groups = int8_tile_groups(mod)
+    groups = tile_groups(mod)
     if not groups:
         raise UsageError(
-            f"the model has no int8 tensor-core kernels for {spec.name}; the int8-tiles search is for "
-            f"CUDA int8/mixed variants"
+            f"the model has no int8 or fp16 tensor-core kernels for {spec.name} (GEMMs and convolutions "
+            f"of at least {MIN_ROWS} x {MIN_DIM} x {MIN_DIM}); the tiles search is for CUDA fp16/int8/mixed variants"
         )
     t0 = time.time()
     deadline = t0 + 60 * minutes if minutes else math.inf
@@ -300,8 +325,8 @@ def search_int8_tiles(
         n_new = sum(1 for *_, old in plans if old is not None)
         kernels = sum(len(g.kernels) for g in groups)
         log(
-            f"[3/4] int8 tiles: {len(groups)} kernel groups ({kernels} kernels); {len(groups) - len(plans)} "
-            f"recorded in {work_dir / TILES_FILE}, {len(plans)} to measure"
+            f"[3/4] tensor-core tiles: {len(groups)} kernel groups ({kernels} kernels); {len(groups) - len(plans)} "
+            f"recorded in {_tiles_path(work_dir)}, {len(plans)} to measure"
             + (f" ({n_new} recorded ones only for candidates added since)" if n_new else "")
         )
         if not plans:
@@ -352,7 +377,7 @@ def search_int8_tiles(
                     f"{'s' if len(group.kernels) > 1 else ''}): {best or '-'} {gain}  [{elapsed:.0f} s, ETA {eta:.0f} s]"
                 )
         except KeyboardInterrupt:
-            log(f"interrupted: {measured} groups recorded in {work_dir / TILES_FILE}; run the same command to continue")
+            log(f"interrupted: {measured} groups recorded in {_tiles_path(work_dir)}; run the same command to continue")
             raise
         finally:
             pool.shutdown()
@@ -368,11 +393,11 @@ def _plan(groups: list[TileGroup], data: dict, sm_count: int | None, anew: set =
     the kernels that matter most). A recorded group is measured again only for candidates its record
     has neither timed nor rejected (added by a newer inferx_edge), with its default first again as
     the reference for outputs; groups keyed in ``anew`` are measured in full."""
-    from inferx_edge.compiler.cuda_pipeline import int8_tile_candidates
+    from inferx_edge.compiler.cuda_pipeline import tile_candidates
 
     plans = []
     for g in sorted(groups, key=lambda g: -math.prod(g.extents) * len(g.kernels)):
-        cands = int8_tile_candidates(g.extents, sm_count, g.input_padded)
+        cands = tile_candidates(g.extents, sm_count, g.input_padded)
         rec = {} if g.key in anew else data["groups"].get(g.key, {})
         if not rec.get("best"):
             plans.append((g, cands, None))
