@@ -158,7 +158,7 @@ class FakeGPU:
 @needs_nvrtc
 def test_search_records_the_fastest_correct_tile_and_resumes(tmp_path):
     from inferx_edge.targets import get_target
-    from inferx_edge.tune.tiles import TILES_FILE, tile_groups, load_tiles, search_tiles
+    from inferx_edge.tune.tiles import TILES_FILE, load_tiles, search_tiles, tile_groups
 
     spec = get_target("h200")
     mod = _fused(_quantized_conv(0.01))

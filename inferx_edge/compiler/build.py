@@ -717,7 +717,7 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
                 t = info["tuning"]
                 log(
                     f"      tuning database {tuning_dir}: {t['kernels_tuned']} of {t['kernels']} kernels tuned"
-                    + (f", {t['tiles']} tensor-core kernels with measured tiles" if t['tiles'] else "")
+                    + (f", {t['tiles']} tensor-core kernels with measured tiles" if t["tiles"] else "")
                     + ", the rest default schedules"
                 )
             else:
