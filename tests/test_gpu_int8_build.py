@@ -37,6 +37,44 @@ def test_int8_variant_compiles_for_each_gpu_architecture(tmp_path, target, sm, m
             assert sum(w[k].dtype == np.int8 for k in w.files) == 4
 
 
+@needs_nvrtc
+@pytest.mark.parametrize(
+    "target,sm",
+    [("a100", "sm_80"), ("h200", "sm_90"), pytest.param("jetson-orin", "sm_87", marks=needs_cross)],
+)
+def test_fp16_variant_runs_its_convolutions_on_mma_for_each_gpu_architecture(tmp_path, monkeypatch, target, sm):
+    dump = tmp_path / "cuda"
+    monkeypatch.setenv("INFERX_DUMP_CUDA", str(dump))
+    out = tmp_path / f"{target}.ixa"
+    build_artifact(BuildOptions(DEFAULT_MODEL, target, out, precisions=("fp16",), tuning=False), log=lambda *a: None)
+    with open_artifact(out) as art:
+        lib = art.member(art.manifest.variant("fp16-b1").library)
+        assert set(embedded_cuda_code(lib)["cubin"]) == {sm}
+    source = "".join(f.read_text() for f in dump.iterdir())
+    assert "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16" in source and "ldmatrix" in source
+
+
+@needs_nvrtc
+def test_fp16_rgb_stem_compiles_on_tensor_cores():
+    """A 7x7 stride-2 fp16 conv over 3 channels (K = 147, not a multiple of a load's 2 halves): its
+    predicated activation loads gather across pixels; compiles on mma like the other fp16 convs."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([2, 64, 64, 3], "float16"))
+    w = relax.Var("w", relax.TensorType([64, 7, 7, 3], "float16"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = relax.op.nn.conv2d(
+                x, w, strides=[2, 2], padding=[3, 3, 3, 3], data_layout="NHWC", kernel_layout="OHWI",
+                out_dtype="float16",
+            )  # fmt: skip
+            out = bb.emit_output(relax.op.nn.relu(y))
+        bb.emit_func_output(out)
+    (script,) = _schedule_and_compile("h200", bb.get())
+    assert 'mma("m16n8k16", "row", "col", "fp16", "fp16", "fp16"' in script
+
+
 def _int8_matmul_module(m: int):
     from tvm import relax
 
