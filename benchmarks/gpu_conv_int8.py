@@ -93,17 +93,18 @@ def _driver() -> str | None:
         return None
 
 
-def conv_module(n: int, hw: int, c: int, o: int, k: int, stride: int):
+def conv_module(n: int, hw: int, c: int, o: int, k: int, stride: int, dtype: str = "int8"):
+    """An NHWC conv with OHWI weights: int8 -> int32, or float16 -> float16."""
     from tvm import relax
 
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([n, hw, hw, c], "int8"))
-    w = relax.Var("w", relax.TensorType([o, k, k, c], "int8"))
+    x = relax.Var("x", relax.TensorType([n, hw, hw, c], dtype))
+    w = relax.Var("w", relax.TensorType([o, k, k, c], dtype))
     with bb.function("main", [x, w]):
         with bb.dataflow():
             y = relax.op.nn.conv2d(
                 x, w, strides=[stride] * 2, padding=[k // 2] * 4, data_layout="NHWC", kernel_layout="OHWI",
-                out_dtype="int32",
+                out_dtype="int32" if dtype == "int8" else dtype,
             )  # fmt: skip
             out = bb.emit_output(y)
         bb.emit_func_output(out)

@@ -58,20 +58,9 @@ def test_fp16_variant_runs_its_convolutions_on_mma_for_each_gpu_architecture(tmp
 def test_fp16_rgb_stem_compiles_on_tensor_cores():
     """A 7x7 stride-2 fp16 conv over 3 channels (K = 147, not a multiple of a load's 2 halves): its
     predicated activation loads gather across pixels; compiles on mma like the other fp16 convs."""
-    from tvm import relax
+    from benchmarks.gpu_conv_int8 import conv_module
 
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([2, 64, 64, 3], "float16"))
-    w = relax.Var("w", relax.TensorType([64, 7, 7, 3], "float16"))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            y = relax.op.nn.conv2d(
-                x, w, strides=[2, 2], padding=[3, 3, 3, 3], data_layout="NHWC", kernel_layout="OHWI",
-                out_dtype="float16",
-            )  # fmt: skip
-            out = bb.emit_output(relax.op.nn.relu(y))
-        bb.emit_func_output(out)
-    (script,) = _schedule_and_compile("h200", bb.get())
+    (script,) = _schedule_and_compile("h200", conv_module(2, 64, 3, 64, 7, 2, "float16"))
     assert 'mma("m16n8k16", "row", "col", "fp16", "fp16", "fp16"' in script
 
 
@@ -207,6 +196,7 @@ def test_fp16_tiles_compile_with_cp_async_and_wide_loads():
     NHWC input and OHWI weight), with the cp.async pipeline; the accumulator tile is fp16."""
     from tvm import relax
 
+    from benchmarks.gpu_conv_int8 import conv_module
     from inferx_edge.compiler.build import pass_config, resolve_tvm_target
     from inferx_edge.compiler.cuda import device_compiler
     from inferx_edge.compiler.cuda_pipeline import WmmaConfig, cuda_pipeline
@@ -215,15 +205,7 @@ def test_fp16_tiles_compile_with_cp_async_and_wide_loads():
     from inferx_edge.tune.tiles import tile_groups
 
     import_tensor_intrinsics()
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([8, 28, 28, 256], "float16"))
-    w = relax.Var("w", relax.TensorType([256, 1, 1, 256], "float16"))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            y = relax.op.nn.conv2d(x, w, data_layout="NHWC", kernel_layout="OHWI", out_dtype="float16")
-            out = bb.emit_output(relax.op.nn.relu(y))
-        bb.emit_func_output(out)
-    mod = bb.get()
+    mod = conv_module(8, 28, 256, 256, 1, 1, "float16")
     (group,) = tile_groups(relax.get_pipeline("zero")(mod))  # the tile search sees the fp16 kernel
     assert group.extents == [8 * 28 * 28, 256, 256] and not group.input_padded
     spec = get_target("h200")
