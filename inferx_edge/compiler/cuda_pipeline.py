@@ -56,8 +56,6 @@ def sm_version(target) -> int:
 #: ``MatmulTensorization`` for fp16 on sm_70-sm_75
 _INT8 = ("int8", "int32")
 _TENSOR_CORE_DTYPES = (_INT8, ("float16", "float16"), ("float16", "float32"))
-#: the dtypes :func:`tensor_core_schedule` schedules (and the tile search measures)
-_TILED_DTYPES = _TENSOR_CORE_DTYPES
 #: the first architecture our schedule serves fp16 on (fp16 mma.m16n8k16, cp.async)
 MIN_FP16_TILE_SM = 80
 
@@ -73,7 +71,7 @@ def _matmul_signature(func) -> tuple[tuple[str, str], list[int]] | None:
         if not blocks:
             return None
         main = blocks[0]
-        dtypes = tuple(get_in_out_dtypes(sch.get(main)))
+        dtypes = tuple(str(d) for d in get_in_out_dtypes(sch.get(main)))
         if not get_index_map(sch.get(main)):
             return None
         for i, kind in ((0, "read"), (1, "read"), (0, "write")):
@@ -345,17 +343,6 @@ def tensor_core_schedule(func, target, cfg: WmmaConfig | None = None):
     if cfg.intrin not in ("wmma", "mma"):
         raise ValueError(f"unknown tensor-core instructions '{cfg.intrin}'; valid: 'wmma', 'mma'")
     mma = cfg.intrin == "mma"
-    probe = s_tir.Schedule(func)
-    found = get_reduction_blocks(probe, probe.get_child_blocks(get_root_block(probe)))
-    if not found:
-        return None
-    dtypes = tuple(str(d) for d in get_in_out_dtypes(probe.get(found[0])))
-    if dtypes not in _TILED_DTYPES:
-        return None
-    in_dtype, out_dtype = dtypes
-    item = 1 if in_dtype == "int8" else 2  # bytes per operand element
-    if mma and in_dtype == "int8" and cfg.k_frags % 2:
-        raise ValueError(f"mma int8 tiles reduce 32 elements per instruction: k_frags must be even, got {cfg.k_frags}")
     if mma:
         renamed = _mma_safe_buffer_names(func)
         if renamed is None:
@@ -365,8 +352,15 @@ def tensor_core_schedule(func, target, cfg: WmmaConfig | None = None):
     sch = s_tir.Schedule(func)
     blocks = sch.get_child_blocks(get_root_block(sch))
     reduction_blocks = get_reduction_blocks(sch, blocks)
-    if reduction_blocks is None:
+    if not reduction_blocks:
         return None
+    dtypes = tuple(str(d) for d in get_in_out_dtypes(sch.get(reduction_blocks[0])))
+    if dtypes not in _TENSOR_CORE_DTYPES:
+        return None
+    in_dtype, out_dtype = dtypes
+    item = 1 if in_dtype == "int8" else 2  # bytes per operand element
+    if mma and in_dtype == "int8" and cfg.k_frags % 2:
+        raise ValueError(f"mma int8 tiles reduce 32 elements per instruction: k_frags must be even, got {cfg.k_frags}")
     warp_size, micro = 32, 16
     # int8 mma.m16n8k32 (two per 16x16 output fragment); fp16 mma.m16n8k16; wmma 16x16x16
     micro_k = 32 if mma and in_dtype == "int8" else micro
@@ -547,26 +541,12 @@ def _tensorizable(dtypes, extents, tiled: bool = True) -> bool:
     return extents[0] >= min_rows and all(e >= min_dim for e in extents[1:])
 
 
-def _dtype_pair(sig) -> tuple[str, str]:
-    return tuple(str(d) for d in sig[0])
-
-
-def tile_gemm_extents(func, precision: str | None = None) -> list[int] | None:
+def tile_gemm_extents(func) -> list[int] | None:
     """(I, J, K) of ``func`` when :func:`int8_safe_matmul_rule` schedules it with
     :func:`tensor_core_schedule` on sm_80+ (an int8 -> int32 or fp16 matmul or implicit-GEMM
-    convolution large enough), else None. ``precision`` "int8" or "fp16": only kernels of that input
-    type."""
+    convolution large enough), else None."""
     sig = _matmul_signature(func)
-    if sig is None or _dtype_pair(sig) not in _TILED_DTYPES or not _tensorizable(*sig):
-        return None
-    if precision is not None and _dtype_pair(sig)[0] != {"fp16": "float16"}.get(precision, precision):
-        return None
-    return sig[1]
-
-
-def int8_gemm_extents(func) -> list[int] | None:
-    """(I, J, K) of ``func`` when it runs on int8 tensor cores, else None."""
-    return tile_gemm_extents(func, "int8")
+    return sig[1] if sig is not None and sig[0] in _TENSOR_CORE_DTYPES and _tensorizable(*sig) else None
 
 
 def tile_candidates(
@@ -620,8 +600,8 @@ def int8_safe_matmul_rule(tile_config: WmmaConfig | None = None, sm_count: int |
                 return None
             if target.kind.name == "cuda" and sm_version(target) >= 70:
                 sig = _matmul_signature(func)
-                if sig is not None and _dtype_pair(sig) in _TENSOR_CORE_DTYPES:
-                    dtypes, extents = _dtype_pair(sig), sig[1]
+                if sig is not None and sig[0] in _TENSOR_CORE_DTYPES:
+                    dtypes, extents = sig
                     ours = dtypes == _INT8 or sm_version(target) >= MIN_FP16_TILE_SM
                     if _tensorizable(dtypes, extents, tiled=ours):
                         if ours:  # built without TVM's software pipelining (cp.async by the tile's choice)
