@@ -9,7 +9,7 @@ run them). Each kernel is checked exactly against a float64 convolution of the s
 timed (p50 of synchronous calls); TOPS = 2 * MACs / p50. A config is "WIxFI.WJxFJ.kK.vV[.pP][.async]
 [.mma|.wmma]" (warps and 16x16 fragments per warp along I and J, 16*K reduction elements per stage, V-byte
 global loads, P-byte predicated activation loads, the cp.async pipeline, ldmatrix + mma.sync or wmma), or
-"auto[.async][.mma|.wmma]": the tile ``build`` picks for the shape and the GPU's SMs (with its
+"auto" and any of those suffixes: the tile ``build`` picks for the shape and the GPU's SMs (with its
 instructions unless one is named). Records up to gpu_conv_int8_h200_b64_narrow.json picked "auto" from
 (I, J) only: 64-deep stages where build uses 32 for K <= 32.
 """
@@ -47,39 +47,30 @@ SHAPES = [
 
 
 def parse_config(text: str, extents=None, sm_count=None):
-    """A :class:`WmmaConfig` from its text (``WmmaConfig.parse``), or "auto[.async|.async3][.a8][.w16][.mma|.wmma]":
-    the tile ``build`` picks for the GEMM ``extents`` (I, J, K) and ``sm_count``, with that pipeline,
-    accumulator padding, weight load width and instruction set."""
-    from dataclasses import replace
+    """A :class:`WmmaConfig` from its text (``WmmaConfig.parse``), or "auto" followed by any of the
+    text's suffixes (``.pP .aA .wW .async|.async3 .mma|.wmma``, read by the same parser): the tile
+    ``build`` picks for the GEMM ``extents`` (I, J, K) and ``sm_count``, with the suffixes named."""
+    from dataclasses import fields, replace
 
     from inferx_edge.compiler.cuda_pipeline import WmmaConfig, int8_config_for
 
     parts = text.split(".")
-    if parts[0] != "auto":
-        try:
+    try:
+        if parts[0] != "auto":
             return WmmaConfig.parse(text)
-        except ValueError as exc:
-            raise SystemExit(str(exc)) from None
-    suffixes = parts[1:]
-    named = [x for x in suffixes if x in ("mma", "wmma")]
-    pipes = [x for x in suffixes if x in ("async", "async3")]
-    if (
-        len(set(suffixes)) < len(suffixes)
-        or len(named) > 1
-        or len(pipes) > 1
-        or set(suffixes) - {"async", "async3", "a8", "w16", "mma", "wmma"}
-    ):
-        raise SystemExit(
-            f"bad config '{text}': expected auto[.async|.async3][.a8][.w16][.mma|.wmma] or WIxFI.WJxFJ.kK.vV[...]"
-        )
+        # the suffixes parsed onto a placeholder tile; only the fields they name replace build's pick
+        named = WmmaConfig.parse(".".join(["1x1", "1x1", "k1", "v4", *parts[1:]]))
+    except ValueError as exc:
+        msg = str(exc).replace("'1x1.1x1.k1.v4", "'auto")
+        raise SystemExit(f"{msg} (or 'auto' followed by those suffixes: build's tile for the shape)") from None
+    base = WmmaConfig.parse("1x1.1x1.k1.v4")
     cfg = int8_config_for(extents or (1 << 20, 1 << 20, 1 << 20), sm_count)
-    return replace(
-        cfg,
-        pipeline=pipes[0] if pipes else "",
-        intrin=named[0] if named else cfg.intrin,
-        acc_pad=8 if "a8" in suffixes else 0,
-        weight_vector=16 if "w16" in suffixes else cfg.weight_vector,
-    )
+    changed = {
+        f.name: getattr(named, f.name) for f in fields(WmmaConfig) if getattr(named, f.name) != getattr(base, f.name)
+    }
+    if "wmma" in parts[1:]:
+        changed["intrin"] = "wmma"
+    return replace(cfg, **changed)
 
 
 def _driver() -> str | None:
