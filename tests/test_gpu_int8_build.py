@@ -179,6 +179,71 @@ def test_small_reductions_get_one_output_per_thread(kind):
     assert "cross_thread" not in script and "tvm_thread_allreduce" not in script
 
 
+def _nhwc_fp16_small_reduction(kind: str, channels: int = 96):
+    """MobileNetV2's fp16 depthwise conv as int8 variants run it (NHWC, fp32 accumulation, bias, ReLU6,
+    int8 quantize of its output), or ResNet's fp16 3x3 max pool; batch 8, 56x56."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([8, 56, 56, channels], "float16"))
+    w = relax.Var("w", relax.TensorType([channels, 3, 3, 1], "float16"))
+    b = relax.Var("b", relax.TensorType([1, 1, 1, channels], "float32"))
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            if kind == "depthwise":
+                y = relax.op.nn.conv2d(
+                    x, w, strides=[2, 2], padding=[1, 1, 1, 1], groups=channels, data_layout="NHWC",
+                    kernel_layout="OHWI", out_dtype="float32",
+                )  # fmt: skip
+                y = relax.op.clip(relax.op.add(y, b), 0, 6)
+                y = relax.op.astype(relax.op.round(relax.op.multiply(y, relax.const(np.float32(20.0)))), "int8")
+            else:
+                y = relax.op.nn.max_pool2d(x, pool_size=[3, 3], strides=[2, 2], padding=[1, 1, 1, 1], layout="NHWC")
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _kernel_source(target: str, mod) -> str:
+    from tvm import relax
+
+    from inferx_edge.compiler.build import resolve_tvm_target
+    from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.compiler.cuda_pipeline import cuda_pipeline
+    from inferx_edge.targets import get_target
+
+    spec = get_target(target)
+    tvm_target = resolve_tvm_target(spec)
+    with device_compiler(spec, "cubin"), tvm_target:
+        ex = relax.build(mod, tvm_target, relax_pipeline=cuda_pipeline(tvm_target, sm_count=spec.sm_count))
+    (cuda,) = [m for m in ex.mod.imports[0].imports if m.kind == "cuda"]
+    return cuda.inspect_source("cuda")
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("kind", ["depthwise", "pool"])
+def test_fp16_nhwc_small_reductions_take_eight_channels_per_thread(kind):
+    """Each thread copies its padded 3x3 window of 8 channels into registers with 16-byte loads (the
+    bounds test once per tap), the depthwise weights too; the int8 output leaves 4 bytes at a time."""
+    from inferx_edge.compiler.cuda_pipeline import SMALL_REDUCTION_CHANNELS
+
+    assert SMALL_REDUCTION_CHANNELS == 8
+    kernel = _kernel_source("h200", _nhwc_fp16_small_reduction(kind)).split("__global__")[-1]
+    assert "__launch_bounds__(64)" in kernel and "tvm_thread_allreduce" not in kernel
+    assert len(re.findall(r"= \*\(uint4\*\)\(x_ptr \+", kernel)) == 9  # one per tap
+    if kind == "depthwise":
+        assert len(re.findall(r"= \*\(uint4\*\)\(w_ptr \+", kernel)) == 9  # 8 channels x 9 taps
+        assert len(re.findall(r"\*\(int\*\)\(\w+_ptr \+ [^;]*\) = ", kernel)) == 2  # 2 x 4 int8 outputs
+    else:  # fp16 out: 2 x 4 halves
+        assert len(re.findall(r"\*\(half4\*\)\(\w+_ptr \+ [^;]*\) = ", kernel)) == 2
+
+
+@needs_nvrtc
+def test_small_reductions_keep_one_output_per_thread_when_channels_do_not_divide():
+    kernel = _kernel_source("h200", _nhwc_fp16_small_reduction("depthwise", channels=36)).split("__global__")[-1]
+    assert "__launch_bounds__(256)" in kernel and "uint4" not in kernel
+
+
 @needs_nvrtc
 @pytest.mark.parametrize("target", ["a100", "h200"])
 def test_fp16_convolution_uses_tensor_cores(target):
