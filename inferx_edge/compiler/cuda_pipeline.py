@@ -703,7 +703,11 @@ def channel_vectorized_reduction(func, target, channels: int = SMALL_REDUCTION_C
         red = infos[reductions[0]]
         producers = infos[: reductions[0]]  # the input's padding: copied per thread, not inlined
         rest = try_inline(sch, infos[reductions[0] :])
-        if rest[0] is not red or any(b.is_reduction() for b in rest[1:]) or any(not p.is_injective() for p in producers):
+        if (
+            rest[0] is not red
+            or any(b.is_reduction() for b in rest[1:])
+            or any(not p.is_injective() for p in producers)
+        ):
             return None
         block = red.block_rv
         kinds = red.dom_kind()
@@ -716,7 +720,11 @@ def channel_vectorized_reduction(func, target, channels: int = SMALL_REDUCTION_C
         r_loops = [lp for lp, k in zip(loops, kinds) if k == "R"]
         s_ext = math.prod(it.dom for it in red.iters if it.kind == "S")
         r_ext = math.prod(it.dom for it in red.iters if it.kind == "R")
-        if red.iters[-1 - len(r_loops)].dom % channels or r_ext > SMALL_REDUCTION or s_ext < MIN_SMALL_REDUCTION_OUTPUTS:
+        if (
+            red.iters[-1 - len(r_loops)].dom % channels
+            or r_ext > SMALL_REDUCTION
+            or s_ext < MIN_SMALL_REDUCTION_OUTPUTS
+        ):
             return None
         c_out, c_in = sch.split(s_loops[-1], [None, channels])
         sch.reorder(*s_loops[:-1], c_out, *r_loops, c_in)
