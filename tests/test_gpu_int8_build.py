@@ -181,14 +181,16 @@ def test_small_reductions_get_one_output_per_thread(kind):
 
 def _nhwc_fp16_small_reduction(kind: str, channels: int = 96):
     """MobileNetV2's fp16 depthwise conv as int8 variants run it (NHWC, fp32 accumulation, bias, ReLU6,
-    int8 quantize of its output), or ResNet's fp16 3x3 max pool; batch 8, 56x56."""
+    int8 quantize of its output), as fp16 variants run it (fp16 out, ReLU6 bounds as 0-d tensors like
+    ONNX Clip's), or ResNet's fp16 3x3 max pool; batch 8, 56x56."""
     from tvm import relax
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType([8, 56, 56, channels], "float16"))
     w = relax.Var("w", relax.TensorType([channels, 3, 3, 1], "float16"))
     b = relax.Var("b", relax.TensorType([1, 1, 1, channels], "float32"))
-    with bb.function("main", [x, w, b]):
+    low, high = (relax.Var(n, relax.TensorType([], "float16")) for n in ("low", "high"))
+    with bb.function("main", [x, w, b, low, high] if kind == "depthwise-fp16" else [x, w, b]):
         with bb.dataflow():
             if kind == "depthwise":
                 y = relax.op.nn.conv2d(
@@ -197,6 +199,11 @@ def _nhwc_fp16_small_reduction(kind: str, channels: int = 96):
                 )  # fmt: skip
                 y = relax.op.clip(relax.op.add(y, b), 0, 6)
                 y = relax.op.astype(relax.op.round(relax.op.multiply(y, relax.const(np.float32(20.0)))), "int8")
+            elif kind == "depthwise-fp16":
+                y = relax.op.nn.conv2d(
+                    x, w, padding=[1, 1, 1, 1], groups=channels, data_layout="NHWC", kernel_layout="OHWI"
+                )
+                y = relax.op.minimum(relax.op.maximum(y, low), high)
             else:
                 y = relax.op.nn.max_pool2d(x, pool_size=[3, 3], strides=[2, 2], padding=[1, 1, 1, 1], layout="NHWC")
             out = bb.emit_output(y)
@@ -221,7 +228,7 @@ def _kernel_source(target: str, mod) -> str:
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("kind", ["depthwise", "pool"])
+@pytest.mark.parametrize("kind", ["depthwise", "depthwise-fp16", "pool"])
 def test_fp16_nhwc_small_reductions_take_eight_channels_per_thread(kind):
     """Each thread copies its padded 3x3 window of 8 channels into registers with 16-byte loads (the
     bounds test once per tap), the depthwise weights too; the int8 output leaves 4 bytes at a time."""
@@ -234,7 +241,7 @@ def test_fp16_nhwc_small_reductions_take_eight_channels_per_thread(kind):
     if kind == "depthwise":
         assert len(re.findall(r"= \*\(uint4\*\)\(w_ptr \+", kernel)) == 9  # 8 channels x 9 taps
         assert len(re.findall(r"\*\(int\*\)\(\w+_ptr \+ [^;]*\) = ", kernel)) == 2  # 2 x 4 int8 outputs
-    else:  # fp16 out: 2 x 4 halves
+    else:  # fp16 out: 2 x 4 halves (the 0-d ReLU6 bounds: read as they are)
         assert len(re.findall(r"\*\(half4\*\)\(\w+_ptr \+ [^;]*\) = ", kernel)) == 2
 
 

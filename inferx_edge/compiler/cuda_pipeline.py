@@ -667,6 +667,8 @@ def _thread_copy(sch, block, tx, reduction_loop) -> None:
         anchor = reduction_loop
         sch.compute_at(block, anchor)
     loops = _loops_below(sch, block, anchor)
+    if not loops:  # one element
+        return
     lanes = 16 * 8 // tvm.DataType(str(sch.get(block).writes[0].source.dtype)).bits
     window = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     extent = int(sch.get(window).extent)
@@ -749,7 +751,7 @@ def channel_vectorized_reduction(func, target, channels: int = SMALL_REDUCTION_C
         acc = sch.get(block).writes[0].source.name
         for consumer in epilogue:
             for i, region in enumerate(list(sch.get(consumer).reads)):
-                if region.source.scope() == "global" and region.source.name != acc:
+                if region.source.scope() == "global" and region.source.name != acc and len(region.region):
                     _thread_copy(sch, sch.cache_read(consumer, i, "local"), tx, tx)
         # 4-wide epilogue: float32x8 constants do not compile in TVM 0.27's CUDA codegen
         store_out, store_in = sch.split(sch.get_loops(epilogue[-1])[-1], [None, 4])
