@@ -293,6 +293,38 @@ def test_fp16_tiles_compile_with_cp_async_and_wide_loads():
 
 
 @needs_nvrtc
+def test_wide_weight_loads_fall_back_to_4_bytes_for_k_by_j_weights():
+    """A classifier GEMM whose weight reaches the kernel transposed ([K, J], as ONNX Gemm's does): the
+    tile search's 16-byte weight-load twins (.w16) gathered across rows and failed in CUDA codegen
+    (int32x16); they now compile with 4-byte weight loads. OHWI convolution weights keep 16 bytes
+    (see the cp.async test above)."""
+    from tvm import relax
+
+    from inferx_edge.compiler.build import pass_config, resolve_tvm_target
+    from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.compiler.cuda_pipeline import WmmaConfig, cuda_pipeline
+    from inferx_edge.targets import get_target
+    from inferx_edge.tune._intrin import import_tensor_intrinsics
+
+    import_tensor_intrinsics()
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([64, 2048], "int8"))
+    w = relax.Var("w", relax.TensorType([1000, 2048], "int8"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = relax.op.astype(relax.op.matmul(x, relax.op.permute_dims(w), out_dtype="int32"), "float32")
+            out = bb.emit_output(relax.op.multiply(y, relax.const(np.float32(0.01))))
+        bb.emit_func_output(out)
+    spec = get_target("h200")
+    target = resolve_tvm_target(spec)
+    cfg = WmmaConfig.parse("2x1.2x1.k4.v16.a8.w16.mma")
+    with device_compiler(spec, "cubin"), target, pass_config(async_copy=True):
+        ex = relax.build(bb.get(), target, relax_pipeline=cuda_pipeline(target, sm_count=spec.sm_count, tile_config=cfg))
+    (cuda,) = [m for m in ex.mod.imports[0].imports if m.kind == "cuda"]
+    assert "mma.sync.aligned.m16n8k32" in cuda.inspect_source("cuda")
+
+
+@needs_nvrtc
 @pytest.mark.parametrize("target", ["a100", "h200"])
 def test_nhwc_int8_convolution_is_an_implicit_gemm_on_tensor_cores(target):
     """CUDA int8 variants run convs in NHWC with OHWI weights (see compiler.build.conv_layout)."""

@@ -317,6 +317,15 @@ def _mma_safe_buffer_names(func):
     return renamed.with_attrs(func.attrs) if func.attrs is not None else renamed
 
 
+def _innermost_is_reduction(block, read: int) -> bool:
+    """Whether the innermost index of ``block``'s ``read``-th operand moves with a reduction axis."""
+    from tvm.tirx.analysis import undefined_vars
+
+    reduce = [iv.var for iv in block.iter_vars if iv.iter_type == 2]  # IterVar.CommReduce
+    region = block.reads[read].region
+    return bool(region) and any(v.same_as(r) for v in undefined_vars(region[-1].min) for r in reduce)
+
+
 def tensor_core_schedule(func, target, cfg: WmmaConfig | None = None):
     """dlight's int8 wmma matmul schedule (``MatmulInt8Tensorization``) with its tile as parameters,
     without software pipelining (which TVM 0.27 cannot lower for wmma fragments), and with
@@ -371,6 +380,7 @@ def tensor_core_schedule(func, target, cfg: WmmaConfig | None = None):
 
     # C[S, I, J] += A[S, I, K] * B[S, J, K] (convolutions: the input window becomes A by reindexing)
     main_block = reduction_blocks[0]
+    weights_along_k = _innermost_is_reduction(sch.get(main_block), 1)
     reindex_a = sch.reindex(main_block, ("read", 0))
     reindex_b = sch.reindex(main_block, ("read", 1))
     reindex_c = sch.reindex(main_block, ("write", 0))
@@ -387,12 +397,14 @@ def tensor_core_schedule(func, target, cfg: WmmaConfig | None = None):
 
     # ``cfg.vector``-byte loads for A (activations), ``cfg.padded_vector`` where they are predicated:
     # where the tile pads the GEMM (rows I or depth K) or the convolution pads its input. B (weights):
-    # ``cfg.weight_vector`` bytes, at most ``cfg.vector``.
+    # ``cfg.weight_vector`` bytes, at most ``cfg.vector``; 4 where B's rows do not run along K (a
+    # [K, J] weight: wider vectors would gather, and TVM 0.27's CUDA codegen rejects int32x16 indices)
     def ragged(*axes):
         return any(not isinstance(extents[a], tirx.expr.IntImm) or int(extents[a].value) % tile[a] for a in axes)
 
     pad_a = ragged(1, 3) or "if_then_else" in func.script()
-    widths = (min(cfg.vector, cfg.padded_vector) if pad_a else cfg.vector, min(cfg.vector, cfg.weight_vector))
+    weight_vector = cfg.weight_vector if weights_along_k else min(4, cfg.weight_vector)
+    widths = (min(cfg.vector, cfg.padded_vector) if pad_a else cfg.vector, min(cfg.vector, weight_vector))
     vectors = tuple(max(1, w // item) for w in widths)  # elements per load
     sch.pad_einsum(main_block, tile)
 
