@@ -653,7 +653,8 @@ MIN_SMALL_REDUCTION_OUTPUTS = 4096
 #: fp16 small reductions (depthwise convolutions, pooling) whose innermost output axis (NHWC's channels)
 #: is a multiple of this give each thread this many consecutive channels: 16-byte input and weight
 #: loads. Measured on an H200, MobileNetV2's 17 fp16 depthwise convolutions at batch 64: 896 -> 439 us
-#: in all (1.5-2.4x each, outputs identical; 4 channels per thread: no gain; batch 1: unchanged)
+#: in all (1.4-2.4x each, outputs identical; 4 channels per thread: no gain; batch 1: unchanged; an fp32
+#: global average pool: slower, so fp32 keeps one output per thread; `benchmarks/gpu_small_reduction.py`)
 SMALL_REDUCTION_CHANNELS = 8
 _SMALL_REDUCTION_THREADS = 64
 #: a thread's copy of an operand window (e.g. 3x3 taps x 8 channels) stays in registers up to this
@@ -777,9 +778,9 @@ def channel_vectorized_reduction(func, target, channels: int = SMALL_REDUCTION_C
         return None
 
 
-def small_reduction_rule():
+def small_reduction_rule(channels: int = SMALL_REDUCTION_CHANNELS):
     """A dlight rule for reductions over a few elements per output: :func:`channel_vectorized_reduction`
-    for fp16 NHWC ones, else one output per thread."""
+    for fp16 NHWC ones (``channels`` per thread; 1: off), else one output per thread."""
     from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
     class SmallReduction(GPUScheduleRule):
@@ -788,7 +789,7 @@ def small_reduction_rule():
 
             if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
                 return None
-            vectorized = channel_vectorized_reduction(func, target)
+            vectorized = channel_vectorized_reduction(func, target, channels) if channels > 1 else None
             if vectorized is not None:
                 return vectorized
             found = _inlined_blocks(self, func, target)

@@ -1,0 +1,154 @@
+"""fp16 small-reduction kernels of a network (depthwise convolutions, pools): 8 channels per thread
+against one output per thread, in one process on one GPU.
+
+    python -m benchmarks.gpu_small_reduction [--model mobilenet_v2] [--batches 64,1] [--precision int8]
+
+The network (torchvision architecture, seeded random weights) goes through the steps ``build`` takes
+for the precision (quantization plan on random calibration data, NHWC, fp16 casts), is legalized and
+fused; every kernel :func:`~inferx_edge.compiler.cuda_pipeline.channel_vectorized_reduction`
+schedules is compiled both ways (``small_reduction_rule(channels=8)`` and ``(channels=1)``), run on
+the same random inputs (outputs compared exactly: the accumulation order is the same) and timed with
+TVM's time evaluator. Writes ``results/<name>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks._record import versions, write_record
+from benchmarks.gpu_conv_int8 import _driver
+
+VARIANTS = {"8 channels per thread": 8, "one output per thread": 1}
+
+
+def small_reduction_kernels(model: Path, batch: int, precision: str, target: str) -> dict:
+    """{kernel name: PrimFunc} of the kernels the channel-vectorized schedule takes, as build fuses them."""
+    import onnx
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.build import resolve_tvm_target
+    from inferx_edge.compiler.cuda_pipeline import channel_vectorized_reduction
+    from inferx_edge.frontend import import_model
+    from inferx_edge.targets import get_target
+    from inferx_edge.tune import TuneOptions
+    from inferx_edge.tune.driver import _precision_module
+
+    spec = get_target(target)
+    shapes = {onnx.load(str(model), load_external_data=False).graph.input[0].name: (batch, 3, 224, 224)}
+    calib = Path(tempfile.mkdtemp(prefix="inferx_calib_")) / "calib.npy"
+    np.save(calib, np.random.default_rng(0).standard_normal((16, 3, 224, 224)).astype(np.float32))
+    opts = TuneOptions(
+        model=model, target=target, input_shapes=shapes, precision=precision, calib=calib, calib_method="minmax"
+    )
+    mod = relax.get_pipeline("zero")(_precision_module(import_model(model, shapes), spec, opts, lambda *a: None))
+    tvm_target = resolve_tvm_target(spec)
+    with tvm_target:
+        return {
+            gv.name_hint: f
+            for gv, f in mod.functions_items()
+            if isinstance(f, tvm.tirx.PrimFunc) and channel_vectorized_reduction(f, tvm_target) is not None
+        }
+
+
+def random_args(func, seed: int = 0) -> list[np.ndarray]:
+    """Activations ~N(0, 1), depthwise weights ~N(0, 0.4), other constants ~N(0, 0.1), outputs zero:
+    the int8 quantize epilogues see a spread of values instead of saturating."""
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    rng = np.random.default_rng(seed)
+    infos = list(ArgInfo.from_prim_func(func))
+    out = []
+    for i, info in enumerate(infos):
+        shape, dtype = [int(d) for d in info.shape], str(info.dtype)
+        if i == len(infos) - 1:
+            out.append(np.zeros(shape, dtype))
+        elif dtype.startswith("int"):
+            out.append(rng.integers(-127, 128, shape).astype(dtype))
+        else:
+            scale = 1.0 if i == 0 else 0.4 if len(shape) == 4 and shape[-1] == 1 else 0.1
+            out.append((scale * rng.standard_normal(shape)).astype(dtype))
+    return out
+
+
+def compile_kernel(func, target: str, channels: int):
+    import tvm
+    from tvm.s_tir import dlight as dl
+
+    from inferx_edge.compiler.build import pass_config, resolve_tvm_target
+    from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.compiler.cuda_pipeline import small_reduction_rule
+    from inferx_edge.compiler.tvm_ops import vectorizable_nearbyint
+    from inferx_edge.targets import get_target
+
+    vectorizable_nearbyint()
+    spec = get_target(target)
+    tvm_target = resolve_tvm_target(spec)
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    with tvm_target:
+        mod = dl.ApplyDefaultSchedule(small_reduction_rule(channels), dl.gpu.Fallback())(mod)
+    with device_compiler(spec, "cubin"), tvm_target, pass_config(async_copy=False):
+        return tvm.compile(mod, target=tvm_target)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="mobilenet_v2", help="torchvision architecture (default mobilenet_v2)")
+    ap.add_argument("--batches", default="64,1")
+    ap.add_argument("--precision", default="int8", choices=["int8", "fp16", "mixed"])
+    ap.add_argument("--target", default="h200")
+    ap.add_argument("--name", default=None)
+    args = ap.parse_args()
+    import torch
+    import tvm
+
+    from benchmarks.gpu_vision import export, make_net
+
+    model = Path(tempfile.mkdtemp(prefix="inferx_bench_")) / f"{args.model}.onnx"
+    export(make_net(args.model), model)
+    dev = tvm.cuda(0)
+    results = []
+    for batch in (int(b) for b in args.batches.split(",")):
+        for name, func in small_reduction_kernels(model, batch, args.precision, args.target).items():
+            host = random_args(func)
+            row = {"kernel": name, "batch": batch, "input_shape": list(host[0].shape)}
+            outputs = {}
+            for variant, channels in VARIANTS.items():
+                lib = compile_kernel(func, args.target, channels)
+                tensors = [tvm.runtime.tensor(a, dev) for a in host]
+                lib["main"](*tensors)
+                outputs[variant] = tensors[-1].numpy()
+                timer = lib.time_evaluator("main", dev, number=20, repeat=5, min_repeat_ms=50)
+                row[f"{variant} us"] = float(np.median(timer(*tensors).results)) * 1e6
+            a, b = outputs.values()
+            row["identical"] = bool(np.array_equal(a, b))
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    totals = {
+        f"b{b} {v} us": sum(r[f"{v} us"] for r in results if r["batch"] == b)
+        for b in {r["batch"] for r in results}
+        for v in VARIANTS
+    }
+    print(json.dumps(totals))
+    path = write_record(
+        args.name or f"gpu_small_reduction_{args.target}",
+        {
+            "device": torch.cuda.get_device_name(0),
+            "driver": _driver(),
+            "versions": versions("apache-tvm", "torch", "inferx_edge"),
+            "model": args.model,
+            "precision": args.precision,
+            "totals": totals,
+            "results": results,
+        },
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
