@@ -319,7 +319,9 @@ def test_wide_weight_loads_fall_back_to_4_bytes_for_k_by_j_weights():
     target = resolve_tvm_target(spec)
     cfg = WmmaConfig.parse("2x1.2x1.k4.v16.a8.w16.mma")
     with device_compiler(spec, "cubin"), target, pass_config(async_copy=True):
-        ex = relax.build(bb.get(), target, relax_pipeline=cuda_pipeline(target, sm_count=spec.sm_count, tile_config=cfg))
+        ex = relax.build(
+            bb.get(), target, relax_pipeline=cuda_pipeline(target, sm_count=spec.sm_count, tile_config=cfg)
+        )
     (cuda,) = [m for m in ex.mod.imports[0].imports if m.kind == "cuda"]
     assert "mma.sync.aligned.m16n8k32" in cuda.inspect_source("cuda")
 
