@@ -662,6 +662,17 @@ _SMALL_REDUCTION_THREADS = 64
 _MAX_THREAD_WINDOW = 128
 
 
+def _small_reduction_extents(red) -> tuple[int, int] | None:
+    """(outputs, reduction elements per output) of a reduction block over static spatial and reduction
+    axes, when :class:`SmallReduction` takes it (at most :data:`SMALL_REDUCTION` elements per output,
+    at least :data:`MIN_SMALL_REDUCTION_OUTPUTS` outputs); else None."""
+    if any(not isinstance(it.dom, int) or it.kind not in "SR" for it in red.iters):
+        return None
+    s_ext = math.prod(it.dom for it in red.iters if it.kind == "S")
+    r_ext = math.prod(it.dom for it in red.iters if it.kind == "R")
+    return (s_ext, r_ext) if r_ext <= SMALL_REDUCTION and s_ext >= MIN_SMALL_REDUCTION_OUTPUTS else None
+
+
 def _loops_below(sch, block, anchor) -> list:
     """The loops of ``block`` nested under the loop ``anchor``."""
     loops = sch.get_loops(block)
@@ -728,19 +739,11 @@ def channel_vectorized_reduction(func, target, channels: int = SMALL_REDUCTION_C
         kinds = red.dom_kind()
         if {str(r.source.dtype) for r in sch.get(block).reads} != {"float16"} or not re.fullmatch(r"S+R+", kinds):
             return None
-        if any(not isinstance(it.dom, int) for it in red.iters):
+        if _small_reduction_extents(red) is None or red.iters[kinds.index("R") - 1].dom % channels:
             return None
         loops = sch.get_loops(block)
         s_loops = [lp for lp, k in zip(loops, kinds) if k == "S"]
         r_loops = [lp for lp, k in zip(loops, kinds) if k == "R"]
-        s_ext = math.prod(it.dom for it in red.iters if it.kind == "S")
-        r_ext = math.prod(it.dom for it in red.iters if it.kind == "R")
-        if (
-            red.iters[-1 - len(r_loops)].dom % channels
-            or r_ext > SMALL_REDUCTION
-            or s_ext < MIN_SMALL_REDUCTION_OUTPUTS
-        ):
-            return None
         c_out, c_in = sch.split(s_loops[-1], [None, channels])
         sch.reorder(*s_loops[:-1], c_out, *r_loops, c_in)
         bx, tx = sch.split(sch.fuse(*s_loops[:-1], c_out), [None, _SMALL_REDUCTION_THREADS])
@@ -780,7 +783,7 @@ def channel_vectorized_reduction(func, target, channels: int = SMALL_REDUCTION_C
 
 def small_reduction_rule(channels: int = SMALL_REDUCTION_CHANNELS):
     """A dlight rule for reductions over a few elements per output: :func:`channel_vectorized_reduction`
-    for fp16 NHWC ones (``channels`` per thread; 1: off), else one output per thread."""
+    for fp16 NHWC ones (``channels`` per thread, a multiple of 4; 1: off), else one output per thread."""
     from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
     class SmallReduction(GPUScheduleRule):
@@ -802,15 +805,7 @@ def small_reduction_rule(channels: int = SMALL_REDUCTION_CHANNELS):
             red = reductions[0]
             if infos.index(red) != 0:  # unfused producers left: not ours
                 return None
-            s_ext, r_ext = 1, 1
-            for it in red.iters:
-                if not isinstance(it.dom, int) or it.kind not in "SR":
-                    return None
-                if it.kind == "S":
-                    s_ext *= it.dom
-                else:
-                    r_ext *= it.dom
-            if r_ext > SMALL_REDUCTION or s_ext < MIN_SMALL_REDUCTION_OUTPUTS:
+            if _small_reduction_extents(red) is None:
                 return None
             block = red.block_rv
             loops = sch.get_loops(block)
