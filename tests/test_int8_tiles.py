@@ -51,6 +51,11 @@ def test_candidates_start_with_the_default_and_vary_what_the_kernel_can_use():
     # 16-byte weight loads
     twins = {replace(c, acc_pad=0, weight_vector=4) for c in cands if (c.acc_pad, c.weight_vector) == (8, 16)}
     assert twins == {c for c in cands if (c.acc_pad, c.weight_vector) == (0, 4)}
+    # a weight that does not run along K (a transposed classifier weight): the padded accumulator twins
+    # keep 4-byte weight loads (16-byte ones would compile to the same kernel)
+    kj = tile_candidates(extents, 132, input_padded=True, weights_along_k=False)
+    assert {c.weight_vector for c in kj} == {4} and len(kj) == len(cands)
+    assert {replace(c, weight_vector=16) for c in kj if c.acc_pad} == {c for c in cands if c.acc_pad}
     assert "async3" not in {c.pipeline for c in tile_candidates((64 * 56 * 56, 64, 576), 132)}  # K < 1024
     unpadded = tile_candidates(extents, 132, input_padded=False)
     assert {c.padded_vector for c in unpadded} == {4} and len(unpadded) < len(cands)
@@ -106,6 +111,26 @@ def _record(work_dir, mod, best: str, extents=None):
 
 
 @needs_nvrtc
+def test_tile_groups_know_whether_the_weight_runs_along_k():
+    """OHWI conv weights do (16-byte weight-load candidates); a classifier weight transposed in the
+    graph reaches its GEMM as [K, J] and does not."""
+    from tvm import relax
+
+    from inferx_edge.tune.tiles import tile_groups
+
+    (conv,) = tile_groups(_fused(_quantized_conv(0.01)))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([64, 2048], "int8"))
+    w = relax.Var("w", relax.TensorType([1000, 2048], "int8"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = relax.op.matmul(x, relax.op.permute_dims(w), out_dtype="int32")
+            out = bb.emit_output(relax.op.multiply(relax.op.astype(y, "float32"), relax.const(np.float32(0.5))))
+        bb.emit_func_output(out)
+    (fc,) = tile_groups(_fused(bb.get()))
+    assert conv.weights_along_k and not fc.weights_along_k and fc.extents == [64, 1000, 2048]
+
+
 def test_build_gives_each_kernel_its_recorded_tile(tmp_path):
     import tvm
 

@@ -328,6 +328,18 @@ def _innermost_is_reduction(block, read: int) -> bool:
     return bool(region) and any(v.same_as(r) for v in undefined_vars(region[-1].min) for r in reduce)
 
 
+def weights_along_k(func) -> bool:
+    """Whether the weight (B) operand of a matmul-like kernel runs along K in memory, as
+    :func:`tensor_core_schedule` needs for 16-byte weight loads (False also when ``func`` is not one)."""
+    from tvm import s_tir
+    from tvm.s_tir.dlight.analysis import get_root_block
+    from tvm.s_tir.dlight.gpu.matmul import get_reduction_blocks
+
+    sch = s_tir.Schedule(func)
+    blocks = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
+    return bool(blocks) and _innermost_is_reduction(sch.get(blocks[0]), 1)
+
+
 def tensor_core_schedule(func, target, cfg: WmmaConfig | None = None):
     """dlight's int8 wmma matmul schedule (``MatmulInt8Tensorization``) with its tile as parameters,
     without software pipelining (which TVM 0.27 cannot lower for wmma fragments), and with
@@ -382,7 +394,7 @@ def tensor_core_schedule(func, target, cfg: WmmaConfig | None = None):
 
     # C[S, I, J] += A[S, I, K] * B[S, J, K] (convolutions: the input window becomes A by reindexing)
     main_block = reduction_blocks[0]
-    weights_along_k = _innermost_is_reduction(sch.get(main_block), 1)
+    wide_weights = _innermost_is_reduction(sch.get(main_block), 1)
     reindex_a = sch.reindex(main_block, ("read", 0))
     reindex_b = sch.reindex(main_block, ("read", 1))
     reindex_c = sch.reindex(main_block, ("write", 0))
@@ -405,7 +417,7 @@ def tensor_core_schedule(func, target, cfg: WmmaConfig | None = None):
         return any(not isinstance(extents[a], tirx.expr.IntImm) or int(extents[a].value) % tile[a] for a in axes)
 
     pad_a = ragged(1, 3) or "if_then_else" in func.script()
-    weight_vector = cfg.weight_vector if weights_along_k else min(4, cfg.weight_vector)
+    weight_vector = cfg.weight_vector if wide_weights else min(4, cfg.weight_vector)
     widths = (min(cfg.vector, cfg.padded_vector) if pad_a else cfg.vector, min(cfg.vector, weight_vector))
     vectors = tuple(max(1, w // item) for w in widths)  # elements per load
     sch.pad_einsum(main_block, tile)
@@ -564,7 +576,7 @@ def tile_gemm_extents(func) -> list[int] | None:
 
 
 def tile_candidates(
-    extents, sm_count: int | None, input_padded: bool = True, ladder=INT8_TILE_LADDER
+    extents, sm_count: int | None, input_padded: bool = True, ladder=INT8_TILE_LADDER, weights_along_k: bool = True
 ) -> list[WmmaConfig]:
     """The tiles a tile search measures for a GEMM of (I, J, K) ``extents``, the default
     (:func:`int8_config_for`) first: the tiles :func:`int8_config_for` chooses among that give at
@@ -573,7 +585,8 @@ def tile_candidates(
     the cp.async pipeline (with 128-deep stages and K >= 1024 also the three-buffer one), and where
     its activation loads are predicated (the convolution pads its input, ``input_padded``, or the
     tile does not divide I or K) with 4- and 16-byte loads; each also with the padded accumulator
-    tile and 16-byte weight loads (:attr:`WmmaConfig.acc_pad` 8, :attr:`WmmaConfig.weight_vector` 16)."""
+    tile and 16-byte weight loads (:attr:`WmmaConfig.acc_pad` 8, :attr:`WmmaConfig.weight_vector` 16;
+    4-byte ones where the weight does not run along K, ``weights_along_k``: see :func:`weights_along_k`)."""
     i, j, k = extents[0], extents[1], extents[2]
     default = int8_config_for(extents, sm_count, ladder)
     area = _rows(default) * _cols(default)
@@ -589,7 +602,7 @@ def tile_candidates(
         # three-buffer pipelines for the 128-deep stages (enough K to keep two stages in flight)
         for pipeline in ("", "async", "async3") if tile.k_frags >= 8 and k >= 1024 else ("", "async"):
             for width in (4, 16) if predicated else (4,):
-                for acc_pad, weight_vector in ((0, 4), (8, 16)):
+                for acc_pad, weight_vector in ((0, 4), (8, 16 if weights_along_k else 4)):
                     cfg = replace(
                         tile, pipeline=pipeline, padded_vector=width, acc_pad=acc_pad, weight_vector=weight_vector
                     )

@@ -70,6 +70,7 @@ class TileGroup:
     input_padded: bool  # the convolution pads its input (predicated activation loads with any tile)
     func: object  # the first kernel's PrimFunc
     kernels: list[str] = field(default_factory=list)
+    weights_along_k: bool = True  # 16-byte weight loads apply (cuda_pipeline.weights_along_k)
 
 
 def tile_groups(mod) -> list[TileGroup]:
@@ -77,7 +78,7 @@ def tile_groups(mod) -> list[TileGroup]:
     tile key, in module order."""
     import tvm
 
-    from inferx_edge.compiler.cuda_pipeline import tile_gemm_extents
+    from inferx_edge.compiler.cuda_pipeline import tile_gemm_extents, weights_along_k
 
     groups: dict[str, TileGroup] = {}
     for gv, func in mod.functions_items():
@@ -89,7 +90,7 @@ def tile_groups(mod) -> list[TileGroup]:
         script = func.script()
         key = tile_key(script)
         if key not in groups:
-            groups[key] = TileGroup(key, list(extents), "if_then_else" in script, func)
+            groups[key] = TileGroup(key, list(extents), "if_then_else" in script, func, [], weights_along_k(func))
         groups[key].kernels.append(gv.name_hint)
     return list(groups.values())
 
@@ -397,7 +398,7 @@ def _plan(groups: list[TileGroup], data: dict, sm_count: int | None, anew: set =
 
     plans = []
     for g in sorted(groups, key=lambda g: -math.prod(g.extents) * len(g.kernels)):
-        cands = tile_candidates(g.extents, sm_count, g.input_padded)
+        cands = tile_candidates(g.extents, sm_count, g.input_padded, weights_along_k=g.weights_along_k)
         rec = {} if g.key in anew else data["groups"].get(g.key, {})
         if not rec.get("best"):
             plans.append((g, cands, None))
