@@ -45,6 +45,18 @@ def versions(*packages: str) -> dict[str, str]:
     return out
 
 
+def gpu_driver() -> str | None:
+    """The NVIDIA driver version from NVML, or None without NVML (the record then says so)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else version
+    except Exception:  # no NVML / no driver
+        return None
+
+
 def write_record(name: str, record: dict) -> Path:
     """Write ``results/<name>.json`` with the command line and the machine filled in."""
     body = {

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks._record import versions, write_record
+from benchmarks._record import gpu_driver, versions, write_record
 
 #: (name, H=W of the input, C in, O out, kernel, stride) of ResNet-50 and MobileNetV2 convolutions
 SHAPES = [
@@ -71,17 +71,6 @@ def parse_config(text: str, extents=None, sm_count=None):
     if "wmma" in parts[1:]:
         changed["intrin"] = "wmma"
     return replace(cfg, **changed)
-
-
-def _driver() -> str | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        version = pynvml.nvmlSystemGetDriverVersion()
-        return version.decode() if isinstance(version, bytes) else version
-    except Exception:  # no NVML: the record says so
-        return None
 
 
 def conv_module(n: int, hw: int, c: int, o: int, k: int, stride: int, dtype: str = "int8"):
@@ -136,7 +125,7 @@ def main() -> None:
             name,
             {
                 "device": torch.cuda.get_device_name(0),
-                "driver": _driver(),
+                "driver": gpu_driver(),
                 "versions": versions("apache-tvm", "torch", "inferx_edge"),
                 "batch": args.batch,
                 "results": results,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks._record import RESULTS, versions, write_record
+from benchmarks._record import RESULTS, gpu_driver, versions, write_record
 
 N = 4096
 
@@ -253,13 +253,9 @@ def main() -> None:
         and {"tile": best_tile["tile"], "over_cublaslt_throughput": torch_ms / best_tile["ms"]},
         "curve_trials_best_ms": pts,
     }
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        rec["driver"] = pynvml.nvmlSystemGetDriverVersion()
-    except Exception:  # NVML missing: keep torch's device name only
-        pass
+    driver = gpu_driver()
+    if driver:  # NVML missing: keep torch's device name only
+        rec["driver"] = driver
     name = args.name or f"gpu_int8_matmul_{spec.name}"
     path = write_record(name, rec)
     plot_curve(rec, RESULTS / f"{name}.png")

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks._record import versions, write_record
-from benchmarks.gpu_conv_int8 import _driver
+from benchmarks._record import gpu_driver, versions, write_record
 
 VARIANTS = {"8 channels per thread": 8, "one output per thread": 1}
 
@@ -139,7 +138,7 @@ def main() -> None:
         args.name or f"gpu_small_reduction_{args.target}",
         {
             "device": torch.cuda.get_device_name(0),
-            "driver": _driver(),
+            "driver": gpu_driver(),
             "versions": versions("apache-tvm", "torch", "inferx_edge"),
             "model": args.model,
             "precision": args.precision,
