@@ -64,12 +64,15 @@ def test_fp16_rgb_stem_compiles_on_tensor_cores():
     assert 'mma("m16n8k16", "row", "col", "fp16", "fp16", "fp16"' in script
 
 
-def _int8_matmul_module(m: int):
+def _int8_matmul_module(m: int, j: int | None = None, k: int | None = None):
+    """x[m, k] @ w[j, k]^T as int8 -> int32, scaled to float (square m x m x m by default); the
+    transposed weight reaches the GEMM kernel as [K, J], like an ONNX Gemm's classifier weight."""
     from tvm import relax
 
+    j, k = j or m, k or m
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((m, m), "int8"))
-    w = relax.Var("w", relax.TensorType((m, m), "int8"))
+    x = relax.Var("x", relax.TensorType((m, k), "int8"))
+    w = relax.Var("w", relax.TensorType((j, k), "int8"))
     with bb.function("main", [x, w]):
         with bb.dataflow():
             y = bb.emit(relax.op.matmul(x, relax.op.permute_dims(w), out_dtype="int32"))
@@ -211,18 +214,24 @@ def _nhwc_fp16_small_reduction(kind: str, channels: int = 96):
     return bb.get()
 
 
-def _kernel_source(target: str, mod) -> str:
+def _kernel_source(target: str, mod, tile: str | None = None) -> str:
+    """The CUDA source of ``mod`` built for ``target`` as build compiles it (cp.async allowed), every
+    tensor-core kernel with ``tile`` when given."""
     from tvm import relax
 
-    from inferx_edge.compiler.build import resolve_tvm_target
+    from inferx_edge.compiler.build import pass_config, resolve_tvm_target
     from inferx_edge.compiler.cuda import device_compiler
-    from inferx_edge.compiler.cuda_pipeline import cuda_pipeline
+    from inferx_edge.compiler.cuda_pipeline import WmmaConfig, cuda_pipeline
     from inferx_edge.targets import get_target
+    from inferx_edge.tune._intrin import import_tensor_intrinsics
 
+    import_tensor_intrinsics()
     spec = get_target(target)
     tvm_target = resolve_tvm_target(spec)
-    with device_compiler(spec, "cubin"), tvm_target:
-        ex = relax.build(mod, tvm_target, relax_pipeline=cuda_pipeline(tvm_target, sm_count=spec.sm_count))
+    cfg = WmmaConfig.parse(tile) if tile else None
+    with device_compiler(spec, "cubin"), tvm_target, pass_config(async_copy=True):
+        pipeline = cuda_pipeline(tvm_target, sm_count=spec.sm_count, tile_config=cfg)
+        ex = relax.build(mod, tvm_target, relax_pipeline=pipeline)
     (cuda,) = [m for m in ex.mod.imports[0].imports if m.kind == "cuda"]
     return cuda.inspect_source("cuda")
 
@@ -269,10 +278,6 @@ def test_fp16_tiles_compile_with_cp_async_and_wide_loads():
     from tvm import relax
 
     from benchmarks.gpu_conv_int8 import conv_module
-    from inferx_edge.compiler.build import pass_config, resolve_tvm_target
-    from inferx_edge.compiler.cuda import device_compiler
-    from inferx_edge.compiler.cuda_pipeline import WmmaConfig, cuda_pipeline
-    from inferx_edge.targets import get_target
     from inferx_edge.tune._intrin import import_tensor_intrinsics
     from inferx_edge.tune.tiles import tile_groups
 
@@ -280,13 +285,7 @@ def test_fp16_tiles_compile_with_cp_async_and_wide_loads():
     mod = conv_module(8, 28, 256, 256, 1, 1, "float16")
     (group,) = tile_groups(relax.get_pipeline("zero")(mod))  # the tile search sees the fp16 kernel
     assert group.extents == [8 * 28 * 28, 256, 256] and not group.input_padded
-    spec = get_target("h200")
-    target = resolve_tvm_target(spec)
-    cfg = WmmaConfig.parse("2x4.2x4.k4.v16.w16.async.mma")
-    with device_compiler(spec, "cubin"), target, pass_config(async_copy=True):
-        ex = relax.build(mod, target, relax_pipeline=cuda_pipeline(target, sm_count=spec.sm_count, tile_config=cfg))
-    (cuda,) = [m for m in ex.mod.imports[0].imports if m.kind == "cuda"]
-    kernel = cuda.inspect_source("cuda").split("__global__")[-1]
+    kernel = _kernel_source("h200", mod, "2x4.2x4.k4.v16.w16.async.mma").split("__global__")[-1]
     assert "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16" in kernel
     copies = re.findall(r"cp_async_legacy_c[ag]_(\d+)_\d+_\d+\([^;]*, (\w+)_ptr,", kernel)
     assert {(int(n), src) for n, src in copies} == {(16, "x"), (16, "w")}
@@ -298,32 +297,8 @@ def test_wide_weight_loads_fall_back_to_4_bytes_for_k_by_j_weights():
     tile search's 16-byte weight-load twins (.w16) gathered across rows and failed in CUDA codegen
     (int32x16); they now compile with 4-byte weight loads. OHWI convolution weights keep 16 bytes
     (see the cp.async test above)."""
-    from tvm import relax
-
-    from inferx_edge.compiler.build import pass_config, resolve_tvm_target
-    from inferx_edge.compiler.cuda import device_compiler
-    from inferx_edge.compiler.cuda_pipeline import WmmaConfig, cuda_pipeline
-    from inferx_edge.targets import get_target
-    from inferx_edge.tune._intrin import import_tensor_intrinsics
-
-    import_tensor_intrinsics()
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([64, 2048], "int8"))
-    w = relax.Var("w", relax.TensorType([1000, 2048], "int8"))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            y = relax.op.astype(relax.op.matmul(x, relax.op.permute_dims(w), out_dtype="int32"), "float32")
-            out = bb.emit_output(relax.op.multiply(y, relax.const(np.float32(0.01))))
-        bb.emit_func_output(out)
-    spec = get_target("h200")
-    target = resolve_tvm_target(spec)
-    cfg = WmmaConfig.parse("2x1.2x1.k4.v16.a8.w16.mma")
-    with device_compiler(spec, "cubin"), target, pass_config(async_copy=True):
-        ex = relax.build(
-            bb.get(), target, relax_pipeline=cuda_pipeline(target, sm_count=spec.sm_count, tile_config=cfg)
-        )
-    (cuda,) = [m for m in ex.mod.imports[0].imports if m.kind == "cuda"]
-    assert "mma.sync.aligned.m16n8k32" in cuda.inspect_source("cuda")
+    source = _kernel_source("h200", _int8_matmul_module(64, 1000, 2048), "2x1.2x1.k4.v16.a8.w16.mma")
+    assert "mma.sync.aligned.m16n8k32" in source
 
 
 @needs_nvrtc

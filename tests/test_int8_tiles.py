@@ -114,20 +114,11 @@ def _record(work_dir, mod, best: str, extents=None):
 def test_tile_groups_know_whether_the_weight_runs_along_k():
     """OHWI conv weights do (16-byte weight-load candidates); a classifier weight transposed in the
     graph reaches its GEMM as [K, J] and does not."""
-    from tvm import relax
-
     from inferx_edge.tune.tiles import tile_groups
+    from tests.test_gpu_int8_build import _int8_matmul_module
 
     (conv,) = tile_groups(_fused(_quantized_conv(0.01)))
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([64, 2048], "int8"))
-    w = relax.Var("w", relax.TensorType([1000, 2048], "int8"))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            y = relax.op.matmul(x, relax.op.permute_dims(w), out_dtype="int32")
-            out = bb.emit_output(relax.op.multiply(relax.op.astype(y, "float32"), relax.const(np.float32(0.5))))
-        bb.emit_func_output(out)
-    (fc,) = tile_groups(_fused(bb.get()))
+    (fc,) = tile_groups(_fused(_int8_matmul_module(64, 1000, 2048)))
     assert conv.weights_along_k and not fc.weights_along_k and fc.extents == [64, 1000, 2048]
 
 
