@@ -122,7 +122,8 @@ def main() -> None:
                 tensors = [tvm.runtime.tensor(a, dev) for a in host]
                 lib["main"](*tensors)
                 outputs[variant] = tensors[-1].numpy()
-                timer = lib.time_evaluator("main", dev, number=20, repeat=5, min_repeat_ms=50)
+                # tvm.compile returns an Executable; its runtime module has the time evaluator
+                timer = lib.mod.time_evaluator("main", dev, number=20, repeat=5, min_repeat_ms=50)
                 row[f"{variant} us"] = float(np.median(timer(*tensors).results)) * 1e6
             a, b = outputs.values()
             row["identical"] = bool(np.array_equal(a, b))

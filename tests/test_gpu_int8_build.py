@@ -460,6 +460,49 @@ def test_constant_int8_vectors_are_packed_into_ints():
 
 
 @needs_nvrtc
+def test_int8_accumulators_leave_registers_without_warp_shuffles():
+    """TVM reads the accumulators it stores to shared memory through a __shfl_sync of the thread's
+    own lane (one per value); the CUDA source the device compiler gets has none left."""
+    from inferx_edge.compiler.cuda import drop_own_lane_shuffles
+
+    source = _kernel_source("h200", _int8_matmul_module(256), "2x4.2x4.k4.v16.a8.w16.async.mma")
+    own = "__shfl_sync(__activemask(), matmul_intermediate_reindex_shared_dyn_warp_ptr["
+    assert "mma.sync.aligned.m16n8k32" in source and own in source
+    assert "__shfl_sync(__activemask()" not in drop_own_lane_shuffles(source)
+
+
+def test_own_lane_shuffles_are_dropped_and_others_kept():
+    from inferx_edge.compiler.cuda import drop_own_lane_shuffles as drop
+
+    assert drop("x = __shfl_sync(__activemask(), a[f(b, c)], ((int)threadIdx.x), 32);") == "x = (a[f(b, c)]);"
+    kept = (
+        "x = __shfl_sync(__activemask(), a[i], (((int)threadIdx.x) + 1), 32);",  # another lane
+        "x = __shfl_sync(__activemask(), a[i], ((int)threadIdx.x), 16);",  # half-warp groups
+        "x = __shfl_sync(mask, a[i], ((int)threadIdx.x), 32);",
+        "#define __shfl_sync(mask, var, lane, width) __shfl((var), (lane), (width))",
+    )
+    for code in kept:
+        assert drop(code) == code
+    two = "y = __shfl_sync(__activemask(), p[0], ((int)threadIdx.x), 32) + __shfl_sync(__activemask(), q, ((int)threadIdx.x), 32);"
+    assert drop(two) == "y = (p[0]) + (q);"
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("pipeline", ["", "async3"])
+def test_two_fragment_buffers_load_the_next_step_while_multiplying(pipeline):
+    """.r2: the loop over 32-deep steps inside a shared-memory stage is software-pipelined (its first
+    step's ldmatrix loads hoisted into a prologue), with or without the cp.async pipeline around it:
+    twice the ldmatrix call sites of the one-buffer kernel."""
+    tile = "2x4.2x4.k8.v16" + (f".{pipeline}" if pipeline else "")
+    mod = _int8_matmul_module(256, 256, 1024)
+    one, two = (
+        next(k for k in _kernel_source("h200", mod, t).split("__global__") if "mma.sync" in k)
+        for t in (tile + ".mma", tile + ".r2.mma")
+    )
+    assert one.count("ldmatrix") and two.count("ldmatrix") == 2 * one.count("ldmatrix")
+
+
+@needs_nvrtc
 def test_padded_convolution_compiles_with_16_byte_predicated_loads():
     """A 16-byte load of a padded input takes a 16-lane int8 zero outside the image, which TVM 0.27
     prints as make_int4 of 16 chars (does not compile) unless the CUDA source is repaired."""
@@ -482,10 +525,10 @@ def test_padded_convolution_compiles_with_16_byte_predicated_loads():
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("pipeline,in_flight", [("async", 1), ("async3", 2)])
+@pytest.mark.parametrize("pipeline,in_flight", [("async", 1), ("async3", 2), ("async4", 3)])
 def test_async_copy_pipeline_compiles_to_cp_async(pipeline, in_flight):
-    """cp.async double (async) or triple (async3) buffering: the main loop waits until at most 1 or 2
-    stages' copies are pending."""
+    """cp.async double (async), triple (async3) or quadruple (async4) buffering: the main loop waits
+    until at most 1, 2 or 3 stages' copies are pending."""
     import tvm
     from tvm import relax
 

@@ -18,6 +18,7 @@ def test_tile_text_round_trips_and_bad_text_names_the_form():
     extra = (
         replace(INT8_WMMA, pipeline="async", padded_vector=16),
         replace(INT8_WMMA, pipeline="async3", acc_pad=8, weight_vector=16),
+        replace(INT8_WMMA, pipeline="async4", fragment_buffers=2),
     )
     for cfg in INT8_TILE_LADDER + extra + (WmmaConfig(),):
         assert WmmaConfig.parse(cfg.text()) == cfg
@@ -33,6 +34,9 @@ def test_tile_text_round_trips_and_bad_text_names_the_form():
         "0x4.2x4.k4.v16",
         "2x4.2x4.k4.v16.a6.mma",  # accumulator rows pad by a multiple of 4 ints (16-byte epilogue loads)
         "2x4.2x4.k4.v16.a8.a8.mma",
+        "2x4.2x4.k4.v16.r2.wmma",  # register double buffering is built for ldmatrix/mma.sync only
+        "2x4.2x4.k4.v16.r3.mma",
+        "2x4.2x4.k4.v16.async5.mma",
     ):
         with pytest.raises(ValueError, match="int8 tile"):
             WmmaConfig.parse(bad)

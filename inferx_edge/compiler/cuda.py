@@ -279,6 +279,36 @@ def fix_int8_vector_constants(code: str) -> str:
     return _PACKED_CHARS.sub(packed, code)
 
 
+_OWN_LANE_SHUFFLE = "__shfl_sync(__activemask(), "
+_OWN_LANE_TAIL = re.compile(r"\s*\(\(int\)threadIdx\.x\), 32\)")
+
+
+def drop_own_lane_shuffles(code: str) -> str:
+    """Replace ``__shfl_sync(__activemask(), v, ((int)threadIdx.x), 32)`` by ``v``. TVM 0.27 lowers
+    every read of a "warp" buffer (the tensor-core accumulators) to a shuffle from the lane the index
+    names; the accumulator store reads each thread's own values (lane ``threadIdx.x``, width 32,
+    which TVM emits only where threadIdx.x spans whole warps, so the source lane is the thread's own)
+    and so paid 128 shuffles per thread for a 64x64 warp tile. Without them nvcc also merges the
+    stores into 8-byte ones: the 4096^3 int8 GEMM went from 679 to 687 TOPS on an H200 (same run)."""
+    out, pos = [], 0
+    while (start := code.find(_OWN_LANE_SHUFFLE, pos)) >= 0:
+        i, depth = start + len(_OWN_LANE_SHUFFLE), 0
+        while i < len(code) and (depth or code[i] != ","):  # the value: up to its top-level comma
+            depth += code[i] in "([{"
+            depth -= code[i] in ")]}"
+            if depth < 0:
+                break
+            i += 1
+        tail = _OWN_LANE_TAIL.match(code, i + 1) if i < len(code) and code[i] == "," else None
+        if tail is None:
+            out.append(code[pos : start + len(_OWN_LANE_SHUFFLE)])
+            pos = start + len(_OWN_LANE_SHUFFLE)
+            continue
+        out.append(code[pos:start] + "(" + code[start + len(_OWN_LANE_SHUFFLE) : i].strip() + ")")
+        pos = tail.end()
+    return "".join(out) + code[pos:]
+
+
 def compiler_errors(log: str, limit: int = 4000) -> str:
     """The error messages of a CUDA compiler log (each with the two lines that follow it: the source
     line and its caret), without the warnings that bury them; the log's tail when none is marked."""
@@ -324,7 +354,7 @@ def device_compiler(spec: TargetSpec, fmt: str):
         if dump:
             Path(dump).mkdir(parents=True, exist_ok=True)
             (Path(dump) / f"kernels_{os.getpid()}_{len(calls)}.cu").write_text(str(code))
-        return bytearray(compile_fn(tool, fix_int8_vector_constants(str(code)), arch, fmt))
+        return bytearray(compile_fn(tool, fix_int8_vector_constants(drop_own_lane_shuffles(str(code))), arch, fmt))
 
     previous = tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True)
     tvm_ffi.register_global_func("tvm_callback_cuda_compile", compile_cuda, override=True)

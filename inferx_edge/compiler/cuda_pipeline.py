@@ -89,7 +89,10 @@ def _matmul_signature(func) -> tuple[tuple[str, str], list[int]] | None:
 
 
 #: :attr:`WmmaConfig.pipeline` values
-PIPELINES = ("", "async", "async3")
+PIPELINES = ("", "async", "async3", "async4")
+
+#: how many stages ahead of the math each pipeline's shared-memory loads run
+_PIPELINE_LEAD = {"async": 1, "async3": 2, "async4": 3}
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ class WmmaConfig:
     #: LowerAccessPtr rejects some small wmma tiles), and a tile whose static plus dynamic shared memory
     #: passes 48 KB fails to launch. (A register-prefetch pipeline built with TVM's software
     #: pipelining gave wrong sums with wmma: not offered.) "async3": three shared-memory buffers, the
-    #: loads of two stages in flight while one is computed.
+    #: loads of two stages in flight while one is computed; "async4": four buffers, three in flight.
     pipeline: str = ""
     #: the warp-level instructions: "wmma" (``wmma::load_matrix_sync``/``mma_sync``, 16x16x16) or "mma"
     #: (``ldmatrix`` into registers and ``mma.sync.m16n8k32``: the full-rate int8 instruction; the
@@ -135,10 +138,15 @@ class WmmaConfig:
     #: weights stored OHWI do); a weight that does not (transposed inside the kernel, [K, J]) keeps 4
     #: (:func:`tensor_core_schedule`; wider ones gathered and failed with "Cannot convert type int32x16").
     weight_vector: int = 4
+    #: register buffers per operand fragment (mma only): 2 loads the next 32-deep step's fragments
+    #: (ldmatrix) while the current step's mma.sync instructions run (TVM's software pipeline on the
+    #: loop inside a shared-memory stage); 1 loads, then multiplies. Stages of one 32-deep step have
+    #: nothing to overlap and keep 1.
+    fragment_buffers: int = 1
 
     def text(self) -> str:
-        """``WIxFI.WJxFJ.kK.vV[.pP][.aA][.wW][.async|.async3].mma|.wmma``, the form :meth:`parse` reads (tuning records,
-        benchmark configs)."""
+        """``WIxFI.WJxFJ.kK.vV[.pP][.aA][.wW][.rR][.async|.async3|.async4].mma|.wmma``, the form :meth:`parse`
+        reads (tuning records, benchmark configs)."""
         parts = [
             f"{self.warps_i}x{self.frags_i}",
             f"{self.warps_j}x{self.frags_j}",
@@ -151,6 +159,8 @@ class WmmaConfig:
             parts.append(f"a{self.acc_pad}")
         if self.weight_vector != 4:
             parts.append(f"w{self.weight_vector}")
+        if self.fragment_buffers != 1:
+            parts.append(f"r{self.fragment_buffers}")
         if self.pipeline:
             parts.append(self.pipeline)
         return ".".join(parts + [self.intrin])
@@ -167,7 +177,7 @@ class WmmaConfig:
             if k[:1] != "k" or v[:1] != "v":
                 raise ValueError
             kw = {"pipeline": "", "intrin": "wmma", "padded_vector": 4, "acc_pad": 0, "weight_vector": 4}
-            numeric = {"p": "padded_vector", "a": "acc_pad", "w": "weight_vector"}
+            numeric = {"p": "padded_vector", "a": "acc_pad", "w": "weight_vector", "r": "fragment_buffers"}
             seen = set()
             for x in rest:
                 if x in PIPELINES[1:]:
@@ -185,8 +195,8 @@ class WmmaConfig:
             cfg = cls(wi, fi, wj, fj, int(k[1:]), int(v[1:]), **kw)
         except ValueError:
             raise ValueError(
-                f"bad int8 tile '{text}': expected WIxFI.WJxFJ.kK.vV[.pP][.aA][.wW][.async|.async3][.mma|.wmma], "
-                "e.g. 2x4.2x4.k4.v16.async.mma"
+                f"bad int8 tile '{text}': expected WIxFI.WJxFJ.kK.vV[.pP][.aA][.wW][.rR][.async|.async3|.async4]"
+                "[.mma|.wmma], e.g. 2x4.2x4.k4.v16.async.mma"
             ) from None
         if min(cfg.warps_i, cfg.frags_i, cfg.warps_j, cfg.frags_j, cfg.k_frags) < 1:
             raise ValueError(f"bad int8 tile '{text}': warps, fragments and k must be positive")
@@ -194,6 +204,8 @@ class WmmaConfig:
             raise ValueError(f"bad int8 tile '{text}': load widths are 1, 2, 4, 8 or 16 bytes")
         if cfg.acc_pad % 4 or not 0 <= cfg.acc_pad < 32:
             raise ValueError(f"bad int8 tile '{text}': the accumulator padding is 0, 4, ..., 28 ints")
+        if cfg.fragment_buffers not in (1, 2) or (cfg.fragment_buffers == 2 and cfg.intrin != "mma"):
+            raise ValueError(f"bad int8 tile '{text}': fragment buffers are 1, or 2 with mma")
         return cfg
 
 
@@ -362,7 +374,7 @@ def tensor_core_schedule(func, target, cfg: WmmaConfig | None = None):
         return None
     cfg = cfg or INT8_WMMA
     if cfg.pipeline not in PIPELINES:
-        raise ValueError(f"unknown tile load pipeline '{cfg.pipeline}'; valid: '' (none), 'async', 'async3'")
+        raise ValueError(f"unknown tile load pipeline '{cfg.pipeline}'; valid: '' (none), 'async', 'async3', 'async4'")
     if cfg.intrin not in ("wmma", "mma"):
         raise ValueError(f"unknown tensor-core instructions '{cfg.intrin}'; valid: 'wmma', 'mma'")
     mma = cfg.intrin == "mma"
@@ -483,6 +495,8 @@ def tensor_core_schedule(func, target, cfg: WmmaConfig | None = None):
     init = sch.get_child_blocks(sch.decompose_reduction(block_outer, k0))[0]
     if mma:
         _register_int8_mma_intrinsics()
+        # (the accumulator store's warp shuffles are dropped from the CUDA source: see
+        # compiler.cuda.drop_own_lane_shuffles)
         intrin = get_mma_intrin_group(operand_scope, "shared.dyn", in_dtype, out_dtype, trans_a=False, trans_b=True)
     else:
         intrin = get_wmma_intrin_group(
@@ -524,9 +538,18 @@ def tensor_core_schedule(func, target, cfg: WmmaConfig | None = None):
         sch.tensorize(sch.get_loops(block_inner)[-3], intrin["compute"])
     except Exception:  # a shape these intrinsics cannot cover
         return None
-    if cfg.pipeline:  # children of k0: A g->s, B g->s, k1 loop; async3: loads run two stages ahead
-        sch.annotate(k0, "software_pipeline_stage", [0, 0, 2 if cfg.pipeline == "async3" else 1])
-        sch.annotate(k0, "software_pipeline_order", [0, 1, 2])
+    # two fragment buffers: k1 (one 32-deep step per iteration: ldmatrix A, ldmatrix B, mma) becomes
+    # a prologue (step 0's loads), a loop (the next step's loads, this step's mma) and an epilogue
+    # (the last step's mma); TVM expands it before k0, so k0 then has five children
+    inner = mma and cfg.fragment_buffers == 2 and k_factors[1] >= 2
+    if inner:
+        sch.annotate(k1, "software_pipeline_stage", [0, 0, 1])
+        sch.annotate(k1, "software_pipeline_order", [0, 1, 2])
+    if cfg.pipeline:  # children of k0: A g->s, B g->s, the math (k1, or its three parts); loads run ahead
+        lead = _PIPELINE_LEAD[cfg.pipeline]
+        math_parts = 3 if inner else 1
+        sch.annotate(k0, "software_pipeline_stage", [0, 0] + [lead] * math_parts)
+        sch.annotate(k0, "software_pipeline_order", list(range(2 + math_parts)))
         sch.annotate(k0, "software_pipeline_async_stages", [0])
     if cfg.acc_pad:  # on the tensorized store (the block writing the shared tile), rows padded to 32k + pad
         sch.storage_align(sch.get_sblock(store_name + "_o"), 0, axis=-2, factor=32, offset=cfg.acc_pad)
