@@ -27,12 +27,13 @@ from benchmarks._record import RESULTS, gpu_driver, versions, write_record
 N = 4096
 
 
-def workload():
+def workload(depth: int = N):
+    """C[N, N] = A[N, depth] @ B[N, depth]^T in int8 -> int32."""
     from tvm import te
 
-    a = te.placeholder((N, N), "int8", name="A")
-    b = te.placeholder((N, N), "int8", name="B")  # row-major [N, K]: C = A @ B^T, as cuBLASLt's int8 path
-    k = te.reduce_axis((0, N), name="k")
+    a = te.placeholder((N, depth), "int8", name="A")
+    b = te.placeholder((N, depth), "int8", name="B")  # row-major [N, K]: C = A @ B^T, as cuBLASLt's int8 path
+    k = te.reduce_axis((0, depth), name="k")
     c = te.compute((N, N), lambda i, j: te.sum(a[i, k].astype("int32") * b[j, k].astype("int32"), axis=k), name="C")
     return te.create_prim_func([a, b, c]).with_attr("global_symbol", "main")
 
@@ -96,8 +97,9 @@ def time_cuda(fn, iters: int = 50) -> float:
 
 def time_tile_candidates(spec, target, a, b, c, ref, timer, extra=()) -> list[dict]:
     """Every int8 tile-search candidate for the workload (and the ``extra`` tiles): compiled in a
-    process pool (as ``tune --search tiles`` does), run once and compared exactly with ``ref``,
-    timed with ``timer``."""
+    process pool (as ``tune --search tiles`` does), then, with the pool shut down (compiles running
+    on every core starved the launching thread: a tile timed while others compiled ran at a third of
+    its speed), run once each, compared exactly with ``ref`` and timed with ``timer``."""
     import os
 
     import torch
@@ -110,11 +112,19 @@ def time_tile_candidates(spec, target, a, b, c, ref, timer, extra=()) -> list[di
     cands = [t.text() for t in tile_candidates((N, N, N), spec.sm_count, input_padded=False)] + list(extra)
     pool = PopenPoolExecutor(max_workers=max(1, min(len(cands), (os.cpu_count() or 2) - 1)), timeout=300)
     futures = [pool.submit(_compile_candidate, workload(), t, target, spec.name, None) for t in cands]
+    built = []
+    for fut in futures:
+        try:
+            built.append((fut.result(), None))
+        except Exception as exc:  # record it and go on
+            built.append((None, exc))
+    pool.shutdown()
     ops, out = 2 * N**3, []
-    for tile, fut in zip(cands, futures):
+    for tile, (path, error) in zip(cands, built):
         row = {"system": f"inferx_edge int8 tile {tile}", "tile": tile}
         try:
-            path = fut.result()
+            if error is not None:
+                raise error
             if path is None:
                 raise RuntimeError("the tile does not apply")
             f = tvm.runtime.load_module(path)["main"]
@@ -127,8 +137,78 @@ def time_tile_candidates(spec, target, a, b, c, ref, timer, extra=()) -> list[di
             row["error"] = f"{type(exc).__name__}: {exc}"[:400]
         print(json.dumps(row), flush=True)
         out.append(row)
-    pool.shutdown()
     return out
+
+
+def clocks_and_power(fn, seconds: float = 1.5) -> dict:
+    """Median SM clock (MHz) and board power (W) read from NVML while ``fn`` runs back to back for
+    ``seconds`` (the first third of the samples, the ramp, left out); {} without NVML."""
+    import threading
+
+    import torch
+
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+    except Exception:  # no NVML
+        return {}
+    samples, done = [], threading.Event()
+
+    def poll():
+        while not done.is_set():
+            clock = pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)
+            samples.append((clock, pynvml.nvmlDeviceGetPowerUsage(handle) / 1000))
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=poll)
+    thread.start()
+    t0 = time.time()
+    while time.time() - t0 < seconds:
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+    done.set()
+    thread.join()
+    kept = samples[len(samples) // 3 :] or samples
+    return {"sm_mhz": float(np.median([c for c, _ in kept])), "watts": float(np.median([w for _, w in kept]))}
+
+
+def k_scaling(spec, target, tile: str, depths) -> list[dict]:
+    """``tile`` and torch._int_mm on C[N, N] = A[N, K] @ B[N, K]^T for each K of ``depths``: time,
+    exactness, SM clock and power. Time = fixed + K x rate separates what each call pays once (block
+    start-up, the int32 result's write) from the main loop."""
+    import torch
+    import tvm
+
+    from inferx_edge.tune.tiles import _compile_candidate
+
+    rows = []
+    for depth in depths:
+        rng = np.random.default_rng(depth)
+        a_np = rng.integers(-128, 128, (N, depth), dtype=np.int8)
+        b_np = rng.integers(-128, 128, (N, depth), dtype=np.int8)
+        dev = tvm.cuda(0)
+        a, b = tvm.runtime.tensor(a_np, dev), tvm.runtime.tensor(b_np, dev)
+        c = tvm.runtime.tensor(np.zeros((N, N), np.int32), dev)
+        ta, tb = torch.from_numpy(a_np).cuda(), torch.from_numpy(b_np).cuda()
+        ref = torch._int_mm(ta, tb.t())
+        ops = 2 * N * N * depth
+        f = tvm.runtime.load_module(_compile_candidate(workload(depth), tile, target, spec.name, None, False))["main"]
+        f(a, b, c)
+        exact = bool(torch.equal(torch.from_numpy(c.numpy()).cuda(), ref))
+        for system, fn in (
+            ("torch._int_mm (cuBLASLt)", lambda ta=ta, tb=tb: torch._int_mm(ta, tb.t())),
+            (tile, lambda f=f, a=a, b=b, c=c: f(a, b, c)),
+        ):
+            ms = time_cuda(fn)
+            row = {"k": depth, "system": system, "ms": ms, "tops": ops / ms / 1e9} | clocks_and_power(fn)
+            if system == tile:
+                row["exact"] = exact
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
 
 
 def main() -> None:
@@ -140,6 +220,9 @@ def main() -> None:
     ap.add_argument("--name", default=None, help="record name (default gpu_int8_matmul_<target>)")
     ap.add_argument("--tiles", action="store_true", help="also time every int8 tile-search candidate")
     ap.add_argument("--extra-tiles", default="", help="comma-separated tiles (WmmaConfig text) timed with --tiles")
+    ap.add_argument(
+        "--k-scaling", default="", metavar="TILE", help="also time TILE and cuBLASLt at K = 2048, 4096, 8192"
+    )
     args = ap.parse_args()
 
     import torch
@@ -203,7 +286,7 @@ def main() -> None:
     exact = bool(torch.equal(torch.from_numpy(c.numpy()).cuda(), ref))
     f = lib["main"]
     tvm_ms = time_cuda(lambda: f(a, b, c))
-    torch_ms = time_cuda(lambda: torch._int_mm(ta, tb.t()))
+    torch_ms = time_cuda(lambda ta=ta, tb=tb: torch._int_mm(ta, tb.t()))
     ops = 2 * N**3
     from dataclasses import replace
 
@@ -229,6 +312,7 @@ def main() -> None:
         print(json.dumps(untuned[-1]), flush=True)
     extra = [t for t in args.extra_tiles.split(",") if t]
     searched = time_tile_candidates(spec, target, a, b, c, ref, time_cuda, extra) if args.tiles else []
+    scaling = k_scaling(spec, target, args.k_scaling, (2048, 4096, 8192)) if args.k_scaling else []
     exact_tiles = [r for r in searched if r.get("exact")]
     best_tile = min(exact_tiles, key=lambda r: r["ms"]) if exact_tiles else None
     pts = curve(work_dir)
@@ -253,6 +337,8 @@ def main() -> None:
         and {"tile": best_tile["tile"], "over_cublaslt_throughput": torch_ms / best_tile["ms"]},
         "curve_trials_best_ms": pts,
     }
+    if scaling:
+        rec["k_scaling"] = scaling
     driver = gpu_driver()
     if driver:  # NVML missing: keep torch's device name only
         rec["driver"] = driver

@@ -287,3 +287,29 @@ def test_legacy_tile_file_is_read_and_replaced_by_the_next_save(tmp_path):
     save_tiles(tmp_path, data)
     assert (tmp_path / TILES_FILE).exists() and not (tmp_path / LEGACY_TILES_FILE).exists()
     assert load_tiles(tmp_path) == data
+
+
+def test_compile_workers_run_at_lower_priority_and_the_caller_can_keep_its_own():
+    """Tile candidates compile in pool workers while the parent times others on the GPU; a worker
+    lowers its priority once (the CUDA compiler it spawns inherits it) unless told not to."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os\n"
+        "from tvm import te\n"
+        "from inferx_edge.tune import tiles\n"
+        "a = te.placeholder((4,), 'float32', name='a')\n"
+        "copy = te.create_prim_func([a, te.compute((4,), lambda i: a[i], name='b')])\n"  # no GEMM: no tile applies
+        "start = os.nice(0)\n"
+        "args = (copy, '2x4.2x4.k4.v16.mma', 'cuda', 'h200', None)\n"
+        "assert tiles._compile_candidate(*args, False) is None and os.nice(0) == start\n"
+        "assert tiles._compile_candidate(*args) is None and tiles._compile_candidate(*args) is None\n"
+        "print(start, os.nice(0))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    from inferx_edge.tune.tiles import COMPILE_NICENESS
+
+    start, after = (int(x) for x in out.stdout.split()[-2:])
+    assert after == min(start + COMPILE_NICENESS, 19)  # once, however often it compiles
