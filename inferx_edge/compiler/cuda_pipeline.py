@@ -117,7 +117,8 @@ class WmmaConfig:
     #: LowerAccessPtr rejects some small wmma tiles), and a tile whose static plus dynamic shared memory
     #: passes 48 KB fails to launch. (A register-prefetch pipeline built with TVM's software
     #: pipelining gave wrong sums with wmma: not offered.) "async3": three shared-memory buffers, the
-    #: loads of two stages in flight while one is computed; "async4": four buffers, three in flight.
+    #: loads of two stages in flight while one is computed; "async4": four buffers, three in flight
+    #: (not searched: 560-616 TOPS against async3's 670 on the H200's 4096^3 GEMM, _tiles3.json).
     pipeline: str = ""
     #: the warp-level instructions: "wmma" (``wmma::load_matrix_sync``/``mma_sync``, 16x16x16) or "mma"
     #: (``ldmatrix`` into registers and ``mma.sync.m16n8k32``: the full-rate int8 instruction; the
@@ -141,7 +142,8 @@ class WmmaConfig:
     #: register buffers per operand fragment (mma only): 2 loads the next 32-deep step's fragments
     #: (ldmatrix) while the current step's mma.sync instructions run (TVM's software pipeline on the
     #: loop inside a shared-memory stage); 1 loads, then multiplies. Stages of one 32-deep step have
-    #: nothing to overlap and keep 1.
+    #: nothing to overlap and keep 1. Not a tile-search candidate: on the H200's 4096^3 int8 GEMM it
+    #: ran as fast as the one-buffer tile (685 TOPS, gpu_int8_matmul_h200_tiles5.json).
     fragment_buffers: int = 1
 
     def text(self) -> str:
