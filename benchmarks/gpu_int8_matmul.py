@@ -80,6 +80,22 @@ def plot_curve(rec: dict, path: Path) -> None:
     plt.close()
 
 
+def operands(depth: int):
+    """Seeded random int8 A[N, depth] and B[N, depth] on the GPU for TVM and torch, a zeroed int32
+    C[N, N] for TVM, and torch's result: (a, b, c, ta, tb, ref)."""
+    import torch
+    import tvm
+
+    rng = np.random.default_rng(0)
+    a_np = rng.integers(-128, 128, (N, depth), dtype=np.int8)
+    b_np = rng.integers(-128, 128, (N, depth), dtype=np.int8)
+    dev = tvm.cuda(0)
+    a, b = tvm.runtime.tensor(a_np, dev), tvm.runtime.tensor(b_np, dev)
+    c = tvm.runtime.tensor(np.zeros((N, N), np.int32), dev)
+    ta, tb = torch.from_numpy(a_np).cuda(), torch.from_numpy(b_np).cuda()
+    return a, b, c, ta, tb, torch._int_mm(ta, tb.t())
+
+
 def time_cuda(fn, iters: int = 50) -> float:
     import torch
 
@@ -186,14 +202,7 @@ def k_scaling(spec, target, tile: str, depths) -> list[dict]:
 
     rows = []
     for depth in depths:
-        rng = np.random.default_rng(depth)
-        a_np = rng.integers(-128, 128, (N, depth), dtype=np.int8)
-        b_np = rng.integers(-128, 128, (N, depth), dtype=np.int8)
-        dev = tvm.cuda(0)
-        a, b = tvm.runtime.tensor(a_np, dev), tvm.runtime.tensor(b_np, dev)
-        c = tvm.runtime.tensor(np.zeros((N, N), np.int32), dev)
-        ta, tb = torch.from_numpy(a_np).cuda(), torch.from_numpy(b_np).cuda()
-        ref = torch._int_mm(ta, tb.t())
+        a, b, c, ta, tb, ref = operands(depth)
         ops = 2 * N * N * depth
         f = tvm.runtime.load_module(_compile_candidate(workload(depth), tile, target, spec.name, None, False))["main"]
         f(a, b, c)
@@ -274,19 +283,12 @@ def main() -> None:
         raise SystemExit("no valid record in the database yet")
     with target:
         lib = tvm.compile(sch.mod, target=target)
-    dev = tvm.cuda(0)
-    rng = np.random.default_rng(0)
-    a_np = rng.integers(-128, 128, (N, N), dtype=np.int8)
-    b_np = rng.integers(-128, 128, (N, N), dtype=np.int8)
-    a, b = tvm.runtime.tensor(a_np, dev), tvm.runtime.tensor(b_np, dev)
-    c = tvm.runtime.tensor(np.zeros((N, N), np.int32), dev)
+    a, b, c, ta, tb, ref = operands(N)
     lib["main"](a, b, c)
-    ta, tb = torch.from_numpy(a_np).cuda(), torch.from_numpy(b_np).cuda()
-    ref = torch._int_mm(ta, tb.t())
     exact = bool(torch.equal(torch.from_numpy(c.numpy()).cuda(), ref))
     f = lib["main"]
     tvm_ms = time_cuda(lambda: f(a, b, c))
-    torch_ms = time_cuda(lambda ta=ta, tb=tb: torch._int_mm(ta, tb.t()))
+    torch_ms = time_cuda(lambda: torch._int_mm(ta, tb.t()))
     ops = 2 * N**3
     from dataclasses import replace
 

@@ -289,7 +289,9 @@ def drop_own_lane_shuffles(code: str) -> str:
     names; the accumulator store reads each thread's own values (lane ``threadIdx.x``, width 32,
     which TVM emits only where threadIdx.x spans whole warps, so the source lane is the thread's own)
     and so paid 128 shuffles per thread for a 64x64 warp tile. Without them nvcc also merges the
-    stores into 8-byte ones: the 4096^3 int8 GEMM went from 679 to 687 TOPS on an H200 (same run)."""
+    stores into 8-byte ones. On the H200's 4096^3 int8 GEMM a prototype giving the same PTX (TVM's
+    mma_store builtin, which fails to lower for some convolutions) went from 679 to 687 TOPS in one
+    run; the best tile measured 685 with this repair (gpu_int8_matmul_h200_tiles5.json)."""
     out, pos = [], 0
     while (start := code.find(_OWN_LANE_SHUFFLE, pos)) >= 0:
         i, depth = start + len(_OWN_LANE_SHUFFLE), 0
