@@ -292,17 +292,15 @@ def main() -> None:
     ops = 2 * N**3
     from dataclasses import replace
 
-    from inferx_edge.compiler.build import pass_config
-    from inferx_edge.compiler.cuda_pipeline import int8_config_for, tensor_core_schedule
+    from inferx_edge.compiler.cuda_pipeline import int8_config_for
+    from inferx_edge.tune.tiles import _compile_candidate
 
     untuned = []
     for pipeline in ("", "async"):
         cfg = replace(int8_config_for((N, N, N), spec.sm_count), pipeline=pipeline)
         name = "inferx_edge untuned (build's int8 tile" + (", cp.async)" if pipeline else ")")
-        try:
-            default = tensor_core_schedule(workload(), target, cfg)
-            with target, pass_config(async_copy=bool(pipeline)):
-                dlib = tvm.compile(default.mod, target=target)
+        try:  # compiled as build and the tile search compile it (device compiler, CUDA source repairs)
+            dlib = tvm.runtime.load_module(_compile_candidate(workload(), cfg.text(), target, spec.name, None, False))
             c.copyfrom(np.zeros((N, N), np.int32))
             dlib["main"](a, b, c)
             d_exact = bool(torch.equal(torch.from_numpy(c.numpy()).cuda(), ref))
