@@ -88,11 +88,11 @@ def _matmul_signature(func) -> tuple[tuple[str, str], list[int]] | None:
         return None
 
 
-#: :attr:`WmmaConfig.pipeline` values
-PIPELINES = ("", "async", "async3", "async4")
-
-#: how many stages ahead of the math each pipeline's shared-memory loads run
+#: how many stages ahead of the math each cp.async pipeline's shared-memory loads run
 _PIPELINE_LEAD = {"async": 1, "async3": 2, "async4": 3}
+
+#: :attr:`WmmaConfig.pipeline` values ("": none)
+PIPELINES = ("", *_PIPELINE_LEAD)
 
 
 @dataclass(frozen=True)
@@ -376,7 +376,8 @@ def tensor_core_schedule(func, target, cfg: WmmaConfig | None = None):
         return None
     cfg = cfg or INT8_WMMA
     if cfg.pipeline not in PIPELINES:
-        raise ValueError(f"unknown tile load pipeline '{cfg.pipeline}'; valid: '' (none), 'async', 'async3', 'async4'")
+        valid = ", ".join(repr(p) for p in PIPELINES)
+        raise ValueError(f"unknown tile load pipeline '{cfg.pipeline}'; valid: {valid} ('': none)")
     if cfg.intrin not in ("wmma", "mma"):
         raise ValueError(f"unknown tensor-core instructions '{cfg.intrin}'; valid: 'wmma', 'mma'")
     mma = cfg.intrin == "mma"
