@@ -73,6 +73,7 @@ def main() -> int:
     from tvm import relax
 
     from inferx_edge.compiler.build import (
+        conv_kernel_layout,
         conv_layout,
         pass_config,
         prepare_module,
@@ -105,8 +106,9 @@ def main() -> int:
     target = resolve_tvm_target(spec)
     t0 = time.perf_counter()
     mod, tuned, (_, weights) = prepare_module(
-        imported, target, args.precision, tuning_dir, conv_layout(spec, args.precision), bake=True, log=print
-    )
+        imported, target, args.precision, tuning_dir, conv_layout(spec, args.precision), bake=True, log=print,
+        kernel_layout=conv_kernel_layout(spec),
+    )  # fmt: skip
     cuda_ctx = device_compiler(spec, "cubin") if spec.is_cuda else contextlib.nullcontext()
     with cuda_ctx, target, pass_config(async_copy=spec.is_cuda):
         pipeline = relax_pipeline(spec, target)

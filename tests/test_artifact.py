@@ -174,6 +174,61 @@ def test_weight_transforms_run_at_build_time_and_give_the_same_results():
     np.testing.assert_allclose(run(baked, arrays), run(plain, im.params), rtol=1e-6, atol=1e-6)
 
 
+def test_unit_transposes_become_reshapes_with_the_same_values():
+    """A transpose that moves only axes of extent 1 is a reshape; one that reorders longer axes stays."""
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.build import unit_transposes_to_reshapes
+
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType([2, 1, 5, 6], "float32"))  # one-channel NCHW -> NHWC
+    b = relax.Var("b", relax.TensorType([2, 3, 1, 1], "float32"))  # pooled NCHW -> NHWC
+    c = relax.Var("c", relax.TensorType([2, 3, 4, 1], "float32"))  # a real reorder
+    with bb.function("main", [a, b, c], attrs={"num_input": 3}):
+        with bb.dataflow():
+            outs = [
+                bb.emit(relax.op.permute_dims(a, [0, 2, 3, 1])),
+                bb.emit(relax.op.permute_dims(b, [0, 2, 3, 1])),
+                bb.emit(relax.op.permute_dims(c, [0, 2, 1, 3])),
+                bb.emit(relax.op.permute_dims(a)),  # reversed: 6, 5, 1, 2 reorders
+            ]
+            out = bb.emit_output(relax.Tuple(outs))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    rewritten = unit_transposes_to_reshapes(mod)
+    ops = [b.value.op.name for blk in rewritten["main"].body.blocks for b in blk.bindings if hasattr(b.value, "op")]
+    assert ops == ["relax.reshape", "relax.reshape", "relax.permute_dims", "relax.permute_dims"]
+    rng = np.random.default_rng(0)
+    xs = [rng.random(s, dtype=np.float32) for s in ((2, 1, 5, 6), (2, 3, 1, 1), (2, 3, 4, 1))]
+    vm = relax.VirtualMachine(relax.build(rewritten, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+    got = vm["main"](*[tvm.runtime.tensor(x) for x in xs])
+    want = [xs[0].transpose(0, 2, 3, 1), xs[1].transpose(0, 2, 3, 1), xs[2].transpose(0, 2, 1, 3), xs[0].T]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.numpy(), w)
+
+
+def test_float_cpu_convs_run_nhwc_with_hwio_weights():
+    """CPU float variants: NHWC/HWIO (vectorized along output channels); int8 CPU and fp32 CUDA stay
+    NCHW. The embedded model then has no transpose on its activations: the one-channel input and the
+    pooled result are reshaped, and its weights are stored HWIO."""
+    from inferx_edge.cli._common import DEFAULT_MODEL
+    from inferx_edge.compiler.build import conv_kernel_layout, conv_layout, prepare_module
+    from inferx_edge.frontend import import_model
+    from inferx_edge.targets import get_target
+
+    cpu, arm, gpu = get_target("x86-cpu"), get_target("arm64-cpu"), get_target("h200")
+    assert [conv_layout(cpu, p) for p in ("fp32", "fp16", "int8", "mixed")] == ["NHWC", "NHWC", "NCHW", "NCHW"]
+    assert conv_layout(arm, "fp32") == "NHWC" and conv_kernel_layout(cpu) == conv_kernel_layout(arm) == "HWIO"
+    assert (conv_layout(gpu, "fp32"), conv_layout(gpu, "int8"), conv_kernel_layout(gpu)) == ("NCHW", "NHWC", "OHWI")
+    im = import_model(DEFAULT_MODEL, {"image": (2, 1, 28, 28)})
+    mod, _, (names, arrays) = prepare_module(im, None, layout="NHWC", kernel_layout="HWIO", bake=True)
+    ops = [b.value.op.name for blk in mod["main"].body.blocks for b in blk.bindings if hasattr(b.value, "op")]
+    assert "relax.permute_dims" not in ops
+    kernels = sorted(a.shape for a in arrays if a.ndim == 4 and a.shape[0] != 1)  # not the (1, 1, 1, C) biases
+    assert kernels == [(3, 3, 1, 24), (3, 3, 24, 48), (3, 3, 48, 64)]
+
+
 def test_weight_transforms_that_would_grow_the_weights_stay_in_the_model():
     from tvm import relax
 

@@ -94,7 +94,7 @@ class TuneOptions:
 def _precision_module(imported, spec, opts: TuneOptions, log):
     """The Relax module ``build`` compiles for ``opts.precision`` on ``spec`` (same rewrites, same
     layouts, same kernels)."""
-    from inferx_edge.compiler.build import conv_layout, prepare_module, quant_kernel_layout
+    from inferx_edge.compiler.build import conv_kernel_layout, conv_layout, prepare_module, quant_kernel_layout
 
     if opts.precision in ("int8", "mixed"):
         from inferx_edge.quantize.driver import apply_plan, resolve_plan
@@ -104,7 +104,8 @@ def _precision_module(imported, spec, opts: TuneOptions, log):
             log=log, float_between_layers=opts.float_between_layers,
         )  # fmt: skip
         imported = apply_plan(imported, plan, opts.precision, quant_kernel_layout(spec, opts.precision))[0]
-    return prepare_module(imported, None, opts.precision, layout=conv_layout(spec, opts.precision))[0]
+    layout, kernel_layout = conv_layout(spec, opts.precision), conv_kernel_layout(spec)
+    return prepare_module(imported, None, opts.precision, layout=layout, kernel_layout=kernel_layout)[0]
 
 
 @dataclass
