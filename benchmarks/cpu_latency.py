@@ -5,8 +5,9 @@
 "tuned" applies the committed database in tuning_logs/x86-cpu/ (made with ``python -m inferx_edge tune
 --target x86-cpu --input-shape image:Bx1x28x28 --trials N --minutes 10-14`` in resumed chunks, then
 ``--prune``: 546 trials at batch 1, 1,574 at batch 64; xgboost, two threads); "untuned" is TVM's default
-schedules. Both run the convolutions in NHWC with HWIO weights (``compiler.build.conv_layout``). Each system runs warm-up then timed synchronous runs for at least ``--seconds``; we report
-p50/p90 and ratios of p50s measured in this run.
+schedules. Both run the convolutions in NHWC with HWIO weights (``compiler.build.conv_layout``). Each
+system runs warm-up then timed synchronous runs for at least ``--seconds``; we report p50/p90 and
+ratios of p50s measured in this run.
 """
 
 from __future__ import annotations
