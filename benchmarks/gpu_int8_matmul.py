@@ -11,6 +11,8 @@ same workload with the schedule ``build`` gives an untuned int8 GEMM (``compiler
 ldmatrix + mma.sync tile, with and without the cp.async pipeline) is timed alongside; with ``--tiles``
 every tile ``tune --search tiles`` would try on it (``tile_candidates``) is compiled in a
 process pool and timed the same way (each checked exactly against torch), the fastest reported.
+``--compare-tiles T1,T2`` only times those tiles and cuBLASLt, alternating, two rounds, with the SM
+clock and board power each ran at (record ``gpu_int8_matmul_<target>_compare`` unless ``--name``).
 """
 
 from __future__ import annotations
@@ -111,23 +113,19 @@ def time_cuda(fn, iters: int = 50) -> float:
     return start.elapsed_time(end) / iters
 
 
-def time_tile_candidates(spec, target, a, b, c, ref, timer, extra=()) -> list[dict]:
-    """Every int8 tile-search candidate for the workload (and the ``extra`` tiles): compiled in a
-    process pool (as ``tune --search tiles`` does), then, with the pool shut down (compiles running
-    on every core starved the launching thread: a tile timed while others compiled ran at a third of
-    its speed), run once each, compared exactly with ``ref`` and timed with ``timer``."""
+def compile_tiles(spec, target, tiles: list[str]) -> list[tuple]:
+    """(library path or None, exception or None) for each tile of the workload, compiled in a process
+    pool as ``tune --search tiles`` does (device compiler, CUDA source repairs); the pool is shut
+    down before returning (compiles running on every core starved the launching thread: a tile timed
+    while others compiled ran at a third of its speed)."""
     import os
 
-    import torch
-    import tvm
     from tvm.support.popen_pool import PopenPoolExecutor
 
-    from inferx_edge.compiler.cuda_pipeline import tile_candidates
     from inferx_edge.tune.tiles import _compile_candidate
 
-    cands = [t.text() for t in tile_candidates((N, N, N), spec.sm_count, input_padded=False)] + list(extra)
-    pool = PopenPoolExecutor(max_workers=max(1, min(len(cands), (os.cpu_count() or 2) - 1)), timeout=300)
-    futures = [pool.submit(_compile_candidate, workload(), t, target, spec.name, None) for t in cands]
+    pool = PopenPoolExecutor(max_workers=max(1, min(len(tiles), (os.cpu_count() or 2) - 1)), timeout=300)
+    futures = [pool.submit(_compile_candidate, workload(), t, target, spec.name, None) for t in tiles]
     built = []
     for fut in futures:
         try:
@@ -135,6 +133,48 @@ def time_tile_candidates(spec, target, a, b, c, ref, timer, extra=()) -> list[di
         except Exception as exc:  # record it and go on
             built.append((None, exc))
     pool.shutdown()
+    return built
+
+
+def compare_tiles(spec, target, tiles: list[str], rounds: int = 2) -> list[dict]:
+    """``tiles`` and torch._int_mm: compiled first (:func:`compile_tiles`), each checked exactly, then
+    all timed one after another for ``rounds`` rounds, with the SM clock and board power (NVML) each
+    ran at: tiles that differ by a few percent are compared at the clock they got."""
+    import torch
+    import tvm
+
+    a, b, c, ta, tb, ref = operands(N)
+    ops, calls, rows = 2 * N**3, {"torch._int_mm (cuBLASLt)": lambda: torch._int_mm(ta, tb.t())}, []
+    for tile, (path, error) in zip(tiles, compile_tiles(spec, target, tiles)):
+        if error is not None or path is None:
+            rows.append({"system": tile, "error": f"{type(error).__name__}: {error}"[:400] if error else "not applied"})
+            continue
+        f = tvm.runtime.load_module(path)["main"]
+        out = tvm.runtime.tensor(np.zeros((N, N), np.int32), tvm.cuda(0))
+        f(a, b, out)
+        if not torch.equal(torch.from_numpy(out.numpy()).cuda(), ref):
+            rows.append({"system": tile, "exact": False})
+            continue
+        calls[tile] = lambda f=f, out=out: f(a, b, out)
+    for rnd in range(rounds):
+        for system, fn in calls.items():
+            ms = time_cuda(fn)
+            rows.append({"round": rnd, "system": system, "ms": ms, "tops": ops / ms / 1e9} | clocks_and_power(fn))
+            rows[-1] |= {} if system.startswith("torch") else {"exact": True}
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def time_tile_candidates(spec, target, a, b, c, ref, timer, extra=()) -> list[dict]:
+    """Every int8 tile-search candidate for the workload (and the ``extra`` tiles): compiled
+    (:func:`compile_tiles`), then run once each, compared exactly with ``ref`` and timed with ``timer``."""
+    import torch
+    import tvm
+
+    from inferx_edge.compiler.cuda_pipeline import tile_candidates
+
+    cands = [t.text() for t in tile_candidates((N, N, N), spec.sm_count, input_padded=False)] + list(extra)
+    built = compile_tiles(spec, target, cands)
     ops, out = 2 * N**3, []
     for tile, (path, error) in zip(cands, built):
         row = {"system": f"inferx_edge int8 tile {tile}", "tile": tile}
@@ -232,6 +272,12 @@ def main() -> None:
     ap.add_argument(
         "--k-scaling", default="", metavar="TILE", help="also time TILE and cuBLASLt at K = 2048, 4096, 8192"
     )
+    ap.add_argument(
+        "--compare-tiles",
+        default="",
+        metavar="T1,T2,...",
+        help="only time these tiles against cuBLASLt (two alternating rounds, clocks and power); no tuning",
+    )
     args = ap.parse_args()
 
     import torch
@@ -248,6 +294,17 @@ def main() -> None:
     import_tensor_intrinsics()
     spec = get_target(args.target)
     target = resolve_tvm_target(spec)
+    if args.compare_tiles:
+        rows = compare_tiles(spec, target, [t for t in args.compare_tiles.split(",") if t])
+        rec = {
+            "device": torch.cuda.get_device_name(0),
+            "driver": gpu_driver(),
+            "versions": versions("apache-tvm", "torch", "inferx_edge") | {"cuda": torch.version.cuda},
+            "workload": f"C[{N},{N}] int32 = A[{N},{N}] int8 @ B[{N},{N}]^T int8",
+            "results": rows,
+        }
+        print(f"wrote {write_record(args.name or f'gpu_int8_matmul_{spec.name}_compare', rec)}")
+        return
     work_dir = tdb.default_root() / spec.name / "int8_matmul_4096"
     mod = tvm.IRModule({"main": workload()})
     with tdb.locked(work_dir):
