@@ -98,6 +98,41 @@ def operands(depth: int):
     return a, b, c, ta, tb, torch._int_mm(ta, tb.t())
 
 
+def load_tile(spec, target, tile: str, depth: int = N):
+    """``tile`` on the workload of ``depth``, compiled in this process as build and the tile search
+    compile it (device compiler, CUDA source repairs; normal priority): the ``main`` function."""
+    import tvm
+
+    from inferx_edge.tune.tiles import _compile_candidate
+
+    path = _compile_candidate(workload(depth), tile, target, spec.name, None, False)
+    if path is None:
+        raise RuntimeError(f"the tile {tile} does not apply")
+    return tvm.runtime.load_module(path)["main"]
+
+
+def run_exact(f, a, b, c, ref) -> bool:
+    """Zero ``c``, run ``f(a, b, c)`` once, and whether ``c`` equals torch's ``ref`` exactly."""
+    import torch
+
+    c.copyfrom(np.zeros((N, N), np.int32))
+    f(a, b, c)
+    return bool(torch.equal(torch.from_numpy(c.numpy()).cuda(), ref))
+
+
+def record_head() -> dict:
+    """The fields every record of this benchmark starts with: GPU, driver (torch's device name
+    without NVML), versions, workload."""
+    import torch
+
+    return {
+        "device": torch.cuda.get_device_name(0),
+        "driver": gpu_driver() or torch.cuda.get_device_properties(0).name,
+        "versions": versions("apache-tvm", "torch", "inferx_edge") | {"cuda": torch.version.cuda},
+        "workload": f"C[{N},{N}] int32 = A[{N},{N}] int8 @ B[{N},{N}]^T int8",
+    }
+
+
 def time_cuda(fn, iters: int = 50) -> float:
     import torch
 
@@ -150,12 +185,10 @@ def compare_tiles(spec, target, tiles: list[str], rounds: int = 2) -> list[dict]
             rows.append({"system": tile, "error": f"{type(error).__name__}: {error}"[:400] if error else "not applied"})
             continue
         f = tvm.runtime.load_module(path)["main"]
-        out = tvm.runtime.tensor(np.zeros((N, N), np.int32), tvm.cuda(0))
-        f(a, b, out)
-        if not torch.equal(torch.from_numpy(out.numpy()).cuda(), ref):
+        if not run_exact(f, a, b, c, ref):
             rows.append({"system": tile, "exact": False})
             continue
-        calls[tile] = lambda f=f, out=out: f(a, b, out)
+        calls[tile] = lambda f=f: f(a, b, c)
     for rnd in range(rounds):
         for system, fn in calls.items():
             ms = time_cuda(fn)
@@ -168,7 +201,6 @@ def compare_tiles(spec, target, tiles: list[str], rounds: int = 2) -> list[dict]
 def time_tile_candidates(spec, target, a, b, c, ref, timer, extra=()) -> list[dict]:
     """Every int8 tile-search candidate for the workload (and the ``extra`` tiles): compiled
     (:func:`compile_tiles`), then run once each, compared exactly with ``ref`` and timed with ``timer``."""
-    import torch
     import tvm
 
     from inferx_edge.compiler.cuda_pipeline import tile_candidates
@@ -184,9 +216,7 @@ def time_tile_candidates(spec, target, a, b, c, ref, timer, extra=()) -> list[di
             if path is None:
                 raise RuntimeError("the tile does not apply")
             f = tvm.runtime.load_module(path)["main"]
-            c.copyfrom(np.zeros((N, N), np.int32))
-            f(a, b, c)
-            row["exact"] = bool(torch.equal(torch.from_numpy(c.numpy()).cuda(), ref))
+            row["exact"] = run_exact(f, a, b, c, ref)
             row["ms"] = timer(lambda f=f: f(a, b, c))
             row["tops"] = ops / row["ms"] / 1e9
         except Exception as exc:  # record it and go on
@@ -236,17 +266,13 @@ def k_scaling(spec, target, tile: str, depths) -> list[dict]:
     exactness, SM clock and power. Time = fixed + K x rate separates what each call pays once (block
     start-up, the int32 result's write) from the main loop."""
     import torch
-    import tvm
-
-    from inferx_edge.tune.tiles import _compile_candidate
 
     rows = []
     for depth in depths:
         a, b, c, ta, tb, ref = operands(depth)
         ops = 2 * N * N * depth
-        f = tvm.runtime.load_module(_compile_candidate(workload(depth), tile, target, spec.name, None, False))["main"]
-        f(a, b, c)
-        exact = bool(torch.equal(torch.from_numpy(c.numpy()).cuda(), ref))
+        f = load_tile(spec, target, tile, depth)
+        exact = run_exact(f, a, b, c, ref)
         for system, fn in (
             ("torch._int_mm (cuBLASLt)", lambda ta=ta, tb=tb: torch._int_mm(ta, tb.t())),
             (tile, lambda f=f, a=a, b=b, c=c: f(a, b, c)),
@@ -296,13 +322,7 @@ def main() -> None:
     target = resolve_tvm_target(spec)
     if args.compare_tiles:
         rows = compare_tiles(spec, target, [t for t in args.compare_tiles.split(",") if t])
-        rec = {
-            "device": torch.cuda.get_device_name(0),
-            "driver": gpu_driver(),
-            "versions": versions("apache-tvm", "torch", "inferx_edge") | {"cuda": torch.version.cuda},
-            "workload": f"C[{N},{N}] int32 = A[{N},{N}] int8 @ B[{N},{N}]^T int8",
-            "results": rows,
-        }
+        rec = record_head() | {"results": rows}
         print(f"wrote {write_record(args.name or f'gpu_int8_matmul_{spec.name}_compare', rec)}")
         return
     work_dir = tdb.default_root() / spec.name / "int8_matmul_4096"
@@ -341,27 +361,23 @@ def main() -> None:
     with target:
         lib = tvm.compile(sch.mod, target=target)
     a, b, c, ta, tb, ref = operands(N)
-    lib["main"](a, b, c)
-    exact = bool(torch.equal(torch.from_numpy(c.numpy()).cuda(), ref))
     f = lib["main"]
+    exact = run_exact(f, a, b, c, ref)
     tvm_ms = time_cuda(lambda: f(a, b, c))
     torch_ms = time_cuda(lambda: torch._int_mm(ta, tb.t()))
     ops = 2 * N**3
     from dataclasses import replace
 
     from inferx_edge.compiler.cuda_pipeline import int8_config_for
-    from inferx_edge.tune.tiles import _compile_candidate
 
     untuned = []
     for pipeline in ("", "async"):
         cfg = replace(int8_config_for((N, N, N), spec.sm_count), pipeline=pipeline)
         name = "inferx_edge untuned (build's int8 tile" + (", cp.async)" if pipeline else ")")
-        try:  # compiled as build and the tile search compile it (device compiler, CUDA source repairs)
-            dlib = tvm.runtime.load_module(_compile_candidate(workload(), cfg.text(), target, spec.name, None, False))
-            c.copyfrom(np.zeros((N, N), np.int32))
-            dlib["main"](a, b, c)
-            d_exact = bool(torch.equal(torch.from_numpy(c.numpy()).cuda(), ref))
-            d_ms = time_cuda(lambda dlib=dlib: dlib["main"](a, b, c))
+        try:
+            dmain = load_tile(spec, target, cfg.text())
+            d_exact = run_exact(dmain, a, b, c, ref)
+            d_ms = time_cuda(lambda dmain=dmain: dmain(a, b, c))
             untuned.append({"system": name, "config": cfg.__dict__, "exact": d_exact, "ms": d_ms,
                             "tops": ops / d_ms / 1e9})  # fmt: skip
         except Exception as exc:  # record it and go on
@@ -373,11 +389,7 @@ def main() -> None:
     exact_tiles = [r for r in searched if r.get("exact")]
     best_tile = min(exact_tiles, key=lambda r: r["ms"]) if exact_tiles else None
     pts = curve(work_dir)
-    rec = {
-        "device": torch.cuda.get_device_name(0),
-        "driver": torch.cuda.get_device_properties(0).name,
-        "versions": versions("apache-tvm", "torch", "inferx_edge") | {"cuda": torch.version.cuda},
-        "workload": f"C[{N},{N}] int32 = A[{N},{N}] int8 @ B[{N},{N}]^T int8",
+    rec = record_head() | {
         "space": "cuda-tensorcore",
         "cost_model": "random",
         "trials_in_database": pts[-1][0] if pts else 0,
@@ -396,9 +408,6 @@ def main() -> None:
     }
     if scaling:
         rec["k_scaling"] = scaling
-    driver = gpu_driver()
-    if driver:  # NVML missing: keep torch's device name only
-        rec["driver"] = driver
     name = args.name or f"gpu_int8_matmul_{spec.name}"
     path = write_record(name, rec)
     plot_curve(rec, RESULTS / f"{name}.png")

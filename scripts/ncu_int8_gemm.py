@@ -18,22 +18,20 @@ import torch
 import tvm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks package beside inferx_edge
-from benchmarks.gpu_int8_matmul import N, operands, workload
+from benchmarks.gpu_int8_matmul import N, load_tile, operands, run_exact
 from inferx_edge.compiler.build import resolve_tvm_target
 from inferx_edge.targets import get_target
-from inferx_edge.tune.tiles import _compile_candidate
 
 if len(sys.argv) < 2 or sys.argv[1] not in ("tvm", "cublaslt") or (sys.argv[1] == "tvm" and len(sys.argv) != 3):
     raise SystemExit("usage: ncu_int8_gemm.py tvm TILE | cublaslt")
 a, b, c, ta, tb, ref = operands(N)
 if sys.argv[1] == "tvm":
     spec = get_target("h200")
-    path = _compile_candidate(workload(N), sys.argv[2], resolve_tvm_target(spec), spec.name, None, False)
-    f = tvm.runtime.load_module(path)["main"]
-    for _ in range(3):
+    f = load_tile(spec, resolve_tvm_target(spec), sys.argv[2])
+    print("exact", run_exact(f, a, b, c, ref))
+    for _ in range(2):
         f(a, b, c)
     tvm.cuda(0).sync()
-    print("exact", bool(torch.equal(torch.from_numpy(c.numpy()).cuda(), ref)))
 else:
     for _ in range(3):
         torch._int_mm(ta, tb.t())
