@@ -145,6 +145,11 @@ def test_inspect_cli(default_artifact):
     assert json.loads(r.stdout)["default_variant"] == "fp32-b1"
 
 
+def _main_ops(mod) -> list[str]:
+    """The operator names ``mod``'s main calls, in order."""
+    return [b.value.op.name for blk in mod["main"].body.blocks for b in blk.bindings if hasattr(b.value, "op")]
+
+
 def test_weight_transforms_run_at_build_time_and_give_the_same_results():
     """Bias reshapes and the FC weight transpose leave the model: main takes their results."""
     import tvm
@@ -159,12 +164,9 @@ def test_weight_transforms_run_at_build_time_and_give_the_same_results():
     baked, _, (names, arrays) = prepare_module(im, None, bake=True)
     assert len(names) == len(arrays) and names != list(im.param_names)
 
-    def ops(mod):
-        return [b.value.op.name for blk in mod["main"].body.blocks for b in blk.bindings if hasattr(b.value, "op")]
-
-    assert ops(plain).count("relax.permute_dims") == 1 and ops(plain).count("relax.reshape") == 4
+    assert _main_ops(plain).count("relax.permute_dims") == 1 and _main_ops(plain).count("relax.reshape") == 4
     assert prepare_module(im, None)[2] == (names, None)  # without bake: the same signature, no arrays
-    assert "relax.permute_dims" not in ops(baked) and ops(baked).count("relax.reshape") == 1  # the flatten
+    assert "relax.permute_dims" not in _main_ops(baked) and _main_ops(baked).count("relax.reshape") == 1  # the flatten
     x = np.random.default_rng(0).random((2, 1, 28, 28)).astype(np.float32)
 
     def run(mod, params):
@@ -197,8 +199,7 @@ def test_unit_transposes_become_reshapes_with_the_same_values():
         bb.emit_func_output(out)
     mod = bb.get()
     rewritten = unit_transposes_to_reshapes(mod)
-    ops = [b.value.op.name for blk in rewritten["main"].body.blocks for b in blk.bindings if hasattr(b.value, "op")]
-    assert ops == ["relax.reshape", "relax.reshape", "relax.permute_dims", "relax.permute_dims"]
+    assert _main_ops(rewritten) == ["relax.reshape", "relax.reshape", "relax.permute_dims", "relax.permute_dims"]
     rng = np.random.default_rng(0)
     xs = [rng.random(s, dtype=np.float32) for s in ((2, 1, 5, 6), (2, 3, 1, 1), (2, 3, 4, 1))]
     vm = relax.VirtualMachine(relax.build(rewritten, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
@@ -223,8 +224,7 @@ def test_float_cpu_convs_run_nhwc_with_hwio_weights():
     assert (conv_layout(gpu, "fp32"), conv_layout(gpu, "int8"), conv_kernel_layout(gpu)) == ("NCHW", "NHWC", "OHWI")
     im = import_model(DEFAULT_MODEL, {"image": (2, 1, 28, 28)})
     mod, _, (names, arrays) = prepare_module(im, None, layout="NHWC", kernel_layout="HWIO", bake=True)
-    ops = [b.value.op.name for blk in mod["main"].body.blocks for b in blk.bindings if hasattr(b.value, "op")]
-    assert "relax.permute_dims" not in ops
+    assert "relax.permute_dims" not in _main_ops(mod)
     kernels = sorted(a.shape for a in arrays if a.ndim == 4 and a.shape[0] != 1)  # not the (1, 1, 1, C) biases
     assert kernels == [(3, 3, 1, 24), (3, 3, 24, 48), (3, 3, 48, 64)]
 
