@@ -542,8 +542,9 @@ def test_async_copy_pipeline_compiles_to_cp_async(pipeline, in_flight):
     spec = get_target("a100")
     target = resolve_tvm_target(spec)
     cfg = replace(INT8_WMMA, pipeline=pipeline, k_frags=8)
-    with device_compiler(spec, "cubin"), target, pass_config(async_copy=True):
+    with device_compiler(spec, "cubin") as record, target, pass_config(async_copy=True):
         ex = relax.build(_nhwc_int8_conv(8, 16, 1024, 256, 1), target, relax_pipeline=cuda_pipeline(target, cfg))
+    assert record["interleaved_pipeline_loops"] == 1  # the compiled kernel had its copies spread
     (cuda,) = [m for m in ex.mod.imports[0].imports if m.kind == "cuda"]
     source = cuda.inspect_source("cuda")
     kernel = source.split("__global__")[-1]
@@ -790,3 +791,97 @@ def test_16_byte_weight_loads_compile_for_ohwi_conv_weights(pipeline):
         else:
             widths.append(sorted({{"int": 4, "int4": 16}[t] for t in re.findall(r"= \*\((int4?)\*\)\(w_ptr", kernel)}))
     assert widths == [[4], [16]]
+
+
+def _main_loop(kernel: str) -> str:
+    """The body of the first loop of ``kernel`` that commits a cp.async group (the pipelined k loop)."""
+    from inferx_edge.compiler.cuda import _close
+
+    for m in re.finditer(r"for \(int (\w+) = 0; \1 < \d+; \+\+\1\) \{", kernel):
+        body = kernel[m.end() : _close(kernel, m.end() - 1)]
+        if "commit_group();" in body:
+            return body
+    raise AssertionError("no pipelined loop")
+
+
+@needs_nvrtc
+@pytest.mark.parametrize(
+    "tile,lead",
+    [
+        ("2x4.4x4.k8.v16.a8.w16.async3.mma", 2),  # the 8-warp 128x256 tile
+        ("2x4.4x4.k8.v16.a8.w16.r2.async3.mma", 2),  # with fragment double buffering
+        ("2x4.2x4.k4.v16.async.mma", 1),  # two buffers
+    ],
+)
+def test_pipelined_copies_are_spread_over_the_math_steps(tile, lead):
+    """TVM's pipelined loop (barrier, all copies of stage k+L, commit, wait(L), barrier, math) becomes
+    CUTLASS's: wait(L-1), one barrier, the math with each 32-deep step issuing its share of the
+    copies, commit; the build's CUDA record counts the loops it rewrote."""
+    from inferx_edge.compiler.cuda import interleave_pipelined_copies
+
+    source = _kernel_source("h200", _int8_matmul_module(256, 512, 2048), tile)
+    kernel = next(k for k in source.split("__global__") if "mma.sync" in k)
+    before = _main_loop(kernel)
+    assert before.count("__syncthreads();") == 2 and f"wait_group_{lead}();" in before
+    new, changed = interleave_pipelined_copies(source)
+    assert changed == 1 and interleave_pipelined_copies(new)[1] == 0  # rewritten loops do not match again
+    after = _main_loop(next(k for k in new.split("__global__") if "mma.sync" in k))
+    assert after.count("__syncthreads();") == 1 and f"wait_group_{lead - 1}();" in after
+    head, _, math = after.partition("__syncthreads();")
+    assert "ptx_cp_async_legacy" not in head and math.rstrip().endswith("commit_group();")
+    # every copy now sits inside the loop over 32-deep steps, split by that loop's variable
+    steps = re.search(r"for \(int (\w+) = 0; \1 < (\d+); \+\+\1\) \{", math)
+    spread = re.findall(rf"for \(int (\w+) = {steps.group(1)} \* (\d+); ", math)
+    assert len(spread) == 2 and math.index("ptx_cp_async_legacy") > steps.start()
+    copies = dict(re.findall(r"for \(int (\w+) = 0; \1 < (\d+); \+\+\1\) \{\s*ptx_cp_async_legacy", before))
+    assert all(int(per) * int(steps.group(2)) >= int(copies[v]) for v, per in spread)  # every copy, once
+
+
+@needs_nvrtc
+def test_padded_convolutions_keep_their_synchronous_loads_ahead_of_the_math():
+    """A padded convolution loads its activations synchronously (predicated, zero outside the image):
+    those loads stay in one burst right after the barrier; the weights' cp.async copies are spread."""
+    from inferx_edge.compiler.cuda import interleave_pipelined_copies
+
+    source = _kernel_source("h200", _nhwc_int8_conv(8, 16, 256, 256, 3), "2x4.2x4.k8.v16.p16.a8.w16.async3.mma")
+    new, changed = interleave_pipelined_copies(source)
+    assert changed == 1
+    after = _main_loop(next(k for k in new.split("__global__") if "mma.sync" in k))
+    steps = re.search(
+        r"for \(int (\w+) = 0; \1 < \d+; \+\+\1\) \{", after.split("__syncthreads();")[1].split("condval")[-1]
+    )
+    first_step = after.index(steps.group(0))
+    assert after.count("__syncthreads();") == 1 and after.index("condval") < first_step < after.index("ptx_cp_async_legacy")
+
+
+def test_interleaving_leaves_other_loops_alone():
+    """Loops without TVM's pipeline shape are not touched: no cp.async group, a second barrier among
+    the copies, or a stage of one step (nothing to spread over)."""
+    from inferx_edge.compiler.cuda import _statements, interleave_pipelined_copies
+
+    plain = "__global__ void k(int* a) {\n  for (int i = 0; i < 4; ++i) {\n    a[i] = 1;\n  }\n}\n"
+    assert interleave_pipelined_copies(plain) == (plain, 0)
+    loop = (
+        "  for (int k0 = 0; k0 < 6; ++k0) {\n    __syncthreads();\n"
+        "    for (int c = 0; c < 4; ++c) {\n      ptx_cp_async_legacy_cg_16_1_1(s, c, g, k0);\n    }\n"
+        "    tvm_builtin_ptx_cp_async_commit_group_async_commit_group();\n"
+        "    tvm_builtin_ptx_cp_async_wait_group_async_wait_group_1();\n    __syncthreads();\n"
+        "    for (int k1 = 0; k1 < STEPS; ++k1) {\n      mma(k1);\n    }\n  }\n"
+    )
+    new, changed = interleave_pipelined_copies(loop.replace("STEPS", "2"))
+    assert changed == 1 and "for (int c = k1 * 2; c < k1 * 2 + 2; ++c)" in new and new.count("__syncthreads") == 1
+    assert "wait_group_0();" in new and new.rstrip().endswith("}")
+    assert interleave_pipelined_copies(loop.replace("STEPS", "1"))[1] == 0  # one step per stage
+    barrier_inside = loop.replace("      ptx_cp_async", "      __syncthreads();\n      ptx_cp_async")
+    assert interleave_pipelined_copies(barrier_inside.replace("STEPS", "2"))[1] == 0
+    three = loop.replace("STEPS", "3").replace("c < 4", "c < 8")
+    assert "c < min(k1 * 3 + 3, 8)" in interleave_pipelined_copies(three)[0]  # uneven shares
+    # statements: braces inside asm strings and char literals, if/else chains, braceless bodies
+    body = 'asm("{%0}" : "=r"(x));\nif (a) { b(); } else if (c) { d(); } else { e(); }\nchar q = \'{\';\nfor (;;) f();\n{ g(); }'
+    assert _statements(body) == [
+        'asm("{%0}" : "=r"(x));',
+        "if (a) { b(); } else if (c) { d(); } else { e(); }",
+        "char q = '{';",
+        "for (;;) f();",
+        "{ g(); }",
+    ]

@@ -95,6 +95,28 @@ def _fused(mod):
     return relax.get_pipeline("zero")(mod)
 
 
+def test_large_int8_gemms_also_get_8_warp_tiles():
+    """128x256 and 256x128 tiles of 8 warps (cuBLASLt's shape), pipelined, 128-deep: only for int8
+    GEMMs with K >= 1024 that give every SM a block and do not pad J much."""
+    cands = tile_candidates((4096, 4096, 4096), 132, input_padded=False)
+    wide = [c for c in cands if c.warps_i * c.warps_j == 8]
+    assert {(16 * c.warps_i * c.frags_i, 16 * c.warps_j * c.frags_j) for c in wide} == {(128, 256), (256, 128)}
+    assert all(c.k_frags == 8 and c.pipeline in ("async", "async3") for c in wide) and len(set(cands)) == len(cands)
+    assert {c.fragment_buffers for c in wide} == {1, 2}
+    assert all(c.pipeline == "async3" and c.acc_pad for c in wide if c.fragment_buffers == 2)
+    assert wide[0].text() == "2x4.4x4.k8.v16.async.mma" and "2x4.4x4.k8.v16.a8.w16.r2.async3.mma" in {
+        c.text() for c in wide
+    }
+    eight = lambda cs: [c for c in cs if c.warps_i * c.warps_j == 8]  # noqa: E731
+    assert not eight(tile_candidates((4096, 4096, 4096), 132, input_padded=False, int8=False))  # fp16: too much smem
+    assert not eight(tile_candidates((4096, 4096, 512), 132, input_padded=False))  # K < 1024
+    assert not eight(tile_candidates((1024, 1024, 4096), 132, input_padded=False))  # 32 blocks for 132 SMs
+    assert not eight(tile_candidates((8192, 320, 2048), 132, input_padded=False))  # 320 columns padded to 384+
+    # a padded convolution's 8-warp tiles also come with 16-byte predicated loads
+    padded = eight(tile_candidates((64 * 28 * 28, 512, 1152), 132, input_padded=True))
+    assert {c.padded_vector for c in padded} == {4, 16}
+
+
 def test_kernels_differing_only_in_scales_or_names_share_a_tile_key():
     from inferx_edge.tune.tiles import tile_groups
 
@@ -124,6 +146,10 @@ def test_tile_groups_know_whether_the_weight_runs_along_k():
     (conv,) = tile_groups(_fused(_quantized_conv(0.01)))
     (fc,) = tile_groups(_fused(_int8_matmul_module(64, 1000, 2048)))
     assert conv.weights_along_k and not fc.weights_along_k and fc.extents == [64, 1000, 2048]
+    from benchmarks.gpu_conv_int8 import conv_module
+
+    (half,) = tile_groups(_fused(conv_module(8, 14, 128, 128, 3, 1, "float16")))
+    assert conv.int8 and fc.int8 and not half.int8  # fp16 groups get no 8-warp tiles
 
 
 def test_build_gives_each_kernel_its_recorded_tile(tmp_path):
@@ -178,7 +204,7 @@ class FakeGPU:
 @needs_nvrtc
 def test_search_records_the_fastest_correct_tile_and_resumes(tmp_path):
     from inferx_edge.targets import get_target
-    from inferx_edge.tune.tiles import TILES_FILE, load_tiles, search_tiles, tile_groups
+    from inferx_edge.tune.tiles import KERNEL_VERSION, TILES_FILE, load_tiles, search_tiles, tile_groups
 
     spec = get_target("h200")
     mod = _fused(_quantized_conv(0.01))
@@ -221,6 +247,16 @@ def test_search_records_the_fastest_correct_tile_and_resumes(tmp_path):
     assert dropped[0] in after["us"] and "outputs differ" in after["errors"][dropped[1]]
     assert all(after["us"][t] == us for t, us in kept.items() if t != rec["default"])
     assert after["best"] == min(after["us"], key=after["us"].get)
+    # a group timed with older kernels (no kernel_version: before the cp.async rewrite) is measured
+    # again in full, the other is left alone
+    data = load_tiles(tmp_path)
+    assert {r["kernel_version"] for r in data["groups"].values()} == {KERNEL_VERSION}
+    del data["groups"][g1.key]["kernel_version"]
+    (tmp_path / TILES_FILE).write_text(json.dumps(data))
+    gpu, lines = FakeGPU(), []
+    assert search_tiles(mod, spec, tmp_path, gpu=gpu, workers=2, log=lines.append).measured_now == 1
+    assert gpu.calls == len(order) and "1 timed with older kernels" in lines[0]
+    assert load_tiles(tmp_path)["groups"][g1.key]["kernel_version"] == KERNEL_VERSION
     # a corrupt file is moved aside with a warning, not fatal, and measured again
     (tmp_path / TILES_FILE).write_text('{"format": 1, "groups": {')
     warnings = []

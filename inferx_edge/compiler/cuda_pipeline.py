@@ -241,6 +241,18 @@ INT8_NARROW_TILES = (
     WmmaConfig(warps_i=4, frags_i=2, warps_j=1, frags_j=1, k_frags=4, vector=16, intrin="mma"),  # 128 x 16
 )
 
+#: 8-warp tiles the tile search adds for large int8 GEMMs (K >= 1024, at least one block per SM):
+#: 128x256 and 256x128 outputs, 64x64 per warp, 128-deep stages, cp.async pipelines only (about
+#: 162 KB of shared memory with three buffers: one block per SM). The shape of cuBLASLt's own int8
+#: kernel on an H200 (``cutlass_80_tensorop_i16832gemm_s8_128x256_128x3``). Once each stage's copies
+#: are spread over its 32-deep steps (:func:`~inferx_edge.compiler.cuda.interleave_pipelined_copies`)
+#: the 128x256 tile ran the 4096^3 GEMM at 742-754 TOPS against 659-671 for the best 4-warp tile;
+#: with TVM's own loop (two barriers, copies in one burst) at 591-605.
+INT8_WIDE_TILES = (
+    WmmaConfig(warps_i=2, frags_i=4, warps_j=4, frags_j=4, k_frags=8, vector=16, intrin="mma"),  # 128 x 256
+    WmmaConfig(warps_i=4, frags_i=4, warps_j=2, frags_j=4, k_frags=8, vector=16, intrin="mma"),  # 256 x 128
+)
+
 #: a tile may pad the output channels (J) up to this factor over J rounded up to 64 (to 16 below 64
 #: channels): a 128-wide tile doubled the tensor-core work of 64-channel convolutions (ResNet-50's stem
 #: and layer 1)
@@ -602,7 +614,12 @@ def tile_gemm_extents(func) -> list[int] | None:
 
 
 def tile_candidates(
-    extents, sm_count: int | None, input_padded: bool = True, ladder=INT8_TILE_LADDER, weights_along_k: bool = True
+    extents,
+    sm_count: int | None,
+    input_padded: bool = True,
+    ladder=INT8_TILE_LADDER,
+    weights_along_k: bool = True,
+    int8: bool = True,
 ) -> list[WmmaConfig]:
     """The tiles a tile search measures for a GEMM of (I, J, K) ``extents``, the default
     (:func:`int8_config_for`) first: the tiles :func:`int8_config_for` chooses among that give at
@@ -612,7 +629,10 @@ def tile_candidates(
     its activation loads are predicated (the convolution pads its input, ``input_padded``, or the
     tile does not divide I or K) with 4- and 16-byte loads; each also with the padded accumulator
     tile and 16-byte weight loads (:attr:`WmmaConfig.acc_pad` 8, :attr:`WmmaConfig.weight_vector` 16;
-    4-byte ones where the weight does not run along K, ``weights_along_k``: see :func:`weights_along_k`)."""
+    4-byte ones where the weight does not run along K, ``weights_along_k``: see :func:`weights_along_k`).
+    Large ``int8`` GEMMs also get the 8-warp tiles of :data:`INT8_WIDE_TILES` that give every SM a
+    block and pad J by at most :data:`MAX_J_PADDING`, with the two- and three-buffer pipelines, the
+    same load widths and accumulator/weight pairs, and three buffers with two fragment buffers."""
     i, j, k = extents[0], extents[1], extents[2]
     default = int8_config_for(extents, sm_count, ladder)
     area = _rows(default) * _cols(default)
@@ -634,7 +654,39 @@ def tile_candidates(
                     )
                     if cfg not in out:
                         out.append(cfg)
+    if int8 and ladder is INT8_TILE_LADDER and k >= 1024:
+        for tile in INT8_WIDE_TILES:
+            cols = -(-j // _cols(tile)) * _cols(tile)
+            if (sm_count and -(-i // _rows(tile)) * cols // _cols(tile) < sm_count) or cols > MAX_J_PADDING * (
+                -(-j // 64) * 64
+            ):
+                continue
+            predicated = input_padded or i % _rows(tile) or k % (16 * tile.k_frags)
+            for width in (4, 16) if predicated else (4,):
+                for pipeline, buffers in (("async", 1), ("async3", 1), ("async3", 2)):
+                    pairs = (
+                        ((0, 4), (8, 16 if weights_along_k else 4))
+                        if buffers == 1
+                        else ((8, 16 if weights_along_k else 4),)
+                    )
+                    for acc_pad, weight_vector in pairs:
+                        out.append(
+                            replace(
+                                tile,
+                                pipeline=pipeline,
+                                padded_vector=width,
+                                acc_pad=acc_pad,
+                                weight_vector=weight_vector,
+                                fragment_buffers=buffers,
+                            )
+                        )
     return out
+
+
+def is_int8_gemm(func) -> bool:
+    """Whether ``func`` is an int8 -> int32 matmul-like kernel (:func:`tile_candidates`' ``int8``)."""
+    sig = _matmul_signature(func)
+    return sig is not None and sig[0] == _INT8
 
 
 def int8_safe_matmul_rule(tile_config: WmmaConfig | None = None, sm_count: int | None = None):

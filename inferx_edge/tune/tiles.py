@@ -45,6 +45,11 @@ LEGACY_TILES_FILE = "int8_tiles.json"
 #: output magnitude (accumulation order differs between tiles; a wrong tile is off by whole terms)
 FP16_MATCH = 1e-2
 FORMAT = 1
+#: version of the kernels the candidates compile to, kept in each group's record (``kernel_version``;
+#: none: 1). A group timed with an older version is measured again in full: its timings no longer
+#: describe what build compiles. 2: the cp.async pipeline's copies spread over the math steps
+#: (:func:`~inferx_edge.compiler.cuda.interleave_pipelined_copies`)
+KERNEL_VERSION = 2
 
 
 def tile_key(script: str) -> str:
@@ -71,6 +76,7 @@ class TileGroup:
     func: object  # the first kernel's PrimFunc
     kernels: list[str] = field(default_factory=list)
     weights_along_k: bool = True  # 16-byte weight loads apply (cuda_pipeline.weights_along_k)
+    int8: bool = True  # int8 operands (fp16 ones do not get the 8-warp tiles: too much shared memory)
 
 
 def tile_groups(mod) -> list[TileGroup]:
@@ -78,7 +84,7 @@ def tile_groups(mod) -> list[TileGroup]:
     tile key, in module order."""
     import tvm
 
-    from inferx_edge.compiler.cuda_pipeline import tile_gemm_extents, weights_along_k
+    from inferx_edge.compiler.cuda_pipeline import is_int8_gemm, tile_gemm_extents, weights_along_k
 
     groups: dict[str, TileGroup] = {}
     for gv, func in mod.functions_items():
@@ -90,7 +96,9 @@ def tile_groups(mod) -> list[TileGroup]:
         script = func.script()
         key = tile_key(script)
         if key not in groups:
-            groups[key] = TileGroup(key, list(extents), "if_then_else" in script, func, [], weights_along_k(func))
+            groups[key] = TileGroup(
+                key, list(extents), "if_then_else" in script, func, [], weights_along_k(func), is_int8_gemm(func)
+            )
         groups[key].kernels.append(gv.name_hint)
     return list(groups.values())
 
@@ -342,11 +350,14 @@ def search_tiles(
         data = load_tiles(work_dir) or {"format": FORMAT, "target": spec.name, "groups": {}}
         plans = _plan(groups, data, spec.sm_count)
         n_new = sum(1 for *_, old in plans if old is not None)
+        recs = [data["groups"].get(g.key, {}) for g in groups]
+        n_stale = sum(1 for r in recs if r.get("best") and r.get("kernel_version", 1) < KERNEL_VERSION)
         kernels = sum(len(g.kernels) for g in groups)
         log(
             f"[3/4] tensor-core tiles: {len(groups)} kernel groups ({kernels} kernels); {len(groups) - len(plans)} "
             f"recorded in {_tiles_path(work_dir)}, {len(plans)} to measure"
             + (f" ({n_new} recorded ones only for candidates added since)" if n_new else "")
+            + (f" ({n_stale} timed with older kernels: measured again in full)" if n_stale else "")
         )
         if not plans:
             return TileSearchSummary(work_dir, _rows(groups, data), 0, 0, 0.0)
@@ -416,8 +427,10 @@ def _plan(groups: list[TileGroup], data: dict, sm_count: int | None, anew: set =
 
     plans = []
     for g in sorted(groups, key=lambda g: -math.prod(g.extents) * len(g.kernels)):
-        cands = tile_candidates(g.extents, sm_count, g.input_padded, weights_along_k=g.weights_along_k)
+        cands = tile_candidates(g.extents, sm_count, g.input_padded, weights_along_k=g.weights_along_k, int8=g.int8)
         rec = {} if g.key in anew else data["groups"].get(g.key, {})
+        if rec.get("kernel_version", 1) < KERNEL_VERSION:  # timed with older kernels
+            rec = {}
         if not rec.get("best"):
             plans.append((g, cands, None))
             continue
@@ -431,7 +444,14 @@ def _plan(groups: list[TileGroup], data: dict, sm_count: int | None, anew: set =
 def _measure_group(group: TileGroup, cands, futs, gpu, repeat: int, min_repeat_ms: int) -> dict:
     """Time each compiled candidate; the default (first) gives the reference outputs."""
     host_args = _random_args(group.func, seed=0)
-    rec = {"kernels": group.kernels, "extents": group.extents, "default": cands[0].text(), "us": {}, "errors": {}}
+    rec = {
+        "kernels": group.kernels,
+        "extents": group.extents,
+        "default": cands[0].text(),
+        "kernel_version": KERNEL_VERSION,
+        "us": {},
+        "errors": {},
+    }
     reference = None
     for cfg, fut in zip(cands, futs):
         text = cfg.text()
