@@ -396,7 +396,7 @@ def _rewrite_pipelined_loop(body: str) -> str | None:
     if (
         not top < commit < wait
         or stmts[wait + 1 : wait + 2] != [_SYNC]
-        or int(_WAIT.fullmatch(stmts[wait]).group(1)) < 1
+        or int(_WAIT.fullmatch(stmts[wait]).group(1)) < 2  # see interleave_pipelined_copies: two buffers
     ):
         return None
     head, copies, mid, compute = stmts[:top], stmts[top + 1 : commit], stmts[commit + 1 : wait], stmts[wait + 2 :]
@@ -446,12 +446,16 @@ def interleave_pipelined_copies(code: str) -> tuple[str, int]:
 
     Exact by the same argument as CUTLASS's: after the one barrier stage k has landed for every warp,
     and every warp has finished stage k-1's math, whose buffer ((k+L) mod (L+1)) the copies refill.
+    Only for L >= 2 (``async3``, ``async4``): the copies of stage k+L now start after stage k has landed
+    instead of before, which costs nothing with another stage in flight but exposed the load latency
+    with two buffers (L = 1, ``async``: the 8-warp 128x256 tile read 580 TOPS rewritten, 619-621 as TVM
+    emits it, in two runs): those loops are left alone.
     Copy loops that are not plain cp.async (the predicated synchronous loads of a padded convolution's
     input) and single copies go right after the barrier instead. A loop that does not have exactly
     this shape (no cp.async pipeline, one 32-deep step per stage, anything unexpected) is left as it is.
     On the H200's 4096^3 int8 GEMM (hand-edited TVM source, 2 alternating rounds, exact): the 8-warp
-    128x256 tile 591-594 -> 742-747 TOPS (one barrier alone: 638), with fragment double buffering
-    597-605 -> 749-754; the 4-warp 128x128 tile 659-665 -> 670-671 (cuBLASLt 824-868)."""
+    128x256 tile with three buffers 591-594 -> 742-747 TOPS (one barrier alone: 638), with fragment
+    double buffering 597-605 -> 749-754; the 4-warp 128x128 tile 659-665 -> 670-671 (cuBLASLt 824-868)."""
     out, pos, changed = [], 0, 0
     for m in re.finditer(r"for \(int (\w+) = 0; \1 < \d+; \+\+\1\) \{", code):
         if m.start() < pos or _COMMIT not in code[m.end() : m.end() + 20000]:

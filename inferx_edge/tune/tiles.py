@@ -48,8 +48,9 @@ FORMAT = 1
 #: version of the kernels the candidates compile to, kept in each group's record (``kernel_version``;
 #: none: 1). A group timed with an older version is measured again in full: its timings no longer
 #: describe what build compiles. 2: the cp.async pipeline's copies spread over the math steps
-#: (:func:`~inferx_edge.compiler.cuda.interleave_pipelined_copies`)
-KERNEL_VERSION = 2
+#: (:func:`~inferx_edge.compiler.cuda.interleave_pipelined_copies`); 3: only where two or more
+#: stages are in flight (``async3``, ``async4``)
+KERNEL_VERSION = 3
 
 
 def tile_key(script: str) -> str:
