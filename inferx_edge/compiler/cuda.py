@@ -540,4 +540,5 @@ def device_compiler(spec: TargetSpec, fmt: str):
         if previous is not None:
             tvm_ffi.register_global_func("tvm_callback_cuda_compile", previous, override=True)
         record["kernels_modules"] = len(calls)
-        record["interleaved_pipeline_loops"] = sum(interleaved) if interleave else "off (INFERX_CUDA_INTERLEAVE=0)"
+        record["pipeline_rewrite"] = interleave  # interleave_pipelined_copies (off: INFERX_CUDA_INTERLEAVE=0)
+        record["interleaved_pipeline_loops"] = sum(interleaved)
