@@ -13,6 +13,8 @@ every tile ``tune --search tiles`` would try on it (``tile_candidates``) is comp
 process pool and timed the same way (each checked exactly against torch), the fastest reported.
 ``--compare-tiles T1,T2`` only times those tiles and cuBLASLt, alternating, two rounds, with the SM
 clock and board power each ran at (record ``gpu_int8_matmul_<target>_compare`` unless ``--name``).
+With ``INFERX_CUDA_INTERLEAVE=0`` in the environment the tiles compile with TVM's cp.async loop as
+printed (the A/B of ``compiler.cuda.interleave_pipelined_copies``: ``_compare2`` vs ``_compare2_tvm_loop``).
 """
 
 from __future__ import annotations

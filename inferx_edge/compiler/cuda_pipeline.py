@@ -142,8 +142,10 @@ class WmmaConfig:
     #: register buffers per operand fragment (mma only): 2 loads the next 32-deep step's fragments
     #: (ldmatrix) while the current step's mma.sync instructions run (TVM's software pipeline on the
     #: loop inside a shared-memory stage); 1 loads, then multiplies. Stages of one 32-deep step have
-    #: nothing to overlap and keep 1. Not a tile-search candidate: on the H200's 4096^3 int8 GEMM it
-    #: ran as fast as the one-buffer tile (685 TOPS, gpu_int8_matmul_h200_tiles5.json).
+    #: nothing to overlap and keep 1. A tile-search candidate only with the 8-warp tiles
+    #: (:data:`INT8_WIDE_TILES`, three buffers): there it was the fastest on the H200's 4096^3 int8 GEMM
+    #: (758-759 TOPS against 753, gpu_int8_matmul_h200_tiles6.json); on the 4-warp 128x128 tile as fast
+    #: as one buffer (685 TOPS, gpu_int8_matmul_h200_tiles5.json).
     fragment_buffers: int = 1
 
     def text(self) -> str:
