@@ -393,12 +393,9 @@ def _rewrite_pipelined_loop(body: str) -> str | None:
         wait = next(n for n, s in enumerate(stmts) if _WAIT.fullmatch(s))
     except (ValueError, StopIteration):
         return None
-    if (
-        not top < commit < wait
-        or stmts[wait + 1 : wait + 2] != [_SYNC]
-        or int(_WAIT.fullmatch(stmts[wait]).group(1)) < 2  # see interleave_pipelined_copies: two buffers
-    ):
-        return None
+    wait_n = int(_WAIT.fullmatch(stmts[wait]).group(1))
+    if not top < commit < wait or stmts[wait + 1 : wait + 2] != [_SYNC] or wait_n < 2:
+        return None  # (wait_n < 2: two buffers, see interleave_pipelined_copies)
     head, copies, mid, compute = stmts[:top], stmts[top + 1 : commit], stmts[commit + 1 : wait], stmts[wait + 2 :]
     if not all(_DECL.match(s) for s in head + mid) or not copies:
         return None
@@ -424,7 +421,6 @@ def _rewrite_pipelined_loop(body: str) -> str | None:
             first.append(s)
     if not spread:
         return None
-    wait_n = int(_WAIT.fullmatch(stmts[wait]).group(1))
     loop_text = compute[steps_at]
     opened = _FOR.match(loop_text).end()
     compute[steps_at] = loop_text[:opened] + "\n" + "\n".join(spread) + loop_text[opened:]

@@ -269,13 +269,23 @@ def _cols(c: WmmaConfig) -> int:
     return 16 * c.warps_j * c.frags_j
 
 
+def _blocks(c: WmmaConfig, i: int, j: int) -> int:
+    """Thread blocks of tile ``c`` on an I x J output."""
+    return -(-i // _rows(c)) * -(-j // _cols(c))
+
+
+def _pads_j_within_limit(c: WmmaConfig, j: int) -> bool:
+    """Whether tile ``c`` pads J by at most :data:`MAX_J_PADDING` over J rounded up to 64 (to 16
+    below 64)."""
+    return -(-j // _cols(c)) * _cols(c) <= MAX_J_PADDING * (-(-j // 64) * 64 if j >= 64 else -(-j // 16) * 16)
+
+
 def _fitting_tiles(j: int, ladder) -> list[WmmaConfig]:
     """The tiles of ``ladder`` (with :data:`INT8_NARROW_TILES` ahead of the default ladder below 64
     output channels) that pad J by at most :data:`MAX_J_PADDING`; all of them when none does."""
     if j < 64 and ladder is INT8_TILE_LADDER:
         ladder = INT8_NARROW_TILES + ladder
-    limit = MAX_J_PADDING * (-(-j // 64) * 64 if j >= 64 else -(-j // 16) * 16)
-    return [c for c in ladder if -(-j // _cols(c)) * _cols(c) <= limit] or list(ladder)
+    return [c for c in ladder if _pads_j_within_limit(c, j)] or list(ladder)
 
 
 def _stage_depth(cfg: WmmaConfig, k: int) -> WmmaConfig:
@@ -292,7 +302,7 @@ def int8_config_for(extents, sm_count: int | None, ladder=INT8_TILE_LADDER) -> W
     k = extents[2] if len(extents) > 2 else 1 << 20
 
     def blocks(c: WmmaConfig) -> int:
-        return -(-i // _rows(c)) * -(-j // _cols(c))
+        return _blocks(c, i, j)
 
     fitting = _fitting_tiles(j, ladder)
     if not sm_count:
@@ -641,7 +651,7 @@ def tile_candidates(
     tiles = [_stage_depth(c, k) for c in _fitting_tiles(j, ladder)]
     tiles = [c for c in tiles if c == default or 4 * _rows(c) * _cols(c) >= area]
     if sm_count:
-        tiles = [c for c in tiles if c == default or 4 * -(-i // _rows(c)) * -(-j // _cols(c)) >= sm_count]
+        tiles = [c for c in tiles if c == default or 4 * _blocks(c, i, j) >= sm_count]
     if k >= 256:
         tiles += [replace(c, k_frags=2 * c.k_frags) for c in tiles[:2]]
     out = [default]
@@ -658,10 +668,7 @@ def tile_candidates(
                         out.append(cfg)
     if int8 and ladder is INT8_TILE_LADDER and k >= 1024:
         for tile in INT8_WIDE_TILES:
-            cols = -(-j // _cols(tile)) * _cols(tile)
-            if (sm_count and -(-i // _rows(tile)) * cols // _cols(tile) < sm_count) or cols > MAX_J_PADDING * (
-                -(-j // 64) * 64
-            ):
+            if (sm_count and _blocks(tile, i, j) < sm_count) or not _pads_j_within_limit(tile, j):
                 continue
             predicated = input_padded or i % _rows(tile) or k % (16 * tile.k_frags)
             for width in (4, 16) if predicated else (4,):

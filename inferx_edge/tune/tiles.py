@@ -351,8 +351,7 @@ def search_tiles(
         data = load_tiles(work_dir) or {"format": FORMAT, "target": spec.name, "groups": {}}
         plans = _plan(groups, data, spec.sm_count)
         n_new = sum(1 for *_, old in plans if old is not None)
-        recs = [data["groups"].get(g.key, {}) for g in groups]
-        n_stale = sum(1 for r in recs if r.get("best") and r.get("kernel_version", 1) < KERNEL_VERSION)
+        n_stale = sum(1 for g in groups if _older_kernels(data["groups"].get(g.key, {})))
         kernels = sum(len(g.kernels) for g in groups)
         log(
             f"[3/4] tensor-core tiles: {len(groups)} kernel groups ({kernels} kernels); {len(groups) - len(plans)} "
@@ -418,6 +417,11 @@ def search_tiles(
     return TileSearchSummary(work_dir, _rows(groups, data), measured, run, time.time() - t0, stopped)
 
 
+def _older_kernels(rec: dict) -> bool:
+    """Whether a group's record was timed with kernels older than :data:`KERNEL_VERSION`."""
+    return bool(rec.get("best")) and rec.get("kernel_version", 1) < KERNEL_VERSION
+
+
 def _plan(groups: list[TileGroup], data: dict, sm_count: int | None, anew: set = frozenset()) -> list[tuple]:
     """(group, candidates to measure, its record or None) for each group with something to measure,
     the most work first (I*J*K over the group's kernels: a run cut short by --minutes has measured
@@ -430,7 +434,7 @@ def _plan(groups: list[TileGroup], data: dict, sm_count: int | None, anew: set =
     for g in sorted(groups, key=lambda g: -math.prod(g.extents) * len(g.kernels)):
         cands = tile_candidates(g.extents, sm_count, g.input_padded, weights_along_k=g.weights_along_k, int8=g.int8)
         rec = {} if g.key in anew else data["groups"].get(g.key, {})
-        if rec.get("kernel_version", 1) < KERNEL_VERSION:  # timed with older kernels
+        if _older_kernels(rec):
             rec = {}
         if not rec.get("best"):
             plans.append((g, cands, None))
