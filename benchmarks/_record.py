@@ -6,6 +6,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -57,9 +58,32 @@ def gpu_driver() -> str | None:
         return None
 
 
+#: version of the record layout: 1 = command, date, host, git_commit, git_dirty, then the benchmark's own keys
+SCHEMA_VERSION = 1
+
+
+def git_commit() -> tuple[str | None, bool | None]:
+    """The checkout's commit and whether its tracked files differ from it (None, None outside git)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "-uno"], cwd=root, capture_output=True, text=True, timeout=10
+        )
+        return commit, bool(dirty.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
 def write_record(name: str, record: dict) -> Path:
-    """Write ``results/<name>.json`` with the command line and the machine filled in."""
+    """Write ``results/<name>.json`` with the command line, the machine and the git commit filled in."""
+    commit, dirty = git_commit()
     body = {
+        "schema_version": SCHEMA_VERSION,
+        "git_commit": commit,
+        "git_dirty": dirty,
         "command": " ".join(["python", *sys.argv]),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "host": {"cpu": cpu_name(), "cores": os.cpu_count(), "machine": platform.machine()},

@@ -5,7 +5,7 @@
 "tuned" applies the committed database in tuning_logs/x86-cpu/ (made with ``python -m inferx_edge tune
 --target x86-cpu --input-shape image:Bx1x28x28 --trials N --minutes 10-14`` in resumed chunks, then
 ``--prune``: 546 trials at batch 1, 1,574 at batch 64; xgboost, two threads); "untuned" is TVM's default
-schedules. Both run the convolutions in NHWC with HWIO weights (``compiler.build.conv_layout``). Each
+schedules. Both run the convolutions in NHWC with HWIO weights (``compiler.variant.variant_layout``). Each
 system runs warm-up then timed synchronous runs for at least ``--seconds``; we report p50/p90 and
 ratios of p50s measured in this run.
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._record import versions, write_record
-from inferx_edge.cli._common import DEFAULT_DATA, DEFAULT_MODEL
-from inferx_edge.compiler import BuildOptions, build_artifact
+from inferx_edge.build import BuildOptions, build_artifact
+from inferx_edge.models import DEFAULT_DATA, DEFAULT_MODEL
 from inferx_edge.runtime import Engine, LatencyStats
 from inferx_edge.runtime.engine import time_calls
 from inferx_edge.targets import host_target_name
@@ -52,7 +52,13 @@ def main() -> None:
             stats, extra = {}, {}
             for tuned in (False, True):
                 art = Path(tmp) / f"b{batch}-{tuned}.ixa"
-                opts = BuildOptions(DEFAULT_MODEL, target, art, {"image": (batch, 1, 28, 28)}, tuning=tuned)
+                opts = BuildOptions(
+                    model=DEFAULT_MODEL,
+                    target=target,
+                    output=art,
+                    input_shapes={"image": (batch, 1, 28, 28)},
+                    tuning=tuned,
+                )
                 build_artifact(opts, log=lambda *a: None)
                 with Engine(art) as engine:
                     name = "inferx_edge tuned" if tuned else "inferx_edge untuned (TVM default schedules)"

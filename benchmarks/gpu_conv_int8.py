@@ -1,5 +1,5 @@
 """Untuned int8 tensor-core convolutions on one NVIDIA GPU: tile configurations of
-``inferx_edge.compiler.cuda_pipeline.tensor_core_schedule`` against each other and against cuDNN fp16
+``inferx_edge.compiler.cuda.tensor_core_schedule`` against each other and against cuDNN fp16
 (torch, channels_last) on the same shapes, in one process.
 
     python -m benchmarks.gpu_conv_int8 --out DIR [--configs 4x2.4x2.k1.v4,4x2.4x2.k4.v16] [--batch 64]
@@ -47,26 +47,26 @@ SHAPES = [
 
 
 def parse_config(text: str, extents=None, sm_count=None):
-    """A :class:`WmmaConfig` from its text (``WmmaConfig.parse``), or "auto" followed by any of the
+    """A :class:`TileConfig` from its text (``TileConfig.parse``), or "auto" followed by any of the
     text's suffixes (``.pP .aA .wW .async|.async3 .mma|.wmma``, read by the same parser): the tile
     ``build`` picks for the GEMM ``extents`` (I, J, K) and ``sm_count``, with the suffixes named."""
     from dataclasses import fields, replace
 
-    from inferx_edge.compiler.cuda_pipeline import WmmaConfig, int8_config_for
+    from inferx_edge.compiler.cuda import TileConfig, tile_for
 
     parts = text.split(".")
     try:
         if parts[0] != "auto":
-            return WmmaConfig.parse(text)
+            return TileConfig.parse(text)
         # the suffixes parsed onto a placeholder tile; only the fields they name replace build's pick
-        named = WmmaConfig.parse(".".join(["1x1", "1x1", "k1", "v4", *parts[1:]]))
+        named = TileConfig.parse(".".join(["1x1", "1x1", "k1", "v4", *parts[1:]]))
     except ValueError as exc:
         msg = str(exc).replace("'1x1.1x1.k1.v4", "'auto")
         raise SystemExit(f"{msg} (or 'auto' followed by those suffixes: build's tile for the shape)") from None
-    base = WmmaConfig.parse("1x1.1x1.k1.v4")
-    cfg = int8_config_for(extents or (1 << 20, 1 << 20, 1 << 20), sm_count)
+    base = TileConfig.parse("1x1.1x1.k1.v4")
+    cfg = tile_for(extents or (1 << 20, 1 << 20, 1 << 20), sm_count)
     changed = {
-        f.name: getattr(named, f.name) for f in fields(WmmaConfig) if getattr(named, f.name) != getattr(base, f.name)
+        f.name: getattr(named, f.name) for f in fields(TileConfig) if getattr(named, f.name) != getattr(base, f.name)
     }
     if "wmma" in parts[1:]:
         changed["intrin"] = "wmma"
@@ -104,12 +104,11 @@ def main() -> None:
     import tvm
     from tvm import relax
 
-    from inferx_edge.compiler.build import pass_config, resolve_tvm_target
-    from inferx_edge.compiler.cuda import device_compiler
-    from inferx_edge.compiler.cuda_pipeline import cuda_pipeline
+    from inferx_edge.compiler.compile import pass_config, resolve_tvm_target
+    from inferx_edge.compiler.cuda import cuda_pipeline, device_compiler
+    from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
     from inferx_edge.runtime.engine import time_calls
     from inferx_edge.targets import get_target
-    from inferx_edge.tune._intrin import import_tensor_intrinsics
 
     args.out.mkdir(parents=True, exist_ok=True)
     import_tensor_intrinsics()

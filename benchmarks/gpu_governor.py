@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=5.0)
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
-    from inferx_edge.compiler import BuildOptions, build_artifact
+    from inferx_edge.build import BuildOptions, build_artifact
     from inferx_edge.report.pareto import stats_from_profile
     from inferx_edge.report.profile import profile_artifact
     from inferx_edge.report.render import render
@@ -64,7 +64,9 @@ def main() -> None:
     export(make_net(args.model), onnx_path)
     art = Path("/tmp") / f"{args.model}-{args.target}.ixa"
     batches = tuple(int(b) for b in args.batches.split(","))
-    build_artifact(BuildOptions(onnx_path, args.target, art, precisions=("fp32", "fp16"), batch_sizes=batches))
+    build_artifact(
+        BuildOptions(model=onnx_path, target=args.target, output=art, precisions=("fp32", "fp16"), batch_sizes=batches)
+    )
     build_s = time.time() - t0
     prof_path = args.out / "profile.json"
     profile = profile_artifact(art, prof_path, window_s=args.window, repeats=args.repeats, idle_s=5.0)

@@ -7,7 +7,7 @@ with MetaSchedule's "cuda-tensorcore" space (mma instructions), the random cost 
 the GPU host) and the persistent builder. Then compiles the best record, checks it exactly against
 torch's int32 result, times both with the same method (CUDA events around 50 back-to-back launches),
 and writes a record with the tuning curve (best latency vs trials), plus a PNG of the curve. The
-same workload with the schedule ``build`` gives an untuned int8 GEMM (``compiler.cuda_pipeline``:
+same workload with the schedule ``build`` gives an untuned int8 GEMM (``compiler.cuda``:
 ldmatrix + mma.sync tile, with and without the cp.async pipeline) is timed alongside; with ``--tiles``
 every tile ``tune --search tiles`` would try on it (``tile_candidates``) is compiled in a
 process pool and timed the same way (each checked exactly against torch), the fastest reported.
@@ -48,7 +48,7 @@ def curve(work_dir: Path) -> list[list[float]]:
     After a prune between chunks the file starts with the kept best record; later trial numbers are
     offset so that they count every trial the database has seen (``inferx_tuning.json``).
     """
-    from inferx_edge.tune import database as tdb
+    from inferx_edge.records import metaschedule as tdb
 
     best, out = float("inf"), []
     lines = open(work_dir / "database_tuning_record.json").readlines()
@@ -205,7 +205,7 @@ def time_tile_candidates(spec, target, a, b, c, ref, timer, extra=()) -> list[di
     (:func:`compile_tiles`), then run once each, compared exactly with ``ref`` and timed with ``timer``."""
     import tvm
 
-    from inferx_edge.compiler.cuda_pipeline import tile_candidates
+    from inferx_edge.compiler.cuda import tile_candidates
 
     cands = [t.text() for t in tile_candidates((N, N, N), spec.sm_count, input_padded=False)] + list(extra)
     built = compile_tiles(spec, target, cands)
@@ -296,7 +296,7 @@ def main() -> None:
     ap.add_argument("--per-iter", type=int, default=32)
     ap.add_argument("--name", default=None, help="record name (default gpu_int8_matmul_<target>)")
     ap.add_argument("--tiles", action="store_true", help="also time every int8 tile-search candidate")
-    ap.add_argument("--extra-tiles", default="", help="comma-separated tiles (WmmaConfig text) timed with --tiles")
+    ap.add_argument("--extra-tiles", default="", help="comma-separated tiles (TileConfig text) timed with --tiles")
     ap.add_argument(
         "--k-scaling", default="", metavar="TILE", help="also time TILE and cuBLASLt at K = 2048, 4096, 8192"
     )
@@ -312,10 +312,10 @@ def main() -> None:
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from inferx_edge.compiler import resolve_tvm_target
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
+    from inferx_edge.records import metaschedule as tdb
     from inferx_edge.targets import get_target
-    from inferx_edge.tune import database as tdb
-    from inferx_edge.tune._intrin import import_tensor_intrinsics
     from inferx_edge.tune.builder import PersistentBuilder
     from inferx_edge.tune.progress import Progress
 
@@ -370,11 +370,11 @@ def main() -> None:
     ops = 2 * N**3
     from dataclasses import replace
 
-    from inferx_edge.compiler.cuda_pipeline import int8_config_for
+    from inferx_edge.compiler.cuda import tile_for
 
     untuned = []
     for pipeline in ("", "async"):
-        cfg = replace(int8_config_for((N, N, N), spec.sm_count), pipeline=pipeline)
+        cfg = replace(tile_for((N, N, N), spec.sm_count), pipeline=pipeline)
         name = "inferx_edge untuned (build's int8 tile" + (", cp.async)" if pipeline else ")")
         try:
             dmain = load_tile(spec, target, cfg.text())

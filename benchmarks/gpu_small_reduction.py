@@ -5,7 +5,7 @@ against one output per thread, in one process on one GPU.
 
 The network (torchvision architecture, seeded random weights) goes through the steps ``build`` takes
 for the precision (quantization plan on random calibration data, NHWC, fp16 casts), is legalized and
-fused; every kernel :func:`~inferx_edge.compiler.cuda_pipeline.channel_vectorized_reduction`
+fused; every kernel :func:`~inferx_edge.compiler.cuda.channel_vectorized_reduction`
 schedules is compiled both ways (``small_reduction_rule(channels=8)`` and ``(channels=1)``), run on
 the same random inputs (outputs compared exactly: the accumulation order is the same) and timed with
 TVM's time evaluator. Writes ``results/<name>.json``.
@@ -31,9 +31,10 @@ def small_reduction_kernels(model: Path, batch: int, precision: str, target: str
     import tvm
     from tvm import relax
 
-    from inferx_edge.compiler.build import resolve_tvm_target
-    from inferx_edge.compiler.cuda_pipeline import channel_vectorized_reduction
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.cuda import channel_vectorized_reduction
     from inferx_edge.frontend import import_model
+    from inferx_edge.quantize.driver import QuantOptions
     from inferx_edge.targets import get_target
     from inferx_edge.tune import TuneOptions
     from inferx_edge.tune.driver import _precision_module
@@ -43,7 +44,11 @@ def small_reduction_kernels(model: Path, batch: int, precision: str, target: str
     calib = Path(tempfile.mkdtemp(prefix="inferx_calib_")) / "calib.npy"
     np.save(calib, np.random.default_rng(0).standard_normal((16, 3, 224, 224)).astype(np.float32))
     opts = TuneOptions(
-        model=model, target=target, input_shapes=shapes, precision=precision, calib=calib, calib_method="minmax"
+        model=model,
+        target=target,
+        input_shapes=shapes,
+        precision=precision,
+        quant=QuantOptions(calib=calib, calib_method="minmax"),
     )
     mod = relax.get_pipeline("zero")(_precision_module(import_model(model, shapes), spec, opts, lambda *a: None))
     tvm_target = resolve_tvm_target(spec)
@@ -79,9 +84,8 @@ def compile_kernel(func, target: str, channels: int):
     import tvm
     from tvm.s_tir import dlight as dl
 
-    from inferx_edge.compiler.build import pass_config, resolve_tvm_target
-    from inferx_edge.compiler.cuda import device_compiler
-    from inferx_edge.compiler.cuda_pipeline import small_reduction_rule
+    from inferx_edge.compiler.compile import pass_config, resolve_tvm_target
+    from inferx_edge.compiler.cuda import device_compiler, small_reduction_rule
     from inferx_edge.compiler.tvm_ops import vectorizable_nearbyint
     from inferx_edge.targets import get_target
 

@@ -114,26 +114,36 @@ def quantization_plan(onnx_path: Path, calib: Path, out: Path) -> Path:
     size: thresholds are per layer, independent of the batch."""
     from inferx_edge.frontend import import_model
     from inferx_edge.package.atomic import atomic_write
-    from inferx_edge.quantize.driver import make_plan
+    from inferx_edge.quantize.driver import QuantOptions, make_plan
 
     path = out / f"{onnx_path.stem}.quant.json"
     if not path.exists():
         shapes = {"image": (1, 3, 224, 224)}
-        plan = make_plan(onnx_path, shapes, import_model(onnx_path, shapes), calib, "entropy", log=lambda *a: None)
+        plan = make_plan(
+            onnx_path, shapes, import_model(onnx_path, shapes), "int8", QuantOptions(calib=calib), log=lambda *a: None
+        )
         with atomic_write(path, "w") as f:
             f.write(plan.to_json())
     return path
 
 
 def inferx_system(onnx_path: Path, batch: int, x: np.ndarray, precision: str, target: str, calib: Path, tmp: Path):
-    from inferx_edge.compiler import BuildOptions, build_artifact
+    from inferx_edge.build import BuildOptions, build_artifact
+    from inferx_edge.quantize.driver import QuantOptions
     from inferx_edge.runtime import Engine
 
     art = tmp / f"{onnx_path.stem}-{precision}-b{batch}.ixa"
     plan = quantization_plan(onnx_path, calib, tmp) if precision in ("int8", "mixed") else None
     shapes = {"image": (batch, 3, 224, 224)}
     manifest = build_artifact(
-        BuildOptions(onnx_path, target, art, shapes, precisions=(precision,), calib=calib, quant_plan=plan),
+        BuildOptions(
+            model=onnx_path,
+            target=target,
+            output=art,
+            input_shapes=shapes,
+            precisions=(precision,),
+            quant=QuantOptions(calib=calib, quant_plan=plan),
+        ),
         log=lambda *a: None,
     )
     engine = Engine(art)

@@ -22,9 +22,10 @@ import numpy as np
 
 from benchmarks._record import versions, write_record
 from benchmarks.cpu_latency import time_ort
-from inferx_edge.cli._common import DEFAULT_DATA, DEFAULT_MODEL
-from inferx_edge.compiler import BuildOptions, build_artifact
+from inferx_edge.build import BuildOptions, build_artifact
+from inferx_edge.models import DEFAULT_DATA, DEFAULT_MODEL
 from inferx_edge.package import open_artifact
+from inferx_edge.quantize.driver import QuantOptions
 from inferx_edge.runtime import Engine
 from inferx_edge.targets import host_target_name
 
@@ -91,7 +92,14 @@ def main() -> None:
         for name, model, precision, extra in builds:
             art = tmp / f"{len(results)}.ixa"
             t0 = time.perf_counter()
-            opts = BuildOptions(model, target, art, {"image": (b, 1, 28, 28)}, precisions=(precision,), **extra)
+            opts = BuildOptions(
+                model=model,
+                target=target,
+                output=art,
+                input_shapes={"image": (b, 1, 28, 28)},
+                precisions=(precision,),
+                quant=QuantOptions(**extra),
+            )
             build_artifact(opts, log=lambda *a: None)
             build_s = time.perf_counter() - t0
             with open_artifact(art) as a:

@@ -1,6 +1,9 @@
 """The exception tree every stage raises; the CLI turns these into one-line messages and exit codes.
 
 Anything else escaping a command is a bug in inferx_edge, and is reported with its traceback.
+
+Exit codes: 1 other, 2 usage, 3 model, 4 build, 5 artifact, 6 input, 7 deploy, 8 tuning database busy,
+9 power-mode control, 10 accuracy budget.
 """
 
 from __future__ import annotations
@@ -59,6 +62,28 @@ class BudgetError(InferxError):
     exit_code = 10
 
 
+class DeployError(InferxError):
+    """Installing, verifying, switching or rolling back a release on a device failed."""
+
+    exit_code = 7
+
+
+class DatabaseBusyError(InferxError):
+    """Another process holds a tuning database's lock."""
+
+    exit_code = 8
+
+
+class ControlError(InferxError):
+    """Changing the device's power mode or clocks failed or is not allowed."""
+
+    exit_code = 9
+
+
+class TelemetryError(InferxError):
+    """A telemetry backend is unavailable or unreadable."""
+
+
 def did_you_mean(value: str, choices: Iterable[str]) -> str:
     """Return ``" did you mean 'x'?"`` for the closest choice, or ``""`` if none is close."""
     close = difflib.get_close_matches(value, list(choices), n=1, cutoff=0.5)
@@ -69,3 +94,13 @@ def unknown_choice(kind: str, value: str, choices: Iterable[str]) -> UsageError:
     """An error for a value outside a closed set: names the value, the closest match and all choices."""
     choices = sorted(choices)
     return UsageError(f"unknown {kind} '{value}':{did_you_mean(value, choices)} valid: {', '.join(choices)}")
+
+
+def check_choice(kind: str, value: str, choices: Iterable[str]) -> str:
+    """``value`` when it is one of ``choices``; else a :class:`UsageError` naming the value, the closest
+    choice and every choice in their given order (``unknown precision 'fp61'; did you mean 'fp16'?
+    valid: fp32, fp16, int8, mixed``)."""
+    choices = list(choices)
+    if value not in choices:
+        raise UsageError(f"unknown {kind} '{value}';{did_you_mean(value, choices)} valid: {', '.join(choices)}")
+    return value

@@ -56,8 +56,6 @@ def kernel_traits(mod, tuned: set[str]) -> dict[str, dict]:
 
 
 def main() -> int:
-    from inferx_edge.cli._common import add_quantization_arguments, quantization_options
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", "-m", type=Path, required=True)
     ap.add_argument("--target", "-t", required=True)
@@ -66,49 +64,42 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--no-tuning", action="store_true")
     ap.add_argument("--json", type=Path, default=None)
-    add_quantization_arguments(ap)
+    ap.add_argument("--calib", type=Path, default=None, help="int8/mixed: calibration data (see build --help)")
+    ap.add_argument("--calib-method", default="entropy")
+    ap.add_argument("--quant-plan", type=Path, default=None, help="int8/mixed: a plan written by 'quantize'")
     args = ap.parse_args()
 
     import tvm
     from tvm import relax
 
-    from inferx_edge.compiler.build import (
-        conv_kernel_layout,
-        conv_layout,
-        pass_config,
-        prepare_module,
-        quant_kernel_layout,
-        relax_pipeline,
-        resolve_tvm_target,
-    )
+    from inferx_edge.compiler.compile import pass_config, relax_pipeline, resolve_tvm_target
     from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.compiler.variant import prepare_variant, variant_layout
     from inferx_edge.frontend import import_model
     from inferx_edge.frontend.shapes import parse_input_shapes
+    from inferx_edge.records import metaschedule as tdb
     from inferx_edge.runtime._tvm import set_default_cpu_threads
     from inferx_edge.targets import get_target
-    from inferx_edge.tune import database as tdb
 
     print(f"CPU threads: {set_default_cpu_threads()}")  # as the runtime runs CPU kernels
     spec = get_target(args.target)
     shapes = parse_input_shapes(args.input_shape)
     imported = import_model(args.model, shapes)
+    quantize = None
     if args.precision in ("int8", "mixed"):
-        from inferx_edge.quantize.driver import apply_plan, resolve_plan
+        from inferx_edge.quantize.driver import QuantOptions, quantizer, resolve_plan
 
-        q = quantization_options(args)
-        plan = resolve_plan(
-            args.model, shapes, imported, args.precision, q["quant_plan"], q["calib"], q["calib_method"],
-            q["max_accuracy_drop"], q["min_int8_share"], q["eval_data"], q["allow_over_budget"], print,
-            q["float_between_layers"],
-        )  # fmt: skip
-        imported, _ = apply_plan(imported, plan, args.precision, quant_kernel_layout(spec, args.precision))
+        q = QuantOptions(calib=args.calib, calib_method=args.calib_method, quant_plan=args.quant_plan)
+        quantize = quantizer(resolve_plan(args.model, shapes, imported, args.precision, q), args.precision)
     tuning_dir = None if args.no_tuning else tdb.find_database(spec, imported, args.precision)
     target = resolve_tvm_target(spec)
     t0 = time.perf_counter()
-    mod, tuned, (_, weights) = prepare_module(
-        imported, target, args.precision, tuning_dir, conv_layout(spec, args.precision), bake=True, log=print,
-        kernel_layout=conv_kernel_layout(spec),
+    prepared = prepare_variant(
+        imported, variant_layout(spec, args.precision), quantize=quantize, target=target, tuning_dir=tuning_dir,
+        bake=True, log=print,
     )  # fmt: skip
+    mod, tuned, weights = prepared.mod, prepared.tuning, prepared.weight_arrays
+    imported = prepared.model
     cuda_ctx = device_compiler(spec, "cubin") if spec.is_cuda else contextlib.nullcontext()
     with cuda_ctx, target, pass_config(async_copy=spec.is_cuda):
         pipeline = relax_pipeline(spec, target)

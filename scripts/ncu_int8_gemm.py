@@ -19,7 +19,7 @@ import tvm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks package beside inferx_edge
 from benchmarks.gpu_int8_matmul import N, load_tile, operands, run_exact
-from inferx_edge.compiler.build import resolve_tvm_target
+from inferx_edge.compiler.compile import resolve_tvm_target
 from inferx_edge.targets import get_target
 
 if len(sys.argv) < 2 or sys.argv[1] not in ("tvm", "cublaslt") or (sys.argv[1] == "tvm" and len(sys.argv) != 3):

@@ -85,8 +85,9 @@ def _mlp(path: Path) -> np.ndarray:
 def prepare(out: Path, names: list[str], precisions: list[str], with_mlp: bool) -> None:
     """Build ``names`` x ``precisions`` x batches of the embedded model (and the int8 MLP), with the x86 CPU
     build of the same precision as the reference (int8: the same int8 arithmetic, exact int32 sums)."""
-    from inferx_edge.cli._common import DEFAULT_DATA, DEFAULT_MODEL
-    from inferx_edge.compiler import BuildOptions, build_artifact
+    from inferx_edge.build import BuildOptions, build_artifact
+    from inferx_edge.models import DEFAULT_DATA, DEFAULT_MODEL
+    from inferx_edge.quantize.driver import QuantOptions
     from inferx_edge.runtime import Engine
 
     out.mkdir(parents=True, exist_ok=True)
@@ -100,9 +101,14 @@ def prepare(out: Path, names: list[str], precisions: list[str], with_mlp: bool) 
         cases.append(("mlp", mlp, "int8", MLP_BATCH, {"x": (MLP_BATCH, 1024)}, mlp.with_suffix(".calib.npy")))
     quiet = {"log": lambda *a: None}
     for model_key, model, precision, b, shapes, calib in cases:
-        common = {"input_shapes": shapes, "precisions": (precision,), "tuning": False, "calib": calib}
+        common = {
+            "input_shapes": shapes,
+            "precisions": (precision,),
+            "tuning": False,
+            "quant": QuantOptions(calib=calib),
+        }
         cpu = out / "cpu.ixa"
-        build_artifact(BuildOptions(model, "x86-cpu", cpu, **common), **quiet)
+        build_artifact(BuildOptions(model=model, target="x86-cpu", output=cpu, **common), **quiet)
         xs = refs[f"x_{model_key}"]
         with Engine(cpu) as e:
             name = e.variant.inputs[0].name
@@ -114,7 +120,9 @@ def prepare(out: Path, names: list[str], precisions: list[str], with_mlp: bool) 
             target, code = PLANS[art_name]
             spec = _orin_devcode_x86host() if art_name.startswith("orin") else None
             art = out / f"{art_name}-{model_key}-{precision}-b{b}.ixa"
-            build_artifact(BuildOptions(model, target, art, cuda_code=code, **common), spec=spec, **quiet)
+            build_artifact(
+                BuildOptions(model=model, target=target, output=art, cuda_code=code, **common), spec=spec, **quiet
+            )
             print(f"built {art.name}", flush=True)
     np.savez(out / "reference.npz", **refs)
 

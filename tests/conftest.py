@@ -127,12 +127,12 @@ def workdir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def default_artifact(workdir) -> Path:
     """The embedded model built for this host's CPU, once per session."""
-    from inferx_edge.cli._common import DEFAULT_MODEL
-    from inferx_edge.compiler import BuildOptions, build_artifact
+    from inferx_edge.build import BuildOptions, build_artifact
+    from inferx_edge.models import DEFAULT_MODEL
     from inferx_edge.targets import host_target_name
 
     out = workdir / "default.ixa"
-    build_artifact(BuildOptions(DEFAULT_MODEL, host_target_name(), out), log=lambda *a: None)
+    build_artifact(BuildOptions(model=DEFAULT_MODEL, target=host_target_name(), output=out), log=lambda *a: None)
     return out
 
 
@@ -141,11 +141,11 @@ def arm64_artifact(workdir) -> Path:
     """The embedded model cross-compiled for arm64-cpu (needs aarch64-linux-gnu-g++)."""
     if shutil.which("aarch64-linux-gnu-g++") is None:
         pytest.skip("aarch64-linux-gnu-g++ not installed (apt-get install g++-aarch64-linux-gnu)")
-    from inferx_edge.cli._common import DEFAULT_MODEL
-    from inferx_edge.compiler import BuildOptions, build_artifact
+    from inferx_edge.build import BuildOptions, build_artifact
+    from inferx_edge.models import DEFAULT_MODEL
 
     out = workdir / "arm64.ixa"
-    build_artifact(BuildOptions(DEFAULT_MODEL, "arm64-cpu", out), log=lambda *a: None)
+    build_artifact(BuildOptions(model=DEFAULT_MODEL, target="arm64-cpu", output=out), log=lambda *a: None)
     return out
 
 

@@ -155,17 +155,20 @@ def test_weight_transforms_run_at_build_time_and_give_the_same_results():
     import tvm
     from tvm import relax
 
-    from inferx_edge.cli._common import DEFAULT_MODEL
-    from inferx_edge.compiler.build import prepare_module
+    from inferx_edge.compiler.variant import VariantLayout, prepare_variant
     from inferx_edge.frontend import import_model
+    from inferx_edge.models import DEFAULT_MODEL
 
     im = import_model(DEFAULT_MODEL, {"image": (2, 1, 28, 28)})
     plain = im.mod  # as imported: the transforms run inside main
-    baked, _, (names, arrays) = prepare_module(im, None, bake=True)
+    nchw = VariantLayout("fp32")
+    prepared = prepare_variant(im, nchw, bake=True)
+    baked, names, arrays = prepared.mod, prepared.weight_names, prepared.weight_arrays
     assert len(names) == len(arrays) and names != list(im.param_names)
 
     assert _main_ops(plain).count("relax.permute_dims") == 1 and _main_ops(plain).count("relax.reshape") == 4
-    assert prepare_module(im, None)[2] == (names, None)  # without bake: the same signature, no arrays
+    unbaked = prepare_variant(im, nchw)  # without bake: the same signature, no arrays
+    assert (unbaked.weight_names, unbaked.weight_arrays) == (names, None)
     assert "relax.permute_dims" not in _main_ops(baked) and _main_ops(baked).count("relax.reshape") == 1  # the flatten
     x = np.random.default_rng(0).random((2, 1, 28, 28)).astype(np.float32)
 
@@ -181,7 +184,7 @@ def test_unit_transposes_become_reshapes_with_the_same_values():
     import tvm
     from tvm import relax
 
-    from inferx_edge.compiler.build import unit_transposes_to_reshapes
+    from inferx_edge.compiler.passes import unit_transposes_to_reshapes
 
     bb = relax.BlockBuilder()
     a = relax.Var("a", relax.TensorType([2, 1, 5, 6], "float32"))  # one-channel NCHW -> NHWC
@@ -213,17 +216,21 @@ def test_float_cpu_convs_run_nhwc_with_hwio_weights():
     """CPU float variants: NHWC/HWIO (vectorized along output channels); int8 CPU and fp32 CUDA stay
     NCHW. The embedded model then has no transpose on its activations: the one-channel input and the
     pooled result are reshaped, and its weights are stored HWIO."""
-    from inferx_edge.cli._common import DEFAULT_MODEL
-    from inferx_edge.compiler.build import conv_kernel_layout, conv_layout, prepare_module
+    from inferx_edge.compiler.variant import prepare_variant, variant_layout
     from inferx_edge.frontend import import_model
+    from inferx_edge.models import DEFAULT_MODEL
     from inferx_edge.targets import get_target
 
     cpu, arm, gpu = get_target("x86-cpu"), get_target("arm64-cpu"), get_target("h200")
-    assert [conv_layout(cpu, p) for p in ("fp32", "fp16", "int8", "mixed")] == ["NHWC", "NHWC", "NCHW", "NCHW"]
-    assert conv_layout(arm, "fp32") == "NHWC" and conv_kernel_layout(cpu) == conv_kernel_layout(arm) == "HWIO"
-    assert (conv_layout(gpu, "fp32"), conv_layout(gpu, "int8"), conv_kernel_layout(gpu)) == ("NCHW", "NHWC", "OHWI")
+    assert [variant_layout(cpu, p).conv for p in ("fp32", "fp16", "int8", "mixed")] == ["NHWC", "NHWC", "NCHW", "NCHW"]
+    assert variant_layout(arm, "fp32").conv == "NHWC"
+    assert variant_layout(cpu, "fp32").kernel == variant_layout(arm, "fp32").kernel == "HWIO"
+    assert (variant_layout(gpu, "fp32").conv, variant_layout(gpu, "int8").conv) == ("NCHW", "NHWC")
+    assert (variant_layout(gpu, "fp16").kernel, variant_layout(gpu, "int8").quant_kernel) == ("OHWI", "OHWI")
+    assert variant_layout(cpu, "int8").quant_kernel == "OIHW"
     im = import_model(DEFAULT_MODEL, {"image": (2, 1, 28, 28)})
-    mod, _, (names, arrays) = prepare_module(im, None, layout="NHWC", kernel_layout="HWIO", bake=True)
+    prepared = prepare_variant(im, variant_layout(cpu, "fp32"), bake=True)
+    mod, arrays = prepared.mod, prepared.weight_arrays
     assert "relax.permute_dims" not in _main_ops(mod)
     kernels = sorted(a.shape for a in arrays if a.ndim == 4 and a.shape[0] != 1)  # not the (1, 1, 1, C) biases
     assert kernels == [(3, 3, 1, 24), (3, 3, 24, 48), (3, 3, 48, 64)]
@@ -232,7 +239,7 @@ def test_float_cpu_convs_run_nhwc_with_hwio_weights():
 def test_weight_transforms_that_would_grow_the_weights_stay_in_the_model():
     from tvm import relax
 
-    from inferx_edge.compiler.build import bake_weight_transforms
+    from inferx_edge.compiler.passes import bake_weight_transforms
 
     n = 1 << 19  # a 1-element weight broadcast to 2 MiB
     bb = relax.BlockBuilder()

@@ -46,7 +46,7 @@ def test_run_without_input_is_a_smoke_test(default_artifact):
     [
         (["run", "missing.ixa"], 2, "artifact not found"),
         (["build", "--input-shape", "image:1x1x28"], 2, "rank 4"),
-        (["build", "--precision", "int3"], 2, "unknown precision 'int3'; valid: fp32"),
+        (["build", "--precision", "int3"], 2, "unknown precision 'int3'; did you mean 'int8'? valid: fp32"),
     ],
 )
 def test_cli_errors(tmp_path, args, code, msg):

@@ -10,9 +10,9 @@ import shutil
 
 import pytest
 
-from inferx_edge.cli._common import DEFAULT_MODEL
-from inferx_edge.compiler import BuildOptions, build_artifact
+from inferx_edge.build import BuildOptions, build_artifact
 from inferx_edge.errors import BuildError, TargetMismatchError
+from inferx_edge.models import DEFAULT_MODEL
 from inferx_edge.package import open_artifact
 from inferx_edge.package.elf import elf_machine, embedded_cuda_code
 
@@ -34,7 +34,9 @@ needs_nvrtc = pytest.mark.skipif(not _nvrtc12_available(), reason="pip install '
 
 def _build(tmp_path, target, cuda_code="cubin"):
     out = tmp_path / f"{target}-{cuda_code}.ixa"
-    build_artifact(BuildOptions(DEFAULT_MODEL, target, out, cuda_code=cuda_code), log=lambda *a: None)
+    build_artifact(
+        BuildOptions(model=DEFAULT_MODEL, target=target, output=out, cuda_code=cuda_code), log=lambda *a: None
+    )
     art = open_artifact(out)
     return art, art.member(art.manifest.variant().library)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inferx_edge.cli._common import DEFAULT_DATA, DEFAULT_MODEL, MODELS_DIR
+from inferx_edge.models import DEFAULT_DATA, DEFAULT_MODEL, MODELS_DIR
 
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
 
@@ -35,13 +35,16 @@ def _idx(path: Path) -> np.ndarray:
 @pytest.mark.skipif(not FMNIST.is_dir(), reason="apt-get install dataset-fashion-mnist")
 def test_full_test_split_accuracy_through_the_runtime(tmp_path):
     """All 10,000 Fashion-MNIST test images through a batch-100 build of the embedded model."""
-    from inferx_edge.compiler import BuildOptions, build_artifact
+    from inferx_edge.build import BuildOptions, build_artifact
     from inferx_edge.runtime import Engine
     from inferx_edge.targets import host_target_name
 
     out = tmp_path / "b100.ixa"
     build_artifact(
-        BuildOptions(DEFAULT_MODEL, host_target_name(), out, {"image": (100, 1, 28, 28)}), log=lambda *a: None
+        BuildOptions(
+            model=DEFAULT_MODEL, target=host_target_name(), output=out, input_shapes={"image": (100, 1, 28, 28)}
+        ),
+        log=lambda *a: None,
     )
     x = _idx(FMNIST / "t10k-images-idx3-ubyte.gz")[:, None].astype(np.float32) / np.float32(255)
     y = _idx(FMNIST / "t10k-labels-idx1-ubyte.gz")

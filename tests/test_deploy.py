@@ -29,12 +29,17 @@ def _state(root: Path) -> tuple[str | None, str | None, list[str]]:
 @pytest.fixture(scope="module")
 def second_artifact(tmp_path_factory) -> Path:
     """A second, different artifact (batch 2) to install over the first."""
-    from inferx_edge.cli._common import DEFAULT_MODEL
-    from inferx_edge.compiler import BuildOptions, build_artifact
+    from inferx_edge.build import BuildOptions, build_artifact
+    from inferx_edge.models import DEFAULT_MODEL
     from inferx_edge.targets import host_target_name
 
     out = tmp_path_factory.mktemp("second") / "b2.ixa"
-    build_artifact(BuildOptions(DEFAULT_MODEL, host_target_name(), out, {"image": (2, 1, 28, 28)}), **QUIET)
+    build_artifact(
+        BuildOptions(
+            model=DEFAULT_MODEL, target=host_target_name(), output=out, input_shapes={"image": (2, 1, 28, 28)}
+        ),
+        **QUIET,
+    )
     return out
 
 

@@ -7,7 +7,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from inferx_edge.compiler import BuildOptions, build_artifact
+from inferx_edge.build import BuildOptions, build_artifact
 from inferx_edge.errors import ModelError, UsageError
 from inferx_edge.frontend import import_model, parse_input_shapes
 from inferx_edge.runtime import Engine
@@ -29,7 +29,9 @@ def convnet(tmp_path_factory):
 
 def test_convnet_matches_onnxruntime(convnet, tmp_path):
     out = tmp_path / "convnet.ixa"
-    build_artifact(BuildOptions(convnet, host_target_name(), out, {"x": (4, 3, 16, 16)}), **QUIET)
+    build_artifact(
+        BuildOptions(model=convnet, target=host_target_name(), output=out, input_shapes={"x": (4, 3, 16, 16)}), **QUIET
+    )
     rng = np.random.default_rng(123)
     with Engine(out) as engine:
         assert engine.variant.batch == 4
@@ -45,7 +47,9 @@ def test_multi_input_multi_output_and_shared_dynamic_dim(tmp_path):
     model = make_two_io(tmp_path / "two.onnx")
     out = tmp_path / "two.ixa"
     # pinning 'a' pins the shared dim 'B' of 'b' too
-    build_artifact(BuildOptions(model, host_target_name(), out, {"a": (3, 6)}), **QUIET)
+    build_artifact(
+        BuildOptions(model=model, target=host_target_name(), output=out, input_shapes={"a": (3, 6)}), **QUIET
+    )
     rng = np.random.default_rng(7)
     feeds = {"a": rng.standard_normal((3, 6)).astype(np.float32), "b": rng.standard_normal((3, 4)).astype(np.float32)}
     with Engine(out) as engine:

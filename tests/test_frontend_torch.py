@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inferx_edge.compiler import BuildOptions, build_artifact
+from inferx_edge.build import BuildOptions, build_artifact
 from inferx_edge.errors import ModelError
 from inferx_edge.frontend import import_model
 from inferx_edge.runtime import Engine
@@ -47,7 +47,10 @@ def exported(tmp_path_factory):
 def test_torch_export_matches_torch(exported, tmp_path):
     path, net = exported
     out = tmp_path / "net.ixa"
-    build_artifact(BuildOptions(path, host_target_name(), out, {"x": (5, 3, 12, 12)}), log=lambda *a: None)
+    build_artifact(
+        BuildOptions(model=path, target=host_target_name(), output=out, input_shapes={"x": (5, 3, 12, 12)}),
+        log=lambda *a: None,
+    )
     rng = np.random.default_rng(0)
     with Engine(out) as engine:
         assert [s.shape for s in engine.variant.inputs] == [(5, 3, 12, 12), (5, 4)]

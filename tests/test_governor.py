@@ -98,14 +98,19 @@ class FakeNVML:
 
 @pytest.fixture(scope="module")
 def multi_artifact(tmp_path_factory):
-    from inferx_edge.cli._common import DEFAULT_MODEL
-    from inferx_edge.compiler import BuildOptions, build_artifact
+    from inferx_edge.build import BuildOptions, build_artifact
+    from inferx_edge.models import DEFAULT_MODEL
     from inferx_edge.targets import host_target_name
 
     out = tmp_path_factory.mktemp("multi") / "multi.ixa"
     build_artifact(
         BuildOptions(
-            DEFAULT_MODEL, host_target_name(), out, precisions=("fp32", "fp16"), batch_sizes=(1, 4), tuning=False
+            model=DEFAULT_MODEL,
+            target=host_target_name(),
+            output=out,
+            precisions=("fp32", "fp16"),
+            batch_sizes=(1, 4),
+            tuning=False,
         ),
         log=lambda *a: None,
     )

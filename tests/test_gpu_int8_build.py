@@ -9,8 +9,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from inferx_edge.cli._common import DEFAULT_MODEL
-from inferx_edge.compiler import BuildOptions, build_artifact
+from inferx_edge.build import BuildOptions, build_artifact
+from inferx_edge.models import DEFAULT_MODEL
 from inferx_edge.package import open_artifact
 from inferx_edge.package.elf import elf_machine, embedded_cuda_code
 from tests.test_cross_targets import needs_cross, needs_nvrtc
@@ -27,7 +27,10 @@ from tests.test_cross_targets import needs_cross, needs_nvrtc
 )
 def test_int8_variant_compiles_for_each_gpu_architecture(tmp_path, target, sm, machine):
     out = tmp_path / f"{target}.ixa"
-    build_artifact(BuildOptions(DEFAULT_MODEL, target, out, precisions=("int8",), tuning=False), log=lambda *a: None)
+    build_artifact(
+        BuildOptions(model=DEFAULT_MODEL, target=target, output=out, precisions=("int8",), tuning=False),
+        log=lambda *a: None,
+    )
     with open_artifact(out) as art:
         v = art.manifest.variant("int8-b1")
         lib = art.member(v.library)
@@ -46,7 +49,10 @@ def test_fp16_variant_runs_its_convolutions_on_mma_for_each_gpu_architecture(tmp
     dump = tmp_path / "cuda"
     monkeypatch.setenv("INFERX_DUMP_CUDA", str(dump))
     out = tmp_path / f"{target}.ixa"
-    build_artifact(BuildOptions(DEFAULT_MODEL, target, out, precisions=("fp16",), tuning=False), log=lambda *a: None)
+    build_artifact(
+        BuildOptions(model=DEFAULT_MODEL, target=target, output=out, precisions=("fp16",), tuning=False),
+        log=lambda *a: None,
+    )
     with open_artifact(out) as art:
         lib = art.member(art.manifest.variant("fp16-b1").library)
         assert set(embedded_cuda_code(lib)["cubin"]) == {sm}
@@ -92,11 +98,10 @@ def test_large_int8_matmul_uses_tensor_cores_and_compiles(target):
     import tvm
     from tvm import relax
 
-    from inferx_edge.compiler.build import resolve_tvm_target
-    from inferx_edge.compiler.cuda import device_compiler
-    from inferx_edge.compiler.cuda_pipeline import cuda_pipeline
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.cuda import cuda_pipeline, device_compiler
+    from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
     from inferx_edge.targets import get_target
-    from inferx_edge.tune._intrin import import_tensor_intrinsics
 
     import_tensor_intrinsics()
     spec = get_target(target)
@@ -114,11 +119,11 @@ def test_large_int8_matmul_uses_tensor_cores_and_compiles(target):
 @needs_nvrtc
 def test_stock_dlight_int8_tensorization_still_fails_to_compile():
     """Guards the workaround: when a TVM upgrade fixes dlight's int8 wmma pipeline, this fails and
-    ``inferx_edge.compiler.cuda_pipeline`` can go."""
+    ``inferx_edge.compiler.cuda`` can go."""
     import tvm
     from tvm import relax
 
-    from inferx_edge.compiler.build import resolve_tvm_target
+    from inferx_edge.compiler.compile import resolve_tvm_target
     from inferx_edge.compiler.cuda import device_compiler
     from inferx_edge.targets import get_target
 
@@ -156,11 +161,10 @@ def _schedule_and_compile(target: str, mod):
     import tvm
     from tvm import relax
 
-    from inferx_edge.compiler.build import resolve_tvm_target
-    from inferx_edge.compiler.cuda import device_compiler
-    from inferx_edge.compiler.cuda_pipeline import cuda_pipeline
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.cuda import cuda_pipeline, device_compiler
+    from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
     from inferx_edge.targets import get_target
-    from inferx_edge.tune._intrin import import_tensor_intrinsics
 
     import_tensor_intrinsics()
     spec = get_target(target)
@@ -219,16 +223,15 @@ def _kernel_source(target: str, mod, tile: str | None = None) -> str:
     tensor-core kernel with ``tile`` when given."""
     from tvm import relax
 
-    from inferx_edge.compiler.build import pass_config, resolve_tvm_target
-    from inferx_edge.compiler.cuda import device_compiler
-    from inferx_edge.compiler.cuda_pipeline import WmmaConfig, cuda_pipeline
+    from inferx_edge.compiler.compile import pass_config, resolve_tvm_target
+    from inferx_edge.compiler.cuda import TileConfig, cuda_pipeline, device_compiler
+    from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
     from inferx_edge.targets import get_target
-    from inferx_edge.tune._intrin import import_tensor_intrinsics
 
     import_tensor_intrinsics()
     spec = get_target(target)
     tvm_target = resolve_tvm_target(spec)
-    cfg = WmmaConfig.parse(tile) if tile else None
+    cfg = TileConfig.parse(tile) if tile else None
     with device_compiler(spec, "cubin"), tvm_target, pass_config(async_copy=True):
         pipeline = cuda_pipeline(tvm_target, sm_count=spec.sm_count, tile_config=cfg)
         ex = relax.build(mod, tvm_target, relax_pipeline=pipeline)
@@ -241,7 +244,7 @@ def _kernel_source(target: str, mod, tile: str | None = None) -> str:
 def test_fp16_nhwc_small_reductions_take_eight_channels_per_thread(kind):
     """Each thread copies its padded 3x3 window of 8 channels into registers with 16-byte loads (the
     bounds test once per tap), the depthwise weights too; the int8 output leaves 4 bytes at a time."""
-    from inferx_edge.compiler.cuda_pipeline import SMALL_REDUCTION_CHANNELS
+    from inferx_edge.compiler.cuda import SMALL_REDUCTION_CHANNELS
 
     assert SMALL_REDUCTION_CHANNELS == 8
     kernel = _kernel_source("h200", _nhwc_fp16_small_reduction(kind)).split("__global__")[-1]
@@ -278,8 +281,8 @@ def test_fp16_tiles_compile_with_cp_async_and_wide_loads():
     from tvm import relax
 
     from benchmarks.gpu_conv_int8 import conv_module
-    from inferx_edge.tune._intrin import import_tensor_intrinsics
-    from inferx_edge.tune.tiles import tile_groups
+    from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
+    from inferx_edge.compiler.tuning import tile_groups
 
     import_tensor_intrinsics()
     mod = conv_module(8, 28, 256, 256, 1, 1, "float16")
@@ -304,7 +307,7 @@ def test_wide_weight_loads_fall_back_to_4_bytes_for_k_by_j_weights():
 @needs_nvrtc
 @pytest.mark.parametrize("target", ["a100", "h200"])
 def test_nhwc_int8_convolution_is_an_implicit_gemm_on_tensor_cores(target):
-    """CUDA int8 variants run convs in NHWC with OHWI weights (see compiler.build.conv_layout)."""
+    """CUDA int8 variants run convs in NHWC with OHWI weights (see compiler.variant.variant_layout)."""
     from tvm import relax
 
     bb = relax.BlockBuilder()
@@ -325,7 +328,10 @@ def test_nhwc_int8_convolution_is_an_implicit_gemm_on_tensor_cores(target):
 def test_cuda_graph_is_on_by_default_and_can_be_turned_off(tmp_path):
     for graph in (True, False):
         out = tmp_path / f"g{graph}.ixa"
-        build_artifact(BuildOptions(DEFAULT_MODEL, "h200", out, tuning=False, cuda_graph=graph), log=lambda *a: None)
+        build_artifact(
+            BuildOptions(model=DEFAULT_MODEL, target="h200", output=out, tuning=False, cuda_graph=graph),
+            log=lambda *a: None,
+        )
         with open_artifact(out) as art:
             v = art.manifest.variants[0]
             assert v.extra.get("cuda_graph", False) is graph
@@ -373,42 +379,42 @@ def _nhwc_int8_conv(n: int, hw: int, c: int, o: int, k: int):
 
 
 def test_int8_tile_shrinks_until_every_sm_has_a_block():
-    from inferx_edge.compiler.cuda_pipeline import INT8_TILE_LADDER, INT8_WMMA, int8_config_for
+    from inferx_edge.compiler.cuda import DEFAULT_TILE, TILE_LADDER, tile_for
 
-    assert int8_config_for((64 * 56 * 56, 256, 576), 132) == INT8_WMMA  # batch 64: the big tile
-    assert int8_config_for((49, 512, 4608), None) == INT8_WMMA  # no SM count: the big tile
-    small = int8_config_for((49, 512, 4608), 132)  # batch-1 layer 4: 4 blocks with the big tile
-    assert small == INT8_TILE_LADDER[-1] and small.warps_i * small.frags_i * 16 == 32
+    assert tile_for((64 * 56 * 56, 256, 576), 132) == DEFAULT_TILE  # batch 64: the big tile
+    assert tile_for((49, 512, 4608), None) == DEFAULT_TILE  # no SM count: the big tile
+    small = tile_for((49, 512, 4608), 132)  # batch-1 layer 4: 4 blocks with the big tile
+    assert small == TILE_LADDER[-1] and small.warps_i * small.frags_i * 16 == 32
     # batch-64 layer 4 (3136 x 512): 25 x 4 blocks of 128x128 < 132 SMs; 64x128 gives 49 x 4
-    assert int8_config_for((3136, 512, 2048), 132) == INT8_TILE_LADDER[1]
+    assert tile_for((3136, 512, 2048), 132) == TILE_LADDER[1]
 
 
 def test_int8_tile_does_not_double_64_output_channels():
-    from inferx_edge.compiler.cuda_pipeline import INT8_WMMA, int8_config_for
+    from inferx_edge.compiler.cuda import DEFAULT_TILE, tile_for
 
     def tile(c):
         return 16 * c.warps_i * c.frags_i, 16 * c.warps_j * c.frags_j
 
-    assert tile(int8_config_for((64 * 56 * 56, 64, 576), 132)) == (128, 64)  # ResNet-50 layer 1, batch 64
-    assert tile(int8_config_for((64 * 112 * 112, 64, 196), None)) == (128, 64)  # its stem
-    assert tile(int8_config_for((64 * 14 * 14, 160, 960), 132)) == (128, 64)  # 160 -> 192, not 256
-    assert int8_config_for((64 * 56 * 56, 96, 576), 132) == INT8_WMMA  # 96 -> 128 either way
-    assert int8_config_for((64 * 7 * 7, 576, 96), None) == INT8_WMMA  # 640 for 576: within 1/8
+    assert tile(tile_for((64 * 56 * 56, 64, 576), 132)) == (128, 64)  # ResNet-50 layer 1, batch 64
+    assert tile(tile_for((64 * 112 * 112, 64, 196), None)) == (128, 64)  # its stem
+    assert tile(tile_for((64 * 14 * 14, 160, 960), 132)) == (128, 64)  # 160 -> 192, not 256
+    assert tile_for((64 * 56 * 56, 96, 576), 132) == DEFAULT_TILE  # 96 -> 128 either way
+    assert tile_for((64 * 7 * 7, 576, 96), None) == DEFAULT_TILE  # 640 for 576: within 1/8
 
 
 def test_narrow_int8_gemms_get_narrow_tiles_and_shallow_stages():
     """MobileNetV2's 16-32-channel pointwise convolutions: tensor cores with 16- or 32-column tiles and
     32-deep stages for K <= 32, instead of CUDA cores."""
-    from inferx_edge.compiler.cuda_pipeline import int8_config_for
+    from inferx_edge.compiler.cuda import tile_for
 
     def tile(c):
         return 16 * c.warps_i * c.frags_i, 16 * c.warps_j * c.frags_j, 16 * c.k_frags
 
-    assert tile(int8_config_for((64 * 56 * 56, 24, 144), 132)) == (128, 32, 64)  # project 144 -> 24
-    assert tile(int8_config_for((64 * 112 * 112, 16, 32), 132)) == (128, 16, 32)  # project 32 -> 16
-    assert tile(int8_config_for((64 * 56 * 56, 144, 24), 132))[1:] == (64, 32)  # expand 24 -> 144
-    assert tile(int8_config_for((64 * 14 * 14, 48, 576), 132))[1] == 16  # 48 = 3 x 16, not 64
-    assert tile(int8_config_for((64 * 56 * 56, 64, 576), 132))[1] == 64  # 64 channels as before
+    assert tile(tile_for((64 * 56 * 56, 24, 144), 132)) == (128, 32, 64)  # project 144 -> 24
+    assert tile(tile_for((64 * 112 * 112, 16, 32), 132)) == (128, 16, 32)  # project 32 -> 16
+    assert tile(tile_for((64 * 56 * 56, 144, 24), 132))[1:] == (64, 32)  # expand 24 -> 144
+    assert tile(tile_for((64 * 14 * 14, 48, 576), 132))[1] == 16  # 48 = 3 x 16, not 64
+    assert tile(tile_for((64 * 56 * 56, 64, 576), 132))[1] == 64  # 64 channels as before
 
 
 @needs_nvrtc
@@ -508,16 +514,15 @@ def test_padded_convolution_compiles_with_16_byte_predicated_loads():
     prints as make_int4 of 16 chars (does not compile) unless the CUDA source is repaired."""
     from tvm import relax
 
-    from inferx_edge.compiler.build import resolve_tvm_target
-    from inferx_edge.compiler.cuda import device_compiler
-    from inferx_edge.compiler.cuda_pipeline import INT8_WMMA, cuda_pipeline
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.cuda import DEFAULT_TILE, cuda_pipeline, device_compiler
+    from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
     from inferx_edge.targets import get_target
-    from inferx_edge.tune._intrin import import_tensor_intrinsics
 
     import_tensor_intrinsics()
     spec = get_target("h200")
     target = resolve_tvm_target(spec)
-    cfg = replace(INT8_WMMA, padded_vector=16)
+    cfg = replace(DEFAULT_TILE, padded_vector=16)
     with device_compiler(spec, "cubin"), target:
         ex = relax.build(_nhwc_int8_conv(8, 16, 64, 64, 3), target, relax_pipeline=cuda_pipeline(target, cfg))
     (cuda,) = [m for m in ex.mod.imports[0].imports if m.kind == "cuda"]
@@ -532,16 +537,15 @@ def test_async_copy_pipeline_compiles_to_cp_async(pipeline, in_flight):
     import tvm
     from tvm import relax
 
-    from inferx_edge.compiler.build import pass_config, resolve_tvm_target
-    from inferx_edge.compiler.cuda import device_compiler
-    from inferx_edge.compiler.cuda_pipeline import INT8_WMMA, cuda_pipeline, tensor_core_schedule
+    from inferx_edge.compiler.compile import pass_config, resolve_tvm_target
+    from inferx_edge.compiler.cuda import DEFAULT_TILE, cuda_pipeline, device_compiler, tensor_core_schedule
+    from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
     from inferx_edge.targets import get_target
-    from inferx_edge.tune._intrin import import_tensor_intrinsics
 
     import_tensor_intrinsics()
     spec = get_target("a100")
     target = resolve_tvm_target(spec)
-    cfg = replace(INT8_WMMA, pipeline=pipeline, k_frags=8)
+    cfg = replace(DEFAULT_TILE, pipeline=pipeline, k_frags=8)
     with device_compiler(spec, "cubin") as record, target, pass_config(async_copy=True):
         ex = relax.build(_nhwc_int8_conv(8, 16, 1024, 256, 1), target, relax_pipeline=cuda_pipeline(target, cfg))
     # the compiled kernel had its copies spread over the math where another stage is in flight
@@ -555,7 +559,7 @@ def test_async_copy_pipeline_compiles_to_cp_async(pipeline, in_flight):
         legal = relax.transform.LegalizeOps()(_nhwc_int8_conv(8, 16, 256, 256, 1))
     func = next(f for _, f in legal.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
     with pytest.raises(ValueError, match="unknown tile load pipeline"):
-        tensor_core_schedule(func, target, replace(INT8_WMMA, pipeline="reg"))
+        tensor_core_schedule(func, target, replace(DEFAULT_TILE, pipeline="reg"))
 
 
 def test_compiler_errors_keep_the_errors_not_the_warnings():
@@ -599,7 +603,7 @@ def test_float_depthwise_reads_fp16_only_behind_a_clip(clip_first):
     import tvm
     from tvm import relax
 
-    from inferx_edge.compiler.build import clip_to_min_max, convert_layout, fp16_bounded_depthwise
+    from inferx_edge.compiler.passes import clip_to_min_max, convert_layout, fp16_bounded_depthwise
 
     mod = convert_layout(_relu6_depthwise(clip_first), "NHWC")
     rewritten = fp16_bounded_depthwise(mod)
@@ -632,11 +636,10 @@ def test_int8_quantize_epilogue_stores_4_bytes_at_a_time():
     import tvm
     from tvm import relax
 
-    from inferx_edge.compiler.build import pass_config, resolve_tvm_target
-    from inferx_edge.compiler.cuda import device_compiler
-    from inferx_edge.compiler.cuda_pipeline import EPILOGUE_UNROLL, cuda_pipeline
+    from inferx_edge.compiler.compile import pass_config, resolve_tvm_target
+    from inferx_edge.compiler.cuda import EPILOGUE_UNROLL, cuda_pipeline, device_compiler
+    from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
     from inferx_edge.targets import get_target
-    from inferx_edge.tune._intrin import import_tensor_intrinsics
 
     def quantize(y):
         q = relax.op.round(relax.op.multiply(relax.op.astype(y, "float32"), relax.const(np.float32(0.01))))
@@ -684,11 +687,11 @@ def _int8_nhwc_conv(n, h, w, c, o, k, pad, stride):
 )
 def test_stride2_small_channel_int8_convs_run_on_a_space_to_depth_input(shape):
     """RGB-like stride-2 int8 convolutions become stride-1 ones over 16-channel space-to-depth pixels
-    (compiler.build.space_to_depth_int8_convs): the same int32 sums, run on this CPU."""
+    (compiler.passes.space_to_depth_int8_convs): the same int32 sums, run on this CPU."""
     import tvm
     from tvm import relax
 
-    from inferx_edge.compiler.build import convert_layout
+    from inferx_edge.compiler.passes import convert_layout
 
     n, h, w, c, o, k, pad = shape
     mod = _int8_nhwc_conv(n, h, w, c, o, k, pad, 2)
@@ -722,7 +725,7 @@ def test_stride2_small_channel_int8_convs_run_on_a_space_to_depth_input(shape):
 )
 def test_space_to_depth_leaves_other_convolutions(shape, stride):
     """Stride 1, more than 4 channels, 1x1 kernels and odd sizes keep their convolution."""
-    from inferx_edge.compiler.build import space_to_depth_int8_convs
+    from inferx_edge.compiler.passes import space_to_depth_int8_convs
 
     mod = _int8_nhwc_conv(*shape, stride)
     assert "reshape" not in space_to_depth_int8_convs(mod).script()
@@ -737,18 +740,17 @@ def test_padded_accumulator_tile_changes_only_its_row_stride(intrin):
 
     from tvm import relax
 
-    from inferx_edge.compiler.build import pass_config, resolve_tvm_target
-    from inferx_edge.compiler.cuda import device_compiler
-    from inferx_edge.compiler.cuda_pipeline import INT8_WMMA, cuda_pipeline
+    from inferx_edge.compiler.compile import pass_config, resolve_tvm_target
+    from inferx_edge.compiler.cuda import DEFAULT_TILE, cuda_pipeline, device_compiler
+    from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
     from inferx_edge.targets import get_target
-    from inferx_edge.tune._intrin import import_tensor_intrinsics
 
     import_tensor_intrinsics()
     spec = get_target("h200")
     target = resolve_tvm_target(spec)
     strides = []
     for pad in (0, 8):
-        cfg = replace(INT8_WMMA, intrin=intrin, acc_pad=pad)  # 128 x 128 tile
+        cfg = replace(DEFAULT_TILE, intrin=intrin, acc_pad=pad)  # 128 x 128 tile
         with device_compiler(spec, "cubin"), target, pass_config():
             ex = relax.build(_nhwc_int8_conv(8, 16, 256, 256, 1), target, relax_pipeline=cuda_pipeline(target, cfg))
         (cuda,) = [m for m in ex.mod.imports[0].imports if m.kind == "cuda"]
@@ -769,18 +771,17 @@ def test_16_byte_weight_loads_compile_for_ohwi_conv_weights(pipeline):
     time, synchronously or with cp.async; by default 4."""
     from tvm import relax
 
-    from inferx_edge.compiler.build import pass_config, resolve_tvm_target
-    from inferx_edge.compiler.cuda import device_compiler
-    from inferx_edge.compiler.cuda_pipeline import INT8_WMMA, cuda_pipeline
+    from inferx_edge.compiler.compile import pass_config, resolve_tvm_target
+    from inferx_edge.compiler.cuda import DEFAULT_TILE, cuda_pipeline, device_compiler
+    from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
     from inferx_edge.targets import get_target
-    from inferx_edge.tune._intrin import import_tensor_intrinsics
 
     import_tensor_intrinsics()
     spec = get_target("h200")
     target = resolve_tvm_target(spec)
     widths = []
     for wv in (4, 16):
-        cfg = replace(INT8_WMMA, pipeline=pipeline, weight_vector=wv)
+        cfg = replace(DEFAULT_TILE, pipeline=pipeline, weight_vector=wv)
         with device_compiler(spec, "cubin"), target, pass_config(async_copy=True):
             ex = relax.build(_nhwc_int8_conv(8, 16, 256, 256, 3), target, relax_pipeline=cuda_pipeline(target, cfg))
         (cuda,) = [m for m in ex.mod.imports[0].imports if m.kind == "cuda"]
@@ -796,7 +797,7 @@ def test_16_byte_weight_loads_compile_for_ohwi_conv_weights(pipeline):
 
 def _main_loop(kernel: str) -> str:
     """The body of the first loop of ``kernel`` that commits a cp.async group (the pipelined k loop)."""
-    from inferx_edge.compiler.cuda import _close
+    from inferx_edge.compiler.cuda.c_scanner import _close
 
     for m in re.finditer(r"for \(int (\w+) = 0; \1 < \d+; \+\+\1\) \{", kernel):
         body = kernel[m.end() : _close(kernel, m.end() - 1)]
@@ -860,7 +861,8 @@ def test_padded_convolutions_keep_their_synchronous_loads_ahead_of_the_math():
 def test_interleaving_leaves_other_loops_alone():
     """Loops without TVM's pipeline shape are not touched: no cp.async group, a second barrier among
     the copies, a stage of one step (nothing to spread over), two buffers (one stage in flight)."""
-    from inferx_edge.compiler.cuda import _statements, interleave_pipelined_copies
+    from inferx_edge.compiler.cuda.c_scanner import _statements
+    from inferx_edge.compiler.cuda.source_patches import interleave_pipelined_copies
 
     plain = "__global__ void k(int* a) {\n  for (int i = 0; i < 4; ++i) {\n    a[i] = 1;\n  }\n}\n"
     assert interleave_pipelined_copies(plain) == (plain, 0)

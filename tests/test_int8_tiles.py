@@ -10,21 +10,21 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from inferx_edge.compiler.cuda_pipeline import INT8_TILE_LADDER, INT8_WMMA, WmmaConfig, tile_candidates
+from inferx_edge.compiler.cuda import DEFAULT_TILE, TILE_LADDER, TileConfig, tile_candidates
 from tests.test_cross_targets import needs_nvrtc
 
 
 def test_tile_text_round_trips_and_bad_text_names_the_form():
     extra = (
-        replace(INT8_WMMA, pipeline="async", padded_vector=16),
-        replace(INT8_WMMA, pipeline="async3", acc_pad=8, weight_vector=16),
-        replace(INT8_WMMA, pipeline="async4", fragment_buffers=2),
+        replace(DEFAULT_TILE, pipeline="async", padded_vector=16),
+        replace(DEFAULT_TILE, pipeline="async3", acc_pad=8, weight_vector=16),
+        replace(DEFAULT_TILE, pipeline="async4", fragment_buffers=2),
     )
-    for cfg in INT8_TILE_LADDER + extra + (WmmaConfig(),):
-        assert WmmaConfig.parse(cfg.text()) == cfg
-    assert WmmaConfig.parse("2x4.2x4.k4.v16.async.mma") == replace(INT8_WMMA, pipeline="async")
-    assert WmmaConfig.parse("2x4.2x4.k4.v16.a8.w16.async3.mma") == replace(
-        INT8_WMMA, pipeline="async3", acc_pad=8, weight_vector=16
+    for cfg in TILE_LADDER + extra + (TileConfig(),):
+        assert TileConfig.parse(cfg.text()) == cfg
+    assert TileConfig.parse("2x4.2x4.k4.v16.async.mma") == replace(DEFAULT_TILE, pipeline="async")
+    assert TileConfig.parse("2x4.2x4.k4.v16.a8.w16.async3.mma") == replace(
+        DEFAULT_TILE, pipeline="async3", acc_pad=8, weight_vector=16
     )
     for bad in (
         "2x4.2x4.k4",
@@ -39,15 +39,15 @@ def test_tile_text_round_trips_and_bad_text_names_the_form():
         "2x4.2x4.k4.v16.async5.mma",
     ):
         with pytest.raises(ValueError, match="int8 tile"):
-            WmmaConfig.parse(bad)
+            TileConfig.parse(bad)
 
 
 def test_candidates_start_with_the_default_and_vary_what_the_kernel_can_use():
-    from inferx_edge.compiler.cuda_pipeline import int8_config_for
+    from inferx_edge.compiler.cuda import tile_for
 
     extents = (64 * 14 * 14, 256, 2304)  # ResNet-50 layer 3, 3x3, batch 64
     cands = tile_candidates(extents, 132, input_padded=True)
-    assert cands[0] == int8_config_for(extents, 132) and len(set(cands)) == len(cands)
+    assert cands[0] == tile_for(extents, 132) and len(set(cands)) == len(cands)
     assert {c.pipeline for c in cands} == {"", "async", "async3"} and {c.padded_vector for c in cands} == {4, 16}
     assert any(c.k_frags == 8 for c in cands)  # deeper stages where K allows
     assert all(c.k_frags == 8 for c in cands if c.pipeline == "async3")  # three buffers of 128-deep stages
@@ -118,7 +118,7 @@ def test_large_int8_gemms_also_get_8_warp_tiles():
 
 
 def test_kernels_differing_only_in_scales_or_names_share_a_tile_key():
-    from inferx_edge.tune.tiles import tile_groups
+    from inferx_edge.compiler.tuning import tile_groups
 
     (a,) = tile_groups(_fused(_quantized_conv(0.01)))
     (b,) = tile_groups(_fused(_quantized_conv(0.37, weight="onnx__Conv_566")))
@@ -128,10 +128,11 @@ def test_kernels_differing_only_in_scales_or_names_share_a_tile_key():
 
 
 def _record(work_dir, mod, best: str, extents=None):
-    from inferx_edge.tune.tiles import FORMAT, TILES_FILE, tile_groups
+    from inferx_edge.compiler.tuning import tile_groups
+    from inferx_edge.records.tiles import FORMAT, TILES_FILE
 
     (g,) = tile_groups(mod)
-    rec = {"kernels": g.kernels, "extents": extents or g.extents, "default": INT8_WMMA.text(), "us": {best: 1.0}}
+    rec = {"kernels": g.kernels, "extents": extents or g.extents, "default": DEFAULT_TILE.text(), "us": {best: 1.0}}
     work_dir.mkdir(parents=True, exist_ok=True)
     (work_dir / TILES_FILE).write_text(json.dumps({"format": FORMAT, "groups": {g.key: rec | {"best": best}}}))
 
@@ -140,7 +141,7 @@ def _record(work_dir, mod, best: str, extents=None):
 def test_tile_groups_know_whether_the_weight_runs_along_k():
     """OHWI conv weights do (16-byte weight-load candidates); a classifier weight transposed in the
     graph reaches its GEMM as [K, J] and does not."""
-    from inferx_edge.tune.tiles import tile_groups
+    from inferx_edge.compiler.tuning import tile_groups
     from tests.test_gpu_int8_build import _int8_matmul_module
 
     (conv,) = tile_groups(_fused(_quantized_conv(0.01)))
@@ -155,10 +156,11 @@ def test_tile_groups_know_whether_the_weight_runs_along_k():
 def test_build_gives_each_kernel_its_recorded_tile(tmp_path):
     import tvm
 
-    from inferx_edge.compiler.build import apply_tuning, resolve_tvm_target
-    from inferx_edge.compiler.cuda_pipeline import TILE_ATTR, cuda_pipeline
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.cuda import TILE_ATTR, cuda_pipeline
+    from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
+    from inferx_edge.compiler.tuning import apply_tuning
     from inferx_edge.targets import get_target
-    from inferx_edge.tune._intrin import import_tensor_intrinsics
 
     import_tensor_intrinsics()
     spec = get_target("h200")
@@ -203,8 +205,10 @@ class FakeGPU:
 
 @needs_nvrtc
 def test_search_records_the_fastest_correct_tile_and_resumes(tmp_path):
+    from inferx_edge.compiler.tuning import tile_groups
+    from inferx_edge.records.tiles import KERNEL_VERSION, TILES_FILE, load_tiles
     from inferx_edge.targets import get_target
-    from inferx_edge.tune.tiles import KERNEL_VERSION, TILES_FILE, load_tiles, search_tiles, tile_groups
+    from inferx_edge.tune.tiles import search_tiles
 
     spec = get_target("h200")
     mod = _fused(_quantized_conv(0.01))
@@ -267,8 +271,8 @@ def test_search_records_the_fastest_correct_tile_and_resumes(tmp_path):
 
 
 def test_tile_search_needs_a_cuda_tensor_core_variant():
-    from inferx_edge.cli._common import DEFAULT_MODEL
     from inferx_edge.errors import UsageError
+    from inferx_edge.models import DEFAULT_MODEL
     from inferx_edge.tune import TuneOptions
 
     with pytest.raises(UsageError, match="CUDA target and --precision fp16, int8, mixed"):
@@ -285,7 +289,7 @@ def test_tile_search_needs_a_cuda_tensor_core_variant():
 def test_benchmark_configs_are_tile_texts_or_builds_pick():
     from benchmarks.gpu_conv_int8 import parse_config
 
-    assert parse_config("2x4.2x4.k4.v16.async.mma") == replace(INT8_WMMA, pipeline="async")
+    assert parse_config("2x4.2x4.k4.v16.async.mma") == replace(DEFAULT_TILE, pipeline="async")
     auto = parse_config("auto.async", (64 * 56 * 56, 144, 24), 132)  # K = 24: 32-deep stages, as build
     assert auto.pipeline == "async" and auto.k_frags == 2
     padded = parse_config("auto.a8.w16.async3", (64 * 56 * 56, 256, 64), 132)
@@ -315,9 +319,9 @@ def test_fp16_outputs_match_within_tolerance_int8_exactly():
 
 
 def test_legacy_tile_file_is_read_and_replaced_by_the_next_save(tmp_path):
-    from inferx_edge.tune.tiles import FORMAT, LEGACY_TILES_FILE, TILES_FILE, has_tiles, load_tiles, save_tiles
+    from inferx_edge.records.tiles import FORMAT, LEGACY_TILES_FILE, TILES_FILE, has_tiles, load_tiles, save_tiles
 
-    data = {"format": FORMAT, "groups": {"k": {"best": INT8_WMMA.text(), "extents": [1, 2, 3]}}}
+    data = {"format": FORMAT, "groups": {"k": {"best": DEFAULT_TILE.text(), "extents": [1, 2, 3]}}}
     (tmp_path / LEGACY_TILES_FILE).write_text(json.dumps(data))
     assert has_tiles(tmp_path) and load_tiles(tmp_path) == data
     save_tiles(tmp_path, data)

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from inferx_edge.cli._common import DEFAULT_MODEL
+from inferx_edge.models import DEFAULT_MODEL
 from inferx_edge.targets import host_target_name
 from tests.conftest import REPO
 

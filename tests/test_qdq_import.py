@@ -52,7 +52,7 @@ def test_qdq_conv_computes_in_int8_with_the_models_scales_and_matches_onnxruntim
     path = _qdq_conv_model(tmp_path / "qdq.onnx", rng)
     im = import_model(path)
     assert im.qdq is not None and im.qdq.activations == {"w_dq": pytest.approx(127 * 0.02)}
-    plan = make_plan(path, {}, im, None, "entropy", log=lambda *a: None)
+    plan = make_plan(path, {}, im, "int8", log=lambda *a: None)
     assert plan.calibration == "qdq" and plan.amax == {"w_dq": pytest.approx(2.54)}
     q, report = apply_plan(im, plan, "int8")
     assert report["int8_mac_share"] == 1.0
@@ -90,7 +90,7 @@ def test_onnxruntime_quantize_static_model_builds_int8_without_calibration(tmp_p
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-    from inferx_edge.cli._common import DEFAULT_DATA, DEFAULT_MODEL
+    from inferx_edge.models import DEFAULT_DATA, DEFAULT_MODEL
 
     with np.load(DEFAULT_DATA) as d:
         calib = (d["calib_images"][:32, None] / 255).astype(np.float32)
@@ -109,7 +109,7 @@ def test_onnxruntime_quantize_static_model_builds_int8_without_calibration(tmp_p
     )  # fmt: skip
     assert any(n.op_type == "QuantizeLinear" for n in onnx.load(str(out)).graph.node)
     im = import_model(out)
-    plan = make_plan(out, {}, im, None, "entropy", log=lambda *a: None)
+    plan = make_plan(out, {}, im, "int8", log=lambda *a: None)
     assert plan.calibration == "qdq" and len(plan.amax) == 4
     roundtrip = QuantPlan.load_text(plan.to_json(), im.sha256)
     q, report = apply_plan(im, roundtrip, "int8")

@@ -32,7 +32,7 @@ def sysroot() -> Path:
 
 
 def test_arm64_artifact_runs_under_qemu(sysroot, arm64_artifact, default_artifact, tmp_path):
-    from inferx_edge.cli._common import DEFAULT_DATA
+    from inferx_edge.models import DEFAULT_DATA
     from inferx_edge.runtime import Engine
 
     with np.load(DEFAULT_DATA) as npz:

@@ -125,8 +125,8 @@ def test_mixed_on_the_embedded_model_meets_the_default_budget(tmp_path):
 def test_tune_tunes_the_kernels_build_compiles_for_each_precision():
     from tvm import relax
 
-    from inferx_edge.cli._common import DEFAULT_MODEL
     from inferx_edge.frontend import import_model
+    from inferx_edge.models import DEFAULT_MODEL
     from inferx_edge.tune.driver import TuneOptions, _precision_module
 
     im = import_model(DEFAULT_MODEL, {"image": (1, 1, 28, 28)})
@@ -134,7 +134,9 @@ def test_tune_tunes_the_kernels_build_compiles_for_each_precision():
     from inferx_edge.targets import get_target
 
     def dtypes(precision, target="x86-cpu"):
-        opts = TuneOptions(DEFAULT_MODEL, target, {"image": (1, 1, 28, 28)}, precision=precision)
+        opts = TuneOptions(
+            model=DEFAULT_MODEL, target=target, input_shapes={"image": (1, 1, 28, 28)}, precision=precision
+        )
         mod = relax.get_pipeline("zero")(_precision_module(im, get_target(target), opts, log=lambda *a: None))
         return " ".join(f.script() for gv, f in mod.functions_items() if "conv2d" in gv.name_hint)
 
@@ -143,7 +145,7 @@ def test_tune_tunes_the_kernels_build_compiles_for_each_precision():
     # CUDA variants run convolutions in NHWC: tuning sees the same kernels build compiles
     assert "conv2d_nhwc" in dtypes("int8", "h200") and "conv2d_nhwc" not in dtypes("int8")
     with pytest.raises(Exception, match="unknown precision 'int4'"):
-        TuneOptions(DEFAULT_MODEL, "x86-cpu", precision="int4")
+        TuneOptions(model=DEFAULT_MODEL, target="x86-cpu", precision="int4")
 
 
 def test_nhwc_int8_with_ohwi_weights_computes_the_same(tmp_path):
@@ -152,13 +154,15 @@ def test_nhwc_int8_with_ohwi_weights_computes_the_same(tmp_path):
     import tvm
     from tvm import relax
 
-    from inferx_edge.cli._common import DEFAULT_DATA, DEFAULT_MODEL
-    from inferx_edge.compiler.build import convert_layout
+    from inferx_edge.compiler.passes import convert_layout
     from inferx_edge.frontend import import_model
-    from inferx_edge.quantize.driver import apply_plan, make_plan
+    from inferx_edge.models import DEFAULT_DATA, DEFAULT_MODEL
+    from inferx_edge.quantize.driver import QuantOptions, apply_plan, make_plan
 
     base = import_model(DEFAULT_MODEL, {"image": (8, 1, 28, 28)})
-    plan = make_plan(DEFAULT_MODEL, {"image": (8, 1, 28, 28)}, base, None, "minmax", log=lambda *a: None)
+    plan = make_plan(
+        DEFAULT_MODEL, {"image": (8, 1, 28, 28)}, base, "int8", QuantOptions(calib_method="minmax"), log=lambda *a: None
+    )
     with np.load(DEFAULT_DATA) as npz:
         x = npz["holdout_images"][:8, None].astype(np.float32) / np.float32(255)
     outs = []
@@ -184,7 +188,7 @@ def test_nhwc_layout_keeps_relu6_and_quantize_clips_in_nhwc():
     import tvm
     from tvm import relax
 
-    from inferx_edge.compiler.build import convert_layout
+    from inferx_edge.compiler.passes import convert_layout
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType([2, 8, 10, 10], "float32"))
@@ -216,7 +220,7 @@ def test_onnx_clip_with_tensor_bounds_stays_in_nhwc(tmp_path):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from inferx_edge.compiler.build import convert_layout
+    from inferx_edge.compiler.passes import convert_layout
     from inferx_edge.frontend import import_model
 
     rng = np.random.default_rng(0)

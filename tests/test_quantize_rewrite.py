@@ -56,7 +56,7 @@ def test_int8_ops_legalize_to_int8_loads_and_int32_accumulation():
     import tvm
     from tvm import relax
 
-    from inferx_edge.cli._common import DEFAULT_MODEL
+    from inferx_edge.models import DEFAULT_MODEL
 
     im = import_model(DEFAULT_MODEL, {"image": (1, 1, 28, 28)})
     targets = find_targets(im.mod["main"])
@@ -80,7 +80,7 @@ def test_int8_ops_legalize_to_int8_loads_and_int32_accumulation():
 
 @pytest.mark.parametrize("method", ["minmax", "entropy", "mse"])
 def test_embedded_model_int8_accuracy_on_real_data(method):
-    from inferx_edge.cli._common import DEFAULT_DATA, DEFAULT_MODEL
+    from inferx_edge.models import DEFAULT_DATA, DEFAULT_MODEL
 
     with np.load(DEFAULT_DATA) as d:
         x = d["holdout_images"][:, None].astype(np.float32) / np.float32(255)
@@ -101,16 +101,22 @@ def test_embedded_model_int8_accuracy_on_real_data(method):
 
 
 def test_build_int8_variant_with_report_and_int8_weights(tmp_path):
-    from inferx_edge.cli._common import DEFAULT_MODEL
-    from inferx_edge.compiler import BuildOptions, build_artifact
+    from inferx_edge.build import BuildOptions, build_artifact
+    from inferx_edge.models import DEFAULT_MODEL
     from inferx_edge.package import open_artifact
+    from inferx_edge.quantize.driver import QuantOptions
     from inferx_edge.runtime import Engine
     from inferx_edge.targets import host_target_name
 
     out = tmp_path / "i8.ixa"
     build_artifact(
         BuildOptions(
-            DEFAULT_MODEL, host_target_name(), out, precisions=("fp32", "int8"), tuning=False, calib_method="minmax"
+            model=DEFAULT_MODEL,
+            target=host_target_name(),
+            output=out,
+            precisions=("fp32", "int8"),
+            tuning=False,
+            quant=QuantOptions(calib_method="minmax"),
         ),
         log=lambda *a: None,
     )

@@ -22,7 +22,7 @@ def _image(batch=1, dtype=np.float32):
 
 def test_run_matches_onnxruntime(default_artifact):
     ort = pytest.importorskip("onnxruntime")
-    from inferx_edge.cli._common import DEFAULT_MODEL
+    from inferx_edge.models import DEFAULT_MODEL
 
     x = _image()
     sess = ort.InferenceSession(str(DEFAULT_MODEL), providers=["CPUExecutionProvider"])

@@ -50,7 +50,7 @@ def test_jetson_targets_are_cross_compiled_a78_with_power_modes():
 
 
 def test_every_target_resolves_in_tvm():
-    from inferx_edge.compiler import resolve_tvm_target
+    from inferx_edge.compiler.compile import resolve_tvm_target
 
     for spec in TARGETS.values():
         target = resolve_tvm_target(spec)

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from inferx_edge.compiler import BuildOptions, build_artifact
+from inferx_edge.build import BuildOptions, build_artifact
+from inferx_edge.records import metaschedule as tdb
 from inferx_edge.runtime import Engine
 from inferx_edge.targets import get_target, host_target_name
 from inferx_edge.tune import TuneOptions, tune_model
-from inferx_edge.tune import database as tdb
 from tests.conftest import REPO, cli
 
 QUIET = {"log": lambda *a: None}
@@ -73,7 +73,7 @@ def test_tune_then_build_applies_records(mlp, tmp_path):
     assert again.trials_run == 0 and again.trials_before >= 8
 
     out = tmp_path / "tuned.ixa"
-    build_artifact(BuildOptions(mlp, host_target_name(), out, tuning_root=tmp_path), **QUIET)
+    build_artifact(BuildOptions(model=mlp, target=host_target_name(), output=out, tuning_root=tmp_path), **QUIET)
     x = np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32)
     with Engine(out) as e:
         v = e.variant
@@ -83,7 +83,9 @@ def test_tune_then_build_applies_records(mlp, tmp_path):
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
 
     untuned = tmp_path / "untuned.ixa"
-    build_artifact(BuildOptions(mlp, host_target_name(), untuned, tuning=False, tuning_root=tmp_path), **QUIET)
+    build_artifact(
+        BuildOptions(model=mlp, target=host_target_name(), output=untuned, tuning=False, tuning_root=tmp_path), **QUIET
+    )
     with Engine(untuned) as e:
         assert not e.variant.tuned
 
@@ -152,7 +154,7 @@ def test_prune_keeps_best_and_remembers_trials(mlp, tmp_path):
     assert more.trials_run > 0 and not packed.exists() and (summary.work_dir / tdb.WORKLOADS).exists()
     assert sum(s["trials"] for s in tdb.trials_per_workload(summary.work_dir).values()) == n_after + more.trials_run
     out = tmp_path / "pruned.ixa"
-    build_artifact(BuildOptions(mlp, host_target_name(), out, tuning_root=tmp_path), **QUIET)
+    build_artifact(BuildOptions(model=mlp, target=host_target_name(), output=out, tuning_root=tmp_path), **QUIET)
     with Engine(out) as e:
         assert e.variant.extra["tuning"]["kernels_tuned"] >= 1
 

@@ -5,12 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from inferx_edge.models import DEFAULT_MODEL
+from inferx_edge.quantize.calibration import OBSERVERS
 from inferx_edge.targets import host_target_name
-
-MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
-#: The embedded default model (a Fashion-MNIST CNN) and its labelled holdout set.
-DEFAULT_MODEL = MODELS_DIR / "fmnist_cnn.onnx"
-DEFAULT_DATA = MODELS_DIR / "fmnist_data.npz"
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,7 +34,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def default_output(model: Path, target: str) -> Path:
-    return Path("build") / f"{model.stem}-{target}.ixa"
+    from inferx_edge.evaluate import default_output as stage_default
+
+    return stage_default(model, target)
 
 
 def add_quantization_arguments(p: argparse.ArgumentParser, plan: bool = True) -> None:
@@ -52,7 +51,7 @@ def add_quantization_arguments(p: argparse.ArgumentParser, plan: bool = True) ->
     p.add_argument(
         "--calib-method",
         default="entropy",
-        choices=["minmax", "percentile", "entropy", "mse"],
+        choices=list(OBSERVERS),
         help="int8 activation calibration (default entropy)",
     )
     p.add_argument(
@@ -97,7 +96,7 @@ def add_quantization_arguments(p: argparse.ArgumentParser, plan: bool = True) ->
         )
 
 
-#: BuildOptions fields set by :func:`add_quantization_arguments` (same names as the parsed arguments).
+#: QuantOptions fields set by :func:`add_quantization_arguments` (same names as the parsed arguments).
 QUANTIZATION_OPTIONS = (
     "calib",
     "calib_method",
@@ -110,6 +109,9 @@ QUANTIZATION_OPTIONS = (
 )
 
 
-def quantization_options(args: argparse.Namespace) -> dict:
-    """The quantization arguments as ``BuildOptions`` keywords."""
-    return {name: getattr(args, name) for name in QUANTIZATION_OPTIONS}
+def quantization_options(args: argparse.Namespace, **overrides):
+    """The quantization arguments as a :class:`~inferx_edge.quantize.driver.QuantOptions`."""
+    from inferx_edge.quantize.driver import QuantOptions
+
+    values = {name: getattr(args, name) for name in QUANTIZATION_OPTIONS if hasattr(args, name)}
+    return QuantOptions(**(values | overrides))

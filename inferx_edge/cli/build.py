@@ -6,12 +6,12 @@ import argparse
 from pathlib import Path
 
 from inferx_edge.cli._common import (
-    DEFAULT_MODEL,
     add_model_arguments,
     add_quantization_arguments,
     default_output,
     quantization_options,
 )
+from inferx_edge.models import DEFAULT_MODEL
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tuning-logs", type=Path, default=None, help="database root (default: tuning_logs/)")
     p.add_argument(
         "--cuda-code",
-        choices=["cubin", "ptx"],
+        choices=["cubin", "ptx"],  # CUDA_CODE_FORMATS (not imported here: --help stays instant)
         default="cubin",
         help="CUDA targets: cubin for the exact GPU (default) or PTX the driver JIT-compiles",
     )
@@ -60,7 +60,7 @@ def _batch_sizes(value: str | None) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from inferx_edge.compiler.build import BuildOptions, build_artifact
+    from inferx_edge.build import BuildOptions, build_artifact
     from inferx_edge.frontend import parse_input_shapes
     from inferx_edge.targets import get_target, host_target_name
 
@@ -72,13 +72,12 @@ def run(args: argparse.Namespace) -> int:
         target=spec.name,
         output=output,
         input_shapes=parse_input_shapes(args.input_shape),
-        precision=args.precision.split(",")[0],
         precisions=tuple(args.precision.split(",")),
         batch_sizes=_batch_sizes(args.batch_sizes),
         cuda_code=args.cuda_code,
         cuda_graph=not args.no_cuda_graph,
         tuning=not args.no_tuning,
-        **quantization_options(args),
+        quant=quantization_options(args),
         tuning_root=args.tuning_logs,
     )
     manifest = build_artifact(opts)

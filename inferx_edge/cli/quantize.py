@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from inferx_edge.cli._common import DEFAULT_MODEL, add_model_arguments, add_quantization_arguments
+from inferx_edge.cli._common import add_model_arguments, add_quantization_arguments, quantization_options
+from inferx_edge.models import DEFAULT_MODEL
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,19 +40,7 @@ def run(args: argparse.Namespace) -> int:
     max_drop = args.max_accuracy_drop
     if max_drop is None and args.precision == "int8":
         max_drop = 100.0  # measure and report; any drop is accepted
-    plan = make_plan(
-        model,
-        shapes,
-        base,
-        args.calib,
-        args.calib_method,
-        args.precision,
-        max_drop,
-        args.min_int8_share,
-        args.eval_data,
-        args.allow_over_budget,
-        float_between_layers=args.float_between_layers,
-    )
+    plan = make_plan(model, shapes, base, args.precision, quantization_options(args, max_accuracy_drop=max_drop))
     if plan.accuracy is None:
         print(format_table(plan.layers))
     output = args.output or Path("build") / f"{model.stem}.quant.json"

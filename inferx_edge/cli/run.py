@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from inferx_edge.data import load_arrays
 from inferx_edge.errors import InputError, UsageError
 
 
@@ -34,13 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=50, help="timed runs (default 50); 0 skips timing")
 
 
-def _load_array(path: str) -> np.ndarray:
-    try:
-        return np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise UsageError(f"input file not found: {path}") from None
-    except (ValueError, OSError) as exc:
-        raise InputError(f"cannot read input file {path} as a .npy/.npz array: {exc}") from exc
+def _load_array(path: str) -> np.ndarray | dict[str, np.ndarray]:
+    return load_arrays(path, "input file", error=InputError, missing=UsageError, hint=" as a .npy/.npz array")
 
 
 def _read_inputs(values: list[str], names: list[str]) -> dict[str, np.ndarray]:
@@ -50,9 +46,8 @@ def _read_inputs(values: list[str], names: list[str]) -> dict[str, np.ndarray]:
         if not sep:
             name, path = "", value
         data = _load_array(path)
-        if isinstance(data, np.lib.npyio.NpzFile):
-            with data:
-                inputs.update({k: data[k] for k in data.files})
+        if isinstance(data, dict):
+            inputs.update(data)
             continue
         if not name:
             if len(names) != 1:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from inferx_edge.cli._common import DEFAULT_MODEL, add_model_arguments
+from inferx_edge.cli._common import add_model_arguments, quantization_options
+from inferx_edge.models import DEFAULT_MODEL
+from inferx_edge.quantize.calibration import OBSERVERS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -14,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--precision", default="fp32", help="precision to tune: fp32, fp16, int8 or mixed, as built (default fp32)"
     )
     p.add_argument("--calib", type=Path, default=None, help="int8/mixed: calibration data (see build --help)")
-    p.add_argument("--calib-method", default="entropy", choices=["minmax", "percentile", "entropy", "mse"])
+    p.add_argument("--calib-method", default="entropy", choices=list(OBSERVERS))
     p.add_argument("--quant-plan", type=Path, default=None, help="int8/mixed: a plan written by 'quantize'")
     p.add_argument("--float-between-layers", action="store_true", help="int8/mixed: as build --float-between-layers")
     p.add_argument(
@@ -45,9 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from inferx_edge.frontend import parse_input_shapes
+    from inferx_edge.records.metaschedule import prune
     from inferx_edge.targets import get_target, host_target_name
     from inferx_edge.tune import TuneOptions, tune_model
-    from inferx_edge.tune.database import prune
     from inferx_edge.tune.driver import print_summary
     from inferx_edge.tune.runners import RPCSettings
 
@@ -64,10 +66,7 @@ def run(args: argparse.Namespace) -> int:
         per_iter=args.per_iter,
         rpc=rpc,
         root=args.tuning_logs,
-        calib=args.calib,
-        calib_method=args.calib_method,
-        quant_plan=args.quant_plan,
-        float_between_layers=args.float_between_layers,
+        quant=quantization_options(args),
         search=args.search,
     )
     if opts.search == "tiles":

@@ -1,5 +1,6 @@
-"""Compilation: Relax pipeline, ahead-of-time build per target, export of the shared library, packaging."""
+"""Compilation of one variant: the Relax rewrites (``passes/``), the layout policy and variant preparation
+(``variant.py``), tuning records applied (``tuning.py``), the CUDA pipeline and device compiler
+(``cuda/``), and ahead-of-time compilation + export per target (``compile.py``).
 
-from inferx_edge.compiler.build import BuildOptions, build_artifact, compile_variant, resolve_tvm_target
-
-__all__ = ["BuildOptions", "build_artifact", "compile_variant", "resolve_tvm_target"]
+The build stage that packages variants into an artifact is :mod:`inferx_edge.build`.
+"""

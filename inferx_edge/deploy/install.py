@@ -14,26 +14,16 @@ new symlink over it. An interrupted upload or a checksum mismatch leaves ``curre
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
 
+from inferx_edge.deploy.result import DeployResult
 from inferx_edge.deploy.transports import DeployError, LocalTransport, SSHTransport
 from inferx_edge.errors import UsageError
 from inferx_edge.package import read_manifest
 from inferx_edge.package.bundle import sha256_file
 
 SCHEMES = ("ssh://user@host[:port]/dir", "rpc://tracker-host:port/key", "a local directory")
-
-
-@dataclass
-class DeployResult:
-    destination: str
-    installed: str | None
-    previous: str | None
-    sha256: str | None
-    selftest: str | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def parse_destination(dest: str, ssh_options: list[str] | None = None):

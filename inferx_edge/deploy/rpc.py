@@ -19,7 +19,7 @@ from inferx_edge.package import open_artifact
 
 
 def deploy_rpc(artifact: Path, host: str, port: int, key: str, *, repeat: int = 20, log=print):
-    from inferx_edge.deploy.install import DeployResult
+    from inferx_edge.deploy.result import DeployResult
     from inferx_edge.runtime._tvm import import_tvm_runtime
 
     tvm = import_tvm_runtime()

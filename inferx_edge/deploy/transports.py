@@ -13,13 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path, PurePosixPath
 
-from inferx_edge.errors import InferxError
-
-
-class DeployError(InferxError):
-    """A deploy step failed on the way to, or on, the device."""
-
-    exit_code = 7
+from inferx_edge.errors import DeployError  # noqa: F401  (re-exported)
 
 
 class LocalTransport:

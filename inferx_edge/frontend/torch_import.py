@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from inferx_edge.errors import ModelError
-from inferx_edge.frontend.model import ImportedModel, finish_import
+from inferx_edge.frontend.imported import ImportedModel, finish_import
 from inferx_edge.frontend.shapes import resolve_shapes
 
 

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import numpy as np
 
-from inferx_edge.errors import BudgetError, UsageError
+from inferx_edge import models
+from inferx_edge.data import load_arrays
+from inferx_edge.errors import BudgetError, UsageError, check_choice
 from inferx_edge.frontend import ImportedModel, import_model
 from inferx_edge.quantize.calibration import OBSERVERS, check_calibration_batch
-from inferx_edge.quantize.rewrite import calibrate, find_targets, quantize_imported
+from inferx_edge.quantize.rewrite import calibrate, find_targets, qdq_weights, quantize_imported
 
 CALIB_CHUNK = 16
 #: Default top-1 budget (points) of ``--precision mixed`` without ``--max-accuracy-drop``.
@@ -23,14 +25,11 @@ DEFAULT_MAX_DROP = 0.5
 def load_calibration(path: Path | None, model: Path, inputs) -> dict[str, np.ndarray]:
     """Samples per input name: an .npz keyed by input name (or holding one array), an .npy (single-input
     models), or a directory of those (concatenated). Without a path, the embedded model's own set."""
-    from inferx_edge.cli._common import DEFAULT_DATA, DEFAULT_MODEL
-
     names = [s.name for s in inputs]
     if path is None:
-        if Path(model).resolve() != DEFAULT_MODEL.resolve():
+        if not models.is_default_model(model):
             raise UsageError("--precision int8 needs calibration data: --calib FILE.npz|FILE.npy|DIR")
-        with np.load(DEFAULT_DATA) as d:
-            return {names[0]: d["calib_images"][:, None].astype(np.float32) / np.float32(255)}
+        return {names[0]: models.calibration_images()}
     path = Path(path)
     if not path.exists():
         raise UsageError(f"calibration data not found: {path}")
@@ -39,26 +38,59 @@ def load_calibration(path: Path | None, model: Path, inputs) -> dict[str, np.nda
         raise UsageError(f"no .npy/.npz files in {path}")
     parts: dict[str, list[np.ndarray]] = {n: [] for n in names}
     for f in files:
-        try:
-            data = np.load(f, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"cannot read calibration file {f}: {exc}") from exc
-        if isinstance(data, np.lib.npyio.NpzFile):
-            with data:
-                keys = data.files
-                if len(names) == 1 and len(keys) == 1:
-                    parts[names[0]].append(data[keys[0]])
-                else:
-                    missing = [n for n in names if n not in keys]
-                    if missing:
-                        raise UsageError(f"{f} lacks calibration arrays for inputs {missing} (has {keys})")
-                    for n in names:
-                        parts[n].append(data[n])
+        data = load_arrays(f, "calibration file")
+        if isinstance(data, dict):
+            keys = list(data)
+            if len(names) == 1 and len(keys) == 1:
+                parts[names[0]].append(data[keys[0]])
+            else:
+                missing = [n for n in names if n not in keys]
+                if missing:
+                    raise UsageError(f"{f} lacks calibration arrays for inputs {missing} (has {keys})")
+                for n in names:
+                    parts[n].append(data[n])
         else:
             if len(names) != 1:
                 raise UsageError(f"{f}: a .npy holds one input; this model has {names}: use .npz keyed by name")
             parts[names[0]].append(data)
     return {n: np.concatenate(v) for n, v in parts.items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuantOptions:
+    """How int8/mixed variants are calibrated and what accuracy they must keep (shared by ``quantize``,
+    ``build``, ``tune`` and ``evaluate``).
+
+    Attributes
+    ----------
+    calib : calibration data: ``.npz`` keyed by input name, ``.npy``, or a directory of them (default
+        for the embedded model: its calibration images).
+    calib_method : activation calibration, one of :data:`~inferx_edge.quantize.calibration.OBSERVERS`.
+    quant_plan : a plan written by ``quantize``: applied as is, nothing recalibrated.
+    max_accuracy_drop : top-1 budget in points against fp32 (mixed default: :data:`DEFAULT_MAX_DROP`;
+        int8: checked against it when given).
+    min_int8_share : mixed: the budget counts as unmet below this share of conv/matmul MACs in int8.
+    eval_data : data the budget is measured on (default: the embedded holdout, else the calibration data).
+    allow_over_budget : keep the best mix found (with a warning) when the budget cannot be met.
+    float_between_layers : activations stay float between int8 layers (default: int8 where every reader
+        is an int8 layer).
+    """
+
+    calib: Path | None = None
+    calib_method: str = "entropy"
+    quant_plan: Path | None = None
+    max_accuracy_drop: float | None = None
+    min_int8_share: float = 0.5
+    eval_data: Path | None = None
+    allow_over_budget: bool = False
+    float_between_layers: bool = False
+
+    def __post_init__(self) -> None:
+        check_choice("calibration method", self.calib_method, OBSERVERS)
+        if self.max_accuracy_drop is not None and self.max_accuracy_drop < 0:
+            raise UsageError(f"--max-accuracy-drop must be >= 0 points, got {self.max_accuracy_drop}")
+        if not 0 <= self.min_int8_share <= 1:
+            raise UsageError(f"--min-int8-share must be within 0..1, got {self.min_int8_share}")
 
 
 PLAN_SCHEMA = 1
@@ -123,15 +155,10 @@ def make_plan(
     model: Path,
     input_shapes: dict,
     base: ImportedModel,
-    calib: Path | None,
-    method: str,
     precision: str = "int8",
-    max_drop: float | None = None,
-    min_int8_share: float = 0.5,
-    eval_data: Path | None = None,
-    allow_over_budget: bool = False,
+    opts: QuantOptions | None = None,
+    *,
     log=print,
-    float_between_layers: bool = False,
 ) -> QuantPlan:
     """Calibrate ``model``; for ``mixed`` (or an ``int8`` with a budget) measure per-layer sensitivity
     and keep the most sensitive layers in float until the top-1 drop is within ``max_drop`` points.
@@ -139,16 +166,12 @@ def make_plan(
     A budget that cannot be met raises :class:`BudgetError`, unless ``allow_over_budget`` (then the
     best mix found is returned, with a warning).
     """
-    if method not in OBSERVERS:
-        raise UsageError(f"unknown calibration method '{method}'; valid: {', '.join(OBSERVERS)}")
-    if precision not in ("int8", "mixed"):
-        raise UsageError(f"quantization plans are for int8 or mixed precision, not '{precision}'")
+    opts = opts or QuantOptions()
+    check_choice("quantization precision", precision, ("int8", "mixed"))
+    calib, method, min_int8_share = opts.calib, opts.calib_method, opts.min_int8_share
+    max_drop = opts.max_accuracy_drop
     if precision == "mixed" and max_drop is None:
         max_drop = DEFAULT_MAX_DROP
-    if max_drop is not None and max_drop < 0:
-        raise UsageError(f"--max-accuracy-drop must be >= 0 points, got {max_drop}")
-    if not 0 <= min_int8_share <= 1:
-        raise UsageError(f"--min-int8-share must be within 0..1, got {min_int8_share}")
     qdq = base.qdq if base.qdq is not None and base.qdq.activations else None
     data = None
     if qdq is None or calib is not None:
@@ -176,7 +199,7 @@ def make_plan(
         log(f"      calibrating {len(targets)} layers on {len(batches) * chunk} samples ({method})")
         amax = calibrate(probe_model, targets, batches, method)
         plan = QuantPlan(base.sha256, method, len(batches) * chunk, amax)
-    plan.int8_between_layers = not float_between_layers
+    plan.int8_between_layers = not opts.float_between_layers
     macs = {t.key: _macs(base, t) for t in base_targets}
     total = sum(macs.values()) + _other_macs(base, {t.name for t in base_targets})
     if max_drop is None:
@@ -187,7 +210,7 @@ def make_plan(
         return plan
     from inferx_edge.quantize.mixed import choose_mix, format_table, load_eval_set
 
-    eval_set = load_eval_set(eval_data, model, base.inputs, data)
+    eval_set = load_eval_set(opts.eval_data, model, base.inputs, data)
     if precision == "int8":  # no float fallback allowed: only check the budget
         min_int8_share = 1.0
     mix = choose_mix(
@@ -215,7 +238,7 @@ def make_plan(
             if a["drop"] <= max_drop
             else f"drop {a['drop']:.2f} points > {max_drop}"
         )
-        if not allow_over_budget:
+        if not opts.allow_over_budget:
             raise BudgetError(
                 f"accuracy budget not met ({why}); {summary}. Nothing written. Raise "
                 f"--max-accuracy-drop, lower --min-int8-share, or pass --allow-over-budget to keep "
@@ -227,28 +250,23 @@ def make_plan(
 
 
 def resolve_plan(
-    model: Path,
-    input_shapes: dict,
-    base: ImportedModel,
-    precision: str,
-    quant_plan: Path | None = None,
-    calib: Path | None = None,
-    calib_method: str = "entropy",
-    max_drop: float | None = None,
-    min_int8_share: float = 0.5,
-    eval_data: Path | None = None,
-    allow_over_budget: bool = False,
-    log=print,
-    float_between_layers: bool = False,
+    model: Path, input_shapes: dict, base: ImportedModel, precision: str, opts: QuantOptions | None = None, *, log=print
 ) -> QuantPlan:
-    """The plan ``build`` and ``tune`` quantize ``precision`` by: ``quant_plan`` when given, else a new one."""
-    if quant_plan is not None:
-        log(f"      {precision}: quantization plan {quant_plan}")
-        return QuantPlan.load(quant_plan, base.sha256)
-    return make_plan(
-        model, input_shapes, base, calib, calib_method, precision, max_drop, min_int8_share, eval_data,
-        allow_over_budget, log, float_between_layers,
-    )  # fmt: skip
+    """The plan ``build`` and ``tune`` quantize ``precision`` by: ``opts.quant_plan`` when given, else a new one."""
+    opts = opts or QuantOptions()
+    if opts.quant_plan is not None:
+        log(f"      {precision}: quantization plan {opts.quant_plan}")
+        return QuantPlan.load(opts.quant_plan, base.sha256)
+    return make_plan(model, input_shapes, base, precision, opts, log=log)
+
+
+def quantizer(plan: QuantPlan, precision: str):
+    """``plan`` as the ``quantize`` callable of :func:`~inferx_edge.compiler.variant.prepare_variant`."""
+
+    def quantize(imported: ImportedModel, kernel_layout: str) -> tuple[ImportedModel, dict]:
+        return apply_plan(imported, plan, precision, kernel_layout)
+
+    return quantize
 
 
 def apply_plan(
@@ -284,24 +302,6 @@ def apply_plan(
         int8 += macs if t.key not in keep else 0
     total = sum(r["macs"] for r in layers) + _other_macs(imported, {t.name for t in targets})
     return q, plan.report() | {"layers": layers, "int8_mac_share": int8 / total if total else 0.0}
-
-
-def qdq_weights(imported: ImportedModel, targets) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
-    """A QDQ model's own int8 weights and per-output-channel scales for ``targets`` (by key)."""
-    if imported.qdq is None:
-        return None
-    fixed = {}
-    for t in targets:
-        if t.weight.name not in imported.qdq.weights:
-            continue
-        q, scale, axis = imported.qdq.weights[t.weight.name]
-        channels = q.shape[t.channel_axis]
-        if np.ndim(scale) == 0:
-            fixed[t.key] = (q, np.full(channels, float(scale), np.float32))
-        elif axis % q.ndim == t.channel_axis and len(scale) == channels:
-            fixed[t.key] = (q, scale.astype(np.float32))
-        # scales along another axis: requantized per output channel from the dequantized weight
-    return fixed
 
 
 def _shape(expr) -> list[int]:

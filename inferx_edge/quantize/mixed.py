@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from inferx_edge import models
+from inferx_edge.data import load_arrays
 from inferx_edge.errors import UsageError
 
 
@@ -44,23 +46,21 @@ def load_eval_set(path: Path | None, model: Path, inputs, calib: dict[str, np.nd
     """The data that measures accuracy: ``path`` (.npz with one array per input name, or ``x``, plus
     optional integer ``labels``/``y``); else the embedded model's labelled holdout; else the calibration
     data without labels."""
-    from inferx_edge.cli._common import DEFAULT_MODEL
-    from inferx_edge.cli.evaluate import load_holdout
     from inferx_edge.quantize.calibration import check_calibration_batch
 
     names = [s.name for s in inputs]
     if path is None:
-        if Path(model).resolve() == DEFAULT_MODEL.resolve():
-            x, y, description = load_holdout(None)
-            return EvalSet({names[0]: x}, y, description)
+        if models.is_default_model(model):
+            x, y = models.holdout()
+            return EvalSet({names[0]: x}, y, models.HOLDOUT_DESCRIPTION)
         if calib is None:
             raise UsageError("measuring an accuracy budget needs data: --eval-data FILE.npz (or --calib)")
         return EvalSet(calib, None, "calibration data (no labels)")
-    try:
-        with np.load(path, allow_pickle=False) as d:
-            arrays = {k: d[k] for k in d.files}
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read evaluation data {path}: {exc}") from exc
+    arrays = load_arrays(path, "evaluation data")
+    if not isinstance(arrays, dict):
+        raise UsageError(
+            f"evaluation data {path}: expected an .npz with one array per input (and 'labels'), got a .npy"
+        )
     labels = arrays.pop("labels", arrays.pop("y", None))
     if len(names) == 1 and names[0] not in arrays and "x" in arrays:
         arrays[names[0]] = arrays.pop("x")
@@ -156,8 +156,7 @@ def choose_mix(
     accuracy and every chosen mix are measured on real int8 compiles, as ``build`` makes them
     (``int8_between_layers`` included)."""
     from inferx_edge.frontend import import_model
-    from inferx_edge.quantize.driver import qdq_weights
-    from inferx_edge.quantize.rewrite import find_targets, quantize_imported
+    from inferx_edge.quantize.rewrite import find_targets, qdq_weights, quantize_imported
 
     shapes = {**input_shapes, **{s.name: (chunk, *s.shape[1:]) for s in base.inputs}}
     imported = import_model(model, shapes)

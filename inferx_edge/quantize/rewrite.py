@@ -346,7 +346,7 @@ def quantize_imported(
         attrs = tvm.ir.make_node("ir.DictAttrs", **{**dict(func.attrs), "num_input": num_input + 1})
     new_func = relax.Function(new_params, body, ret_ty=func.ret_ty, attrs=attrs)
     mod = relax.transform.Normalize()(with_main(imported.mod, new_func))
-    from inferx_edge.frontend.model import ImportedModel as IM
+    from inferx_edge.frontend.imported import ImportedModel as IM
 
     return IM(
         imported.name,
@@ -359,3 +359,21 @@ def quantize_imported(
         imported.inputs,
         imported.outputs,
     )
+
+
+def qdq_weights(imported: ImportedModel, targets) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
+    """A QDQ model's own int8 weights and per-output-channel scales for ``targets`` (by key)."""
+    if imported.qdq is None:
+        return None
+    fixed = {}
+    for t in targets:
+        if t.weight.name not in imported.qdq.weights:
+            continue
+        q, scale, axis = imported.qdq.weights[t.weight.name]
+        channels = q.shape[t.channel_axis]
+        if np.ndim(scale) == 0:
+            fixed[t.key] = (q, np.full(channels, float(scale), np.float32))
+        elif axis % q.ndim == t.channel_axis and len(scale) == channels:
+            fixed[t.key] = (q, scale.astype(np.float32))
+        # scales along another axis: requantized per output channel from the dequantized weight
+    return fixed

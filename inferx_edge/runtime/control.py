@@ -10,12 +10,8 @@ import os
 import shutil
 import subprocess
 
-from inferx_edge.errors import InferxError, UsageError
+from inferx_edge.errors import ControlError, UsageError  # noqa: F401  (ControlError re-exported)
 from inferx_edge.runtime.telemetry.jetson import current_power_mode, power_modes
-
-
-class ControlError(InferxError):
-    exit_code = 9
 
 
 def _require(allowed: bool, what: str) -> None:

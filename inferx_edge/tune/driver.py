@@ -16,10 +16,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inferx_edge.errors import UsageError
+from inferx_edge.compiler.variant import PRECISIONS, QUANTIZED
+from inferx_edge.errors import UsageError, check_choice
 from inferx_edge.frontend import import_model
+from inferx_edge.quantize.driver import QuantOptions
+from inferx_edge.records import metaschedule as tdb
 from inferx_edge.targets import get_target
-from inferx_edge.tune import database as tdb
 from inferx_edge.tune.runners import RPCSettings, check_local_measurement, rpc_from_config
 
 #: what ``tune`` searches: MetaSchedule's schedule space for every kernel, or (CUDA fp16/int8/mixed) the
@@ -30,15 +32,15 @@ SEARCHES = ("metaschedule", "tiles", "int8-tiles")
 TILE_PRECISIONS = ("fp16", "int8", "mixed")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TuneOptions:
     """What to tune and how long.
 
     Attributes
     ----------
     model, target, input_shapes, precision : as for ``build``; the kernels tuned are the ones ``build``
-        compiles for that precision (fp16 after mixed precision, int8/mixed after quantization with
-        ``calib``/``calib_method`` or ``quant_plan``, as ``build`` does).
+        compiles for that precision (fp16 after mixed precision, int8/mixed after quantization by
+        ``quant``, as ``build`` does).
     trials : total measured candidates the database should hold for this model (a resumed run only
         adds what is missing).
     minutes : wall-clock limit for this run (None: until ``trials``).
@@ -61,19 +63,12 @@ class TuneOptions:
     rpc: RPCSettings | None = None
     root: Path | None = None
     seed: int | None = None
-    calib: Path | None = None
-    calib_method: str = "entropy"
-    quant_plan: Path | None = None
-    float_between_layers: bool = False
+    quant: QuantOptions = field(default_factory=QuantOptions)
     search: str = "metaschedule"
 
     def __post_init__(self) -> None:
-        from inferx_edge.compiler.build import PRECISIONS
-
-        if self.precision not in PRECISIONS:
-            raise UsageError(f"unknown precision '{self.precision}'; valid: {', '.join(PRECISIONS)}")
-        if self.search not in SEARCHES:
-            raise UsageError(f"unknown search '{self.search}'; valid: {', '.join(SEARCHES)}")
+        check_choice("precision", self.precision, PRECISIONS)
+        check_choice("search", self.search, SEARCHES)
         if self.search == "int8-tiles":
             object.__setattr__(self, "search", "tiles")
         if self.search == "tiles":
@@ -94,18 +89,15 @@ class TuneOptions:
 def _precision_module(imported, spec, opts: TuneOptions, log):
     """The Relax module ``build`` compiles for ``opts.precision`` on ``spec`` (same rewrites, same
     layouts, same kernels)."""
-    from inferx_edge.compiler.build import conv_kernel_layout, conv_layout, prepare_module, quant_kernel_layout
+    from inferx_edge.compiler.variant import prepare_variant, variant_layout
 
-    if opts.precision in ("int8", "mixed"):
-        from inferx_edge.quantize.driver import apply_plan, resolve_plan
+    quantize = None
+    if opts.precision in QUANTIZED:
+        from inferx_edge.quantize.driver import quantizer, resolve_plan
 
-        plan = resolve_plan(
-            opts.model, opts.input_shapes, imported, opts.precision, opts.quant_plan, opts.calib, opts.calib_method,
-            log=log, float_between_layers=opts.float_between_layers,
-        )  # fmt: skip
-        imported = apply_plan(imported, plan, opts.precision, quant_kernel_layout(spec, opts.precision))[0]
-    layout, kernel_layout = conv_layout(spec, opts.precision), conv_kernel_layout(spec)
-    return prepare_module(imported, None, opts.precision, layout=layout, kernel_layout=kernel_layout)[0]
+        plan = resolve_plan(opts.model, opts.input_shapes, imported, opts.precision, opts.quant, log=log)
+        quantize = quantizer(plan, opts.precision)
+    return prepare_variant(imported, variant_layout(spec, opts.precision), quantize=quantize).mod
 
 
 @dataclass
@@ -168,8 +160,8 @@ def tune_tiles(opts: TuneOptions, log=print):
 def tune_model(opts: TuneOptions, log=print) -> TuneSummary:
     from tvm.s_tir import meta_schedule as ms
 
-    from inferx_edge.compiler.build import resolve_tvm_target
-    from inferx_edge.tune._intrin import import_tensor_intrinsics
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
     from inferx_edge.tune.builder import PersistentBuilder
     from inferx_edge.tune.progress import Progress, TimeLimitReached
 

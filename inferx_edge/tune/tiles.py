@@ -1,9 +1,9 @@
 """``tune --search tiles``: measure the tensor-core tiles of a CUDA model kernel by kernel.
 
 Build schedules every int8 and fp16 GEMM and implicit-GEMM convolution (sm_80+) with
-:func:`~inferx_edge.compiler.cuda_pipeline.tensor_core_schedule`, its tile picked by a rule
-(:func:`~inferx_edge.compiler.cuda_pipeline.int8_config_for`). This search compiles each kernel with
-every candidate tile (:func:`~inferx_edge.compiler.cuda_pipeline.tile_candidates`: tile sizes,
+:func:`~inferx_edge.compiler.cuda.tensor_core_schedule`, its tile picked by a rule
+(:func:`~inferx_edge.compiler.cuda.tile_for`). This search compiles each kernel with
+every candidate tile (:func:`~inferx_edge.compiler.cuda.tile_candidates`: tile sizes,
 cp.async pipeline, 128-deep stages, 16-byte predicated loads), runs them on the GPU, keeps the fastest
 whose outputs match the default tile's (int8: equal; fp16: within :data:`FP16_MATCH` of the largest
 output), and records it in ``tiles.json`` beside the model's MetaSchedule database (one directory per
@@ -23,146 +23,22 @@ this process times them on the GPU, one at a time, with TVM's time evaluator (me
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
-import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from inferx_edge.compiler.tuning import TileGroup, tile_groups
 from inferx_edge.errors import UsageError
-from inferx_edge.package.atomic import atomic_write
+from inferx_edge.records.tiles import FORMAT, KERNEL_VERSION, _tiles_path, load_tiles, save_tiles
 
-TILES_FILE = "tiles.json"
-#: the name int8-only releases gave the file
-LEGACY_TILES_FILE = "int8_tiles.json"
 #: fp16 candidates match the default tile when every output is within this fraction of the largest
 #: output magnitude (accumulation order differs between tiles; a wrong tile is off by whole terms)
 FP16_MATCH = 1e-2
-FORMAT = 1
-#: version of the kernels the candidates compile to, kept in each group's record (``kernel_version``;
-#: none: 1). A group timed with an older version is measured again in full: its timings no longer
-#: describe what build compiles. 2: the cp.async pipeline's copies spread over the math steps
-#: (:func:`~inferx_edge.compiler.cuda.interleave_pipelined_copies`); 3: only where two or more
-#: stages are in flight (``async3``, ``async4``)
-KERNEL_VERSION = 3
-
-
-def tile_key(script: str) -> str:
-    """A name for what decides a kernel's best tile: its TIR (``func.script()``) without the kernel's
-    name, its parameter names and its float constants (16 hex digits)."""
-    text = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("#"))
-    sig = re.search(r"def (\w+)\((.*?)\):\n", text, re.S)
-    if sig:
-        names = [sig.group(1)] + re.findall(r"(\w+): T\.(?:Buffer|handle)", sig.group(2))
-        for n, name in enumerate(names):
-            text = re.sub(rf"\b{re.escape(name)}\b", f"__p{n}__", text)
-    text = re.sub(r"T\.float(16|32|64)\([^()]*\)", r"T.float\1(c)", text)
-    text = re.sub(r"(?<![\w.])(?:\d+\.\d*|\d+(?=e[-+]?\d))(?:e[-+]?\d+)?", "c", text)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-@dataclass
-class TileGroup:
-    """Kernels sharing a tile key: one is measured, all get its tile."""
-
-    key: str
-    extents: list[int]
-    input_padded: bool  # the convolution pads its input (predicated activation loads with any tile)
-    func: object  # the first kernel's PrimFunc
-    kernels: list[str] = field(default_factory=list)
-    weights_along_k: bool = True  # 16-byte weight loads apply (cuda_pipeline.weights_along_k)
-    int8: bool = True  # int8 operands (fp16 ones do not get the 8-warp tiles: too much shared memory)
-
-
-def tile_groups(mod) -> list[TileGroup]:
-    """The tensor-core kernels (int8 and fp16) of a legalized, fused module (not yet scheduled), by
-    tile key, in module order."""
-    import tvm
-
-    from inferx_edge.compiler.cuda_pipeline import is_int8_gemm, tile_gemm_extents, weights_along_k
-
-    groups: dict[str, TileGroup] = {}
-    for gv, func in mod.functions_items():
-        if not isinstance(func, tvm.tirx.PrimFunc) or (func.attrs is not None and "tirx.is_scheduled" in func.attrs):
-            continue
-        extents = tile_gemm_extents(func)
-        if extents is None:
-            continue
-        script = func.script()
-        key = tile_key(script)
-        if key not in groups:
-            groups[key] = TileGroup(
-                key, list(extents), "if_then_else" in script, func, [], weights_along_k(func), is_int8_gemm(func)
-            )
-        groups[key].kernels.append(gv.name_hint)
-    return list(groups.values())
-
-
-def load_tiles(work_dir: Path, warn=lambda m: print(f"warning: {m}", file=sys.stderr), repair: bool = True) -> dict:
-    """The tile records of a database directory ({} when there are none). A file that does not parse
-    is skipped with a warning and, with ``repair`` (the search, under the database lock), moved aside
-    to ``tiles.json.corrupt`` (its groups are measured again)."""
-    path = _tiles_path(work_dir)
-    if not path.exists():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-        if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("groups"), dict):
-            raise ValueError(f"not a tile file of format {FORMAT}")
-    except ValueError as exc:
-        if not repair:
-            warn(f"{path}: unreadable ({exc}); ignored, its kernels keep the default tiles")
-            return {}
-        aside = path.with_name(path.name + ".corrupt")
-        path.replace(aside)
-        warn(f"{path}: unreadable ({exc}); moved to {aside.name}, its kernels will be measured again")
-        return {}
-    return data
-
-
-def _tiles_path(work_dir: Path) -> Path:
-    """``tiles.json``, or the legacy ``int8_tiles.json`` when only that exists."""
-    path = work_dir / TILES_FILE
-    return work_dir / LEGACY_TILES_FILE if not path.exists() and (work_dir / LEGACY_TILES_FILE).exists() else path
-
-
-def has_tiles(work_dir: Path) -> bool:
-    return _tiles_path(work_dir).exists()
-
-
-def save_tiles(work_dir: Path, data: dict) -> None:
-    with atomic_write(work_dir / TILES_FILE, "w") as f:
-        f.write(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    (work_dir / LEGACY_TILES_FILE).unlink(missing_ok=True)  # its records are in tiles.json now
-
-
-def annotate_tiles(mod, work_dir: Path) -> tuple[object, int]:
-    """Give each tensor-core kernel of ``mod`` (legalized and fused) the tile ``work_dir`` records
-    for its tile key (when the recorded GEMM extents match); returns the module and how many kernels
-    got one."""
-    from inferx_edge.compiler.cuda_pipeline import TILE_ATTR, WmmaConfig
-
-    groups = load_tiles(work_dir, repair=False).get("groups", {})  # build reads; only tune repairs
-    if not groups:
-        return mod, 0
-    done = 0
-    for group in tile_groups(mod):
-        rec = groups.get(group.key)
-        if not rec or not rec.get("best") or rec.get("extents") != group.extents:
-            continue
-        WmmaConfig.parse(rec["best"])  # a bad record fails here, naming the file's text
-        for name in group.kernels:
-            gv = mod.get_global_var(name)
-            mod[gv] = mod[gv].with_attr(TILE_ATTR, rec["best"])
-            done += 1
-    return mod, done
-
 
 # --------------------------------------------------------------------------------------------------
 # the search
@@ -191,17 +67,16 @@ def _compile_candidate(
             pass
     import tvm
 
-    from inferx_edge.compiler.build import pass_config
-    from inferx_edge.compiler.cuda import device_compiler
-    from inferx_edge.compiler.cuda_pipeline import WmmaConfig, tensor_core_schedule
+    from inferx_edge.compiler.compile import pass_config
+    from inferx_edge.compiler.cuda import TileConfig, device_compiler, tensor_core_schedule
+    from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
     from inferx_edge.compiler.tvm_ops import vectorizable_nearbyint
     from inferx_edge.targets import get_target
-    from inferx_edge.tune._intrin import import_tensor_intrinsics
     from inferx_edge.tune.builder import export_candidate
 
     import_tensor_intrinsics()
     vectorizable_nearbyint()
-    sch = tensor_core_schedule(func, target, WmmaConfig.parse(cfg_text))
+    sch = tensor_core_schedule(func, target, TileConfig.parse(cfg_text))
     if sch is None:
         return None
     kernel = sch.mod["main"].with_attr("global_symbol", "main")  # exported: callable from the library
@@ -333,10 +208,10 @@ def search_tiles(
 
     from tvm.support.popen_pool import PopenPoolExecutor
 
-    from inferx_edge.compiler.build import resolve_tvm_target
-    from inferx_edge.compiler.cuda_pipeline import MIN_INT8_DIM as MIN_DIM
-    from inferx_edge.compiler.cuda_pipeline import MIN_INT8_ROWS as MIN_ROWS
-    from inferx_edge.tune import database as tdb
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.cuda import MIN_INT8_DIM as MIN_DIM
+    from inferx_edge.compiler.cuda import MIN_INT8_ROWS as MIN_ROWS
+    from inferx_edge.records import metaschedule as tdb
 
     target = resolve_tvm_target(spec)
     groups = tile_groups(mod)
@@ -428,7 +303,7 @@ def _plan(groups: list[TileGroup], data: dict, sm_count: int | None, anew: set =
     the kernels that matter most). A recorded group is measured again only for candidates its record
     has neither timed nor rejected (added by a newer inferx_edge), with its default first again as
     the reference for outputs; groups keyed in ``anew`` are measured in full."""
-    from inferx_edge.compiler.cuda_pipeline import tile_candidates
+    from inferx_edge.compiler.cuda import tile_candidates
 
     plans = []
     for g in sorted(groups, key=lambda g: -math.prod(g.extents) * len(g.kernels)):

@@ -4,6 +4,7 @@ Every backend is optional and probed safely (:func:`probe` returns the first tha
 Read-only: nothing here changes clocks, power limits or power modes.
 """
 
-from inferx_edge.runtime.telemetry.base import EnergyMeter, Sample, TelemetryBackend, TelemetryError, probe
+from inferx_edge.runtime.telemetry.base import EnergyMeter, Sample, TelemetryBackend, TelemetryError
+from inferx_edge.runtime.telemetry.probe import probe
 
 __all__ = ["EnergyMeter", "Sample", "TelemetryBackend", "TelemetryError", "probe"]

@@ -7,11 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from inferx_edge.errors import InferxError
-
-
-class TelemetryError(InferxError):
-    """A backend could not be opened or stopped answering."""
+from inferx_edge.errors import TelemetryError  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)
@@ -37,26 +33,6 @@ class TelemetryBackend(Protocol):
     def read(self) -> Sample: ...
 
     def close(self) -> None: ...
-
-
-def probe(prefer: str | None = None, **kwargs) -> TelemetryBackend | None:
-    """Open the first backend that works here (NVML, then Jetson sysfs, then jtop), or ``prefer`` only.
-
-    Returns None when none works; callers must treat telemetry as optional.
-    """
-    from inferx_edge.runtime.telemetry import jetson, jtop_backend, nvml
-
-    order = {"nvml": nvml.NVMLBackend, "jetson-sysfs": jetson.JetsonSysfsBackend, "jtop": jtop_backend.JtopBackend}
-    names = [prefer] if prefer else list(order)
-    for name in names:
-        if name not in order:
-            raise TelemetryError(f"unknown telemetry backend '{name}'; valid: {', '.join(order)}")
-        try:
-            return order[name](**kwargs) if name == prefer else order[name]()
-        except (TelemetryError, OSError, ImportError):
-            if prefer:
-                raise
-    return None
 
 
 class EnergyMeter:

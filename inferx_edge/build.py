@@ -1,0 +1,229 @@
+"""The build stage: import -> quantize (int8/mixed) -> prepare and compile each variant -> package.
+
+One variant per (precision, batch size); variants with the same weights share one weights file. The
+CLI's ``build`` and ``evaluate`` call :func:`build_artifact`; so can any program.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from inferx_edge import __version__
+from inferx_edge.compiler.variant import PRECISIONS, QUANTIZED
+from inferx_edge.errors import UsageError, check_choice
+from inferx_edge.package import Manifest, Variant
+from inferx_edge.quantize.driver import QuantOptions
+from inferx_edge.targets import TargetSpec, get_target
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildOptions:
+    """What to build.
+
+    Attributes
+    ----------
+    model : ONNX file or ``.pt2`` torch.export program.
+    target : target name or alias (``python -m inferx_edge targets``).
+    output : artifact file to write (replaced atomically).
+    input_shapes : pinned input shapes, by input name.
+    precisions : one variant per precision, each one of :data:`~inferx_edge.compiler.variant.PRECISIONS`.
+    batch_sizes : one variant per batch size (default: the model's pinned batch).
+    cuda_code : CUDA targets only: ``cubin`` (exact architecture, nothing compiled on the device) or
+        ``ptx`` (the driver JIT-compiles it for its GPU, same or newer architecture).
+    cuda_graph : CUDA targets only: the static parts of the model run as CUDA graphs (Relax
+        ``RewriteCUDAGraph``), captured on a variant's first run and replayed after: one launch
+        instead of one per kernel. Weights must stay at the addresses they had at capture (the
+        runtime loads them once per variant).
+    cuda_options : CUDA targets only: device compiler and source patches
+        (:class:`~inferx_edge.compiler.cuda.CudaOptions`; default: from the environment).
+    tuning : apply the model's tuning database for this target when one exists (kernels it does not
+        cover keep default schedules: a build never fails for lack of tuning).
+    tuning_root : where databases live (default ``tuning_logs/``).
+    quant : calibration and accuracy budget of int8/mixed variants (:class:`~inferx_edge.quantize.driver.QuantOptions`).
+    """
+
+    model: Path
+    target: str
+    output: Path
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    precisions: tuple[str, ...] = ("fp32",)
+    batch_sizes: tuple[int, ...] = ()
+    cuda_code: str = "cubin"
+    cuda_graph: bool = True
+    cuda_options: object | None = None
+    tuning: bool = True
+    tuning_root: Path | None = None
+    quant: QuantOptions = field(default_factory=QuantOptions)
+
+    def __post_init__(self) -> None:
+        from inferx_edge.compiler.cuda import CUDA_CODE_FORMATS
+
+        if not self.precisions:
+            raise UsageError(f"no precision given; valid: {', '.join(PRECISIONS)}")
+        for p in self.precisions:
+            check_choice("precision", p, PRECISIONS)
+        if any(b <= 0 for b in self.batch_sizes):
+            raise UsageError(f"batch sizes must be positive, got {list(self.batch_sizes)}")
+        check_choice("CUDA code format", self.cuda_code, CUDA_CODE_FORMATS)
+
+    def variant_grid(self, model_batch: int) -> list[tuple[str, int]]:
+        """(precision, batch) of every variant: ``precisions`` x ``batch_sizes`` (default: the model's batch)."""
+        return [(p, b) for p in self.precisions for b in (self.batch_sizes or (model_batch,))]
+
+
+def _weights_member(files: dict, precision: str, variant: str, names: list[str], arrays: list[np.ndarray]) -> str:
+    """The artifact member holding a variant's weights: an existing file with the same weights (e.g. the
+    other batch sizes of a precision), else ``weights/<precision>.npz``, else ``weights/<variant>.npz``."""
+    for member, (n, a) in files.items():
+        if n == names and all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(a, arrays)):
+            return member
+    member = f"weights/{precision}.npz" if f"weights/{precision}.npz" not in files else f"weights/{variant}.npz"
+    files[member] = (names, arrays)
+    return member
+
+
+def _log_tuning(log, tuning: dict | None, spec: TargetSpec) -> None:
+    if tuning:
+        log(
+            f"      tuning database {tuning['database']}: {tuning['kernels_tuned']} of {tuning['kernels']} kernels tuned"
+            + (f", {tuning['tiles']} tensor-core kernels with measured tiles" if tuning["tiles"] else "")
+            + ", the rest default schedules"
+        )
+    else:
+        log(
+            f"      no tuning database for this model and target: default schedules "
+            f"(python -m inferx_edge tune --target {spec.name})"
+        )
+
+
+def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None) -> Manifest:
+    """Run the whole build and write ``opts.output``. Returns the manifest written.
+
+    ``spec`` overrides the registry entry named by ``opts.target`` (a derived target, e.g. a device's
+    GPU code paired with another host CPU for verification).
+    """
+    from inferx_edge.runtime._tvm import set_default_cpu_threads
+
+    set_default_cpu_threads()  # calibration and build-time weight transforms run on this CPU
+    import tvm
+
+    from inferx_edge.compiler.compile import compile_variant, cuda_requirements, resolve_tvm_target, toolchain_versions
+    from inferx_edge.compiler.variant import prepare_variant, variant_layout
+    from inferx_edge.frontend import import_model
+    from inferx_edge.package import write_artifact
+    from inferx_edge.quantize.driver import quantizer, resolve_plan
+    from inferx_edge.records import metaschedule as msdb
+
+    spec = spec or get_target(opts.target)
+    log(f"[1/4] importing {opts.model}")
+    base = import_model(opts.model, opts.input_shapes)
+    for t in base.inputs:
+        log(f"      input  {t.describe()}")
+    for t in base.outputs:
+        log(f"      output {t.describe()}")
+
+    variants, members, infos = [], {}, []
+    weight_files: dict[str, tuple[list[str], list[np.ndarray]]] = {}  # member -> (names, arrays)
+    base_batch = base.inputs[0].shape[0] if base.inputs and base.inputs[0].shape else 1
+    grid = opts.variant_grid(base_batch)
+    quantizers = {}
+    for precision in dict.fromkeys(p for p, _ in grid if p in QUANTIZED):
+        log(f"[1/4] quantizing for {precision}")
+        plan = resolve_plan(opts.model, opts.input_shapes, base, precision, opts.quant, log=log)
+        quantizers[precision] = quantizer(plan, precision)
+    target = resolve_tvm_target(spec)
+    with tempfile.TemporaryDirectory(prefix="inferx_edge-build-") as tmp:
+        tmp = Path(tmp)
+        for i, (precision, batch) in enumerate(grid, 1):
+            imported = base
+            if batch != base_batch:
+                shapes = {**opts.input_shapes, **{t.name: (batch, *t.shape[1:]) for t in base.inputs}}
+                imported = import_model(opts.model, shapes)
+            layout = variant_layout(spec, precision)
+            t0 = time.perf_counter()
+            # keyed by the source model's hash, pinned shapes and precision (quantizing keeps all three)
+            tuning_dir = msdb.find_database(spec, imported, precision, opts.tuning_root) if opts.tuning else None
+            prepared = prepare_variant(
+                imported, layout, quantize=quantizers.get(precision), target=target, tuning_dir=tuning_dir,
+                bake=True, log=log,
+            )  # fmt: skip
+            quant_report = prepared.quantization
+            if quant_report:
+                n8 = sum(1 for r in quant_report["layers"] if r["precision"] == "int8")
+                log(
+                    f"      {precision}: {n8} of {len(quant_report['layers'])} layers int8, "
+                    f"{quant_report['int8_mac_share'] * 100:.1f} % of conv/matmul MACs"
+                )
+            name = f"{precision}-b{batch}"
+            log(f"[2/4] compiling variant {name} ({i}/{len(grid)}) for {spec.name} ({spec.description})")
+            lib = tmp / f"{name}.so"
+            prepare_s = time.perf_counter() - t0
+            info = compile_variant(
+                prepared, spec, lib, name=imported.name, target=target, cuda_code=opts.cuda_code,
+                cuda_graph=opts.cuda_graph, cuda_options=opts.cuda_options,
+            )  # fmt: skip
+            info["compile_s"] = round(info["compile_s"] + prepare_s, 3)
+            info["tuning"] = prepared.tuning
+            weights_member = _weights_member(
+                weight_files, precision, name, prepared.weight_names, prepared.weight_arrays
+            )
+            _log_tuning(log, prepared.tuning, spec)
+            log(f"      compiled in {info['compile_s']:.1f} s, linked in {info['link_s']:.1f} s ({info['linker']})")
+            tuned = prepared.tuning
+            variants.append(
+                Variant(
+                    name=name,
+                    precision=precision,
+                    batch=int(batch),
+                    library=f"lib/{name}.so",
+                    weights=weights_member,
+                    params=tuple(prepared.weight_names),
+                    inputs=imported.inputs,
+                    outputs=imported.outputs,
+                    tuned=bool(tuned and (tuned["kernels_tuned"] or tuned["tiles"])),
+                    extra=({"tuning": tuned} if tuned else {})
+                    | ({"cuda_graph": True} if info["cuda_graph"] else {})
+                    | {"conv_layout": info["conv_layout"]}
+                    | ({"quantization": quant_report} if quant_report else {}),
+                )
+            )
+            members[f"lib/{name}.so"] = lib
+            infos.append(info)
+
+        log(f"[3/4] writing weights ({', '.join(weight_files)}; variants with the same weights share a file)")
+        for member, (names, arrays) in weight_files.items():
+            path = tmp / Path(member).name
+            np.savez(path, **dict(zip(names, arrays)))
+            members[member] = path
+
+        info = infos[0]
+        target_record = spec.summary() | {"tvm_target": info["tvm_target"]}
+        if info["cuda"]:
+            target_record |= cuda_requirements(info["cuda"])
+            log(f"      device code: {info['cuda']['code']} for {info['cuda']['arch']} by {info['cuda']['toolkit']}")
+        manifest = Manifest(
+            inferx_edge_version=__version__,
+            tvm_version=tvm.__version__,
+            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            model=base.describe(),
+            target=target_record,
+            variants=tuple(variants),
+            default_variant=variants[0].name,
+            files={},
+            build={
+                "host": f"{platform.node()} {platform.machine()}",
+                "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+                "toolchain": toolchain_versions(spec),
+                "compile_s": round(sum(i["compile_s"] for i in infos), 3),
+            },
+        )
+        log(f"[4/4] packaging {opts.output}")
+        return write_artifact(opts.output, manifest, members)

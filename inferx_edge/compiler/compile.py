@@ -1,0 +1,173 @@
+"""Compiling one variant ahead of time for a target and exporting its shared library.
+
+The Relax VM program itself is compiled to native code (``exec_mode="compiled"``), so a variant is one
+self-contained shared library plus a weights file; nothing is compiled on the device. CUDA kernels are
+compiled on the build host by the toolkit matching the device (:mod:`inferx_edge.compiler.cuda`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inferx_edge.compiler.variant import PreparedVariant
+from inferx_edge.errors import BuildError
+from inferx_edge.targets import TargetSpec
+from inferx_edge.targets.registry import HOST_CPU
+
+
+def resolve_tvm_target(spec: TargetSpec):
+    """The ``tvm.target.Target`` for ``spec``, with :data:`HOST_CPU` replaced by this machine's CPU."""
+    import tvm
+
+    def fill(d: dict[str, Any]) -> dict[str, Any]:
+        d = dict(d)
+        if d.get("mcpu") == HOST_CPU:
+            d["mcpu"] = tvm.target.codegen.llvm_get_system_cpu()
+            d.setdefault("num-cores", os.cpu_count() or 1)
+        if isinstance(d.get("host"), dict):
+            d["host"] = fill(d["host"])
+        return d
+
+    return tvm.target.Target(fill(spec.tvm_target))
+
+
+def linker(spec: TargetSpec):
+    """``fcompile`` for ``export_library``: the target's cross compiler when the build host differs."""
+    if spec.cross_compiler is None or platform.machine() == spec.host_arch:
+        return None
+    if shutil.which(spec.cross_compiler) is None:
+        raise BuildError(
+            f"target '{spec.name}' needs the cross compiler '{spec.cross_compiler}', not found on PATH; "
+            f"install it (Debian/Ubuntu: apt-get install g++-aarch64-linux-gnu)"
+        )
+    from tvm.support import cc
+
+    return cc.cross_compiler(spec.cross_compiler)
+
+
+def relax_pipeline(spec: TargetSpec, target):
+    """The Relax pipeline for ``spec``: TVM's default, or ours for CUDA (:mod:`inferx_edge.compiler.cuda.pipeline`)."""
+    if not spec.is_cuda:
+        return "default"
+    from inferx_edge.compiler.cuda import cuda_pipeline
+
+    return cuda_pipeline(target, sm_count=spec.sm_count)
+
+
+def pass_config(cuda_graph: bool = False, async_copy: bool = False):
+    """The PassContext a variant compiles under. ``async_copy``: shared-memory copies in pipeline stages
+    marked asynchronous become ``cp.async`` (CUDA sm_80+; only loops our schedules annotate)."""
+    import tvm
+
+    return tvm.transform.PassContext(
+        config={"relax.backend.use_cuda_graph": bool(cuda_graph), "tirx.use_async_copy": bool(async_copy)}
+    )
+
+
+#: Oldest JetPack whose driver supports a given CUDA version (6.0: CUDA 12.2; 6.1/6.2: 12.6; 7: 13.0).
+_MIN_JETPACK = {"12.0": "6.0", "12.2": "6.0", "12.6": "6.1", "13.0": "7.0"}
+
+
+def cuda_requirements(cuda: dict[str, Any]) -> dict[str, Any]:
+    """What the device must have for this device code: driver CUDA version, JetPack for Jetsons."""
+    version = cuda["toolkit"].split()[-1]
+    major = int(version.split(".")[0])
+    # cubins load on any driver of the same major version (minor version compatibility); PTX needs a
+    # driver at least as new as the compiler that wrote it.
+    min_cuda = f"{major}.0" if cuda["code"] == "cubin" else version
+    return {
+        "cuda_code": cuda["code"],
+        "cuda_code_arch": cuda["arch"],
+        "cuda_toolkit": cuda["toolkit"],
+        "min_driver_cuda": min_cuda,
+        "min_jetpack": _MIN_JETPACK.get(min_cuda),
+    }
+
+
+def plain(obj: Any) -> Any:
+    """TVM containers (Map, Array, String, IntImm) to JSON-ready Python values."""
+    if isinstance(obj, (str, bool, int, float)) or obj is None:
+        return obj if not isinstance(obj, str) else str(obj)
+    if hasattr(obj, "items"):
+        return {str(k): plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)) or hasattr(obj, "__len__") and hasattr(obj, "__getitem__"):
+        return [plain(v) for v in obj]
+    if hasattr(obj, "value"):
+        return obj.value
+    return str(obj)
+
+
+def toolchain_versions(spec: TargetSpec) -> dict[str, str]:
+    versions = {"python": platform.python_version(), "numpy": np.__version__}
+    cxx = spec.cross_compiler if spec.cross_compiler and platform.machine() != spec.host_arch else "g++"
+    try:
+        versions["cxx"] = subprocess.run(
+            [cxx, "--version"], capture_output=True, text=True, timeout=30
+        ).stdout.splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        versions["cxx"] = "unknown"
+    return versions
+
+
+def compile_variant(
+    prepared: PreparedVariant,
+    spec: TargetSpec,
+    out_path: Path,
+    *,
+    name: str = "model",
+    target=None,
+    cuda_code: str = "cubin",
+    cuda_graph: bool = True,
+    cuda_options=None,
+) -> dict[str, Any]:
+    """Compile ``prepared.mod`` for ``spec`` and export the shared library to ``out_path``.
+
+    ``target`` is the resolved TVM target (:func:`resolve_tvm_target`; resolved here when None).
+    ``cuda_options`` (:class:`~inferx_edge.compiler.cuda.CudaOptions`) picks the device compiler and
+    the CUDA source patches; default: from the environment. Returns the build record of the variant.
+    """
+    from tvm import relax
+
+    from inferx_edge.compiler.cuda import device_compiler
+
+    target = target or resolve_tvm_target(spec)
+    t0 = time.perf_counter()
+    cuda_ctx = device_compiler(spec, cuda_code, cuda_options) if spec.is_cuda else contextlib.nullcontext(None)
+    cuda_graph = cuda_graph and spec.is_cuda
+    try:
+        with cuda_ctx as cuda_record, target, pass_config(cuda_graph, async_copy=spec.is_cuda):
+            pipeline = relax_pipeline(spec, target)
+            executable = relax.build(prepared.mod, target, relax_pipeline=pipeline, exec_mode="compiled")
+    except BuildError:
+        raise
+    except Exception as exc:  # TVMError from any pass or codegen
+        raise BuildError(f"compiling {name} for {spec.name} failed: {type(exc).__name__}: {exc}") from exc
+    if spec.is_cuda and not cuda_record["kernels_modules"]:
+        raise BuildError(f"no CUDA kernels were compiled ahead of time for {spec.name}; refusing to ship CUDA source")
+    t1 = time.perf_counter()
+    fcompile = linker(spec)
+    try:
+        if fcompile is None:
+            executable.export_library(str(out_path))
+        else:
+            executable.export_library(str(out_path), fcompile=fcompile)
+    except Exception as exc:
+        raise BuildError(f"linking the {spec.name} library failed: {exc}") from exc
+    return {
+        "tvm_target": plain(target.export()),
+        "compile_s": round(t1 - t0, 3),
+        "link_s": round(time.perf_counter() - t1, 3),
+        "linker": spec.cross_compiler if fcompile is not None else "host",
+        "cuda": cuda_record,
+        "cuda_graph": cuda_graph,
+        "conv_layout": prepared.layout.conv,
+    }

@@ -1,0 +1,114 @@
+"""The CUDA compile callback a build runs under: device code compiled ahead of time on the build host,
+by a toolkit that matches the device (JetPack 6 ships CUDA 12.x: a CUDA 13 cubin will not load there),
+with the source patches applied first."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from inferx_edge.compiler.cuda.source_patches import (
+    drop_own_lane_shuffles,
+    fix_int8_vector_constants,
+    interleave_pipelined_copies,
+)
+from inferx_edge.compiler.cuda.stub import ensure_cuda_codegen
+from inferx_edge.compiler.cuda.toolkit import find_nvcc, find_nvrtc, nvcc_compile, nvrtc_compile
+from inferx_edge.errors import BuildError, check_choice
+from inferx_edge.targets import TargetSpec
+
+#: Device code formats: a cubin for exactly the target arch, or PTX the driver JIT-compiles.
+CUDA_CODE_FORMATS = ("cubin", "ptx")
+#: ``compiler`` choices: "" (NVRTC of the device's CUDA major, else nvcc), or one of them only
+CUDA_COMPILERS = ("", "nvrtc", "nvcc")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CudaOptions:
+    """How CUDA device code is compiled. :meth:`from_env` reads the environment switches.
+
+    Attributes
+    ----------
+    compiler : ``"nvrtc"`` or ``"nvcc"`` to use only that one; ``""`` (default) NVRTC of the device's
+        CUDA major version, else nvcc (env ``INFERX_CUDA_COMPILER``).
+    interleave_copies : apply :func:`~inferx_edge.compiler.cuda.source_patches.interleave_pipelined_copies`
+        (env ``INFERX_CUDA_INTERLEAVE=0`` turns it off, for A/B measurements of the rewrite).
+    dump_dir : keep every generated CUDA source here (env ``INFERX_DUMP_CUDA``).
+    """
+
+    compiler: str = ""
+    interleave_copies: bool = True
+    dump_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        check_choice("CUDA compiler (INFERX_CUDA_COMPILER)", self.compiler, CUDA_COMPILERS)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> CudaOptions:
+        env = os.environ if env is None else env
+        dump = env.get("INFERX_DUMP_CUDA")
+        return cls(
+            compiler=env.get("INFERX_CUDA_COMPILER", "").lower(),
+            interleave_copies=env.get("INFERX_CUDA_INTERLEAVE", "1") != "0",
+            dump_dir=Path(dump) if dump else None,
+        )
+
+
+def _toolkit(spec: TargetSpec, forced: str):
+    major = int(spec.device_cuda.split(".")[0]) if spec.device_cuda else None
+    try:
+        if forced == "nvcc":
+            raise BuildError("nvcc requested by INFERX_CUDA_COMPILER")
+        tool = find_nvrtc(major)
+        return tool, nvrtc_compile, f"NVRTC {tool.version_str}"
+    except BuildError:
+        tool = find_nvcc(major) if forced != "nvrtc" else None
+        if tool is None:
+            raise
+        return tool, nvcc_compile, f"nvcc {tool.version_str}"
+
+
+@contextlib.contextmanager
+def device_compiler(spec: TargetSpec, fmt: str, options: CudaOptions | None = None):
+    """Within the block, TVM compiles CUDA kernels with the toolkit matching ``spec``; yields its record."""
+    import tvm_ffi
+
+    check_choice("CUDA code format", fmt, CUDA_CODE_FORMATS)
+    options = options or CudaOptions.from_env()
+    ensure_cuda_codegen()
+    tool, compile_fn, name = _toolkit(spec, options.compiler)
+    arch = spec.cuda_arch
+    if fmt == "ptx" and arch.endswith("a"):
+        raise BuildError(f"{spec.name} is {arch}: arch-specific features have no portable PTX; use cubin")
+    calls, interleaved = [], []
+
+    def compile_cuda(code, *_):
+        calls.append(1)
+        if options.dump_dir:
+            options.dump_dir.mkdir(parents=True, exist_ok=True)
+            (options.dump_dir / f"kernels_{os.getpid()}_{len(calls)}.cu").write_text(str(code))
+        code = drop_own_lane_shuffles(str(code))
+        if options.interleave_copies:
+            code, n = interleave_pipelined_copies(code)
+            interleaved.append(n)
+        return bytearray(compile_fn(tool, fix_int8_vector_constants(code), arch, fmt))
+
+    previous = tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True)
+    tvm_ffi.register_global_func("tvm_callback_cuda_compile", compile_cuda, override=True)
+    record = {
+        "toolkit": name,
+        "compiler": str(getattr(tool, "library", getattr(tool, "path", ""))),
+        "code": fmt,
+        "arch": arch if fmt == "cubin" else arch.replace("sm_", "compute_"),
+        "kernels_modules": calls,
+    }
+    try:
+        yield record
+    finally:
+        if previous is not None:
+            tvm_ffi.register_global_func("tvm_callback_cuda_compile", previous, override=True)
+        record["kernels_modules"] = len(calls)
+        record["pipeline_rewrite"] = options.interleave_copies
+        record["interleaved_pipeline_loops"] = sum(interleaved)

@@ -1,0 +1,51 @@
+"""The Relax pipeline for CUDA targets: TVM's default with our dlight rules first."""
+
+from __future__ import annotations
+
+from inferx_edge.compiler.cuda.rules.small_reduction import small_reduction_rule
+from inferx_edge.compiler.cuda.rules.tensor_core_matmul import tensor_core_matmul_rule
+from inferx_edge.compiler.cuda.rules.vectorized_elementwise import vectorized_elementwise_rule
+from inferx_edge.compiler.cuda.tile import TileConfig
+
+
+def cuda_pipeline(target, tile_config: TileConfig | None = None, sm_count: int | None = None):
+    """TVM's default CUDA Relax pipeline with :func:`tensor_core_matmul_rule` in place of dlight's Matmul
+    and :func:`small_reduction_rule` ahead of its reduction rules, :func:`vectorized_elementwise_rule`
+    ahead of its fallback. ``sm_count``: the GPU's SMs, for the int8 tile choice."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.backend.cuda import pipeline as cuda
+    from tvm.s_tir import dlight as dl
+
+    from inferx_edge.compiler.tvm_ops import vectorizable_nearbyint
+
+    vectorizable_nearbyint()
+    legalize = [
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+        dl.ApplyDefaultSchedule(
+            tensor_core_matmul_rule(tile_config, sm_count),
+            dl.gpu.GEMV(),
+            small_reduction_rule(),
+            dl.gpu.Reduction(),
+            dl.gpu.GeneralReduction(),
+            vectorized_elementwise_rule(),
+            dl.gpu.Fallback(),
+        ),
+    ]
+
+    @tvm.transform.module_pass(opt_level=0, name="InferxCUDAPipeline")
+    def _pipeline(mod, _ctx):
+        with target:
+            seq = tvm.transform.Sequential(
+                cuda.library_dispatch_passes(target)
+                + legalize
+                + cuda.dataflow_lower_passes(target)
+                + cuda.finalize_passes(target)
+            )
+            return seq(mod)
+
+    return _pipeline

@@ -1,0 +1,16 @@
+"""Helpers the dlight rules share."""
+
+from __future__ import annotations
+
+
+def _inlined_blocks(rule, func, target):
+    """(schedule, block infos after dlight's inlining) of ``func`` for a GPU rule, or None."""
+    from tvm import s_tir, tirx
+    from tvm.s_tir.dlight import base
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+    if not isinstance(func, tirx.PrimFunc) or not rule.is_target_available(target):
+        return None
+    sch = s_tir.Schedule(func)
+    infos = normalize_prim_func(sch)
+    return None if infos is None else (sch, base.try_inline(sch, infos))

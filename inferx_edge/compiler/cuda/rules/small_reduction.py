@@ -1,0 +1,199 @@
+"""dlight rule: reductions over a few elements per output (depthwise convolutions, pooling windows), one
+output per thread with the reduction unrolled in registers."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from inferx_edge.compiler.cuda.rules._common import _inlined_blocks
+
+#: :class:`SmallReduction` takes reductions of at most this many elements per output ...
+SMALL_REDUCTION = 64
+
+
+#: ... with at least this many outputs (enough threads to fill the GPU without a parallel reduction)
+MIN_SMALL_REDUCTION_OUTPUTS = 4096
+
+
+#: fp16 small reductions (depthwise convolutions, pooling) whose innermost output axis (NHWC's channels)
+#: is a multiple of this give each thread this many consecutive channels: 16-byte input and weight
+#: loads. Measured on an H200, MobileNetV2's 17 fp16 depthwise convolutions at batch 64: 896 -> 439 us
+#: in all (1.4-2.4x each, outputs identical; 4 channels per thread: no gain; batch 1: unchanged; an fp32
+#: global average pool: slower, so fp32 keeps one output per thread; `benchmarks/gpu_small_reduction.py`)
+SMALL_REDUCTION_CHANNELS = 8
+
+
+_SMALL_REDUCTION_THREADS = 64
+
+
+#: a thread's copy of an operand window (e.g. 3x3 taps x 8 channels) stays in registers up to this
+#: many elements; a larger window is loaded one reduction step at a time
+_MAX_THREAD_WINDOW = 128
+
+
+def _small_reduction_extents(red) -> tuple[int, int] | None:
+    """(outputs, reduction elements per output) of a reduction block over static spatial and reduction
+    axes, when :class:`SmallReduction` takes it (at most :data:`SMALL_REDUCTION` elements per output,
+    at least :data:`MIN_SMALL_REDUCTION_OUTPUTS` outputs); else None."""
+    if any(not isinstance(it.dom, int) or it.kind not in "SR" for it in red.iters):
+        return None
+    s_ext = math.prod(it.dom for it in red.iters if it.kind == "S")
+    r_ext = math.prod(it.dom for it in red.iters if it.kind == "R")
+    return (s_ext, r_ext) if r_ext <= SMALL_REDUCTION and s_ext >= MIN_SMALL_REDUCTION_OUTPUTS else None
+
+
+def _loops_below(sch, block, anchor) -> list:
+    """The loops of ``block`` nested under the loop ``anchor``."""
+    loops = sch.get_loops(block)
+    at = sch.get(anchor)
+    return loops[[i for i, lp in enumerate(loops) if sch.get(lp).same_as(at)][0] + 1 :]
+
+
+def _thread_copy(sch, block, tx, reduction_loop) -> None:
+    """Place a copy block (a cache read, a padding block) in the thread: its whole window when small,
+    else per reduction step; vectorized by 16 bytes along its innermost (contiguous) elements."""
+    import tvm
+
+    anchor = tx
+    sch.compute_at(block, tx)
+    if math.prod(int(sch.get(lp).extent) for lp in _loops_below(sch, block, tx)) > _MAX_THREAD_WINDOW:
+        anchor = reduction_loop
+        sch.compute_at(block, anchor)
+    loops = _loops_below(sch, block, anchor)
+    if not loops:  # one element
+        return
+    lanes = 16 * 8 // tvm.DataType(str(sch.get(block).writes[0].source.dtype)).bits
+    window = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    extent = int(sch.get(window).extent)
+    if extent % lanes == 0 and extent > lanes:
+        steps, vector = sch.split(window, [None, lanes])
+        sch.unroll(steps)
+        sch.vectorize(vector)
+    elif extent == lanes:
+        sch.vectorize(window)
+    else:
+        sch.unroll(window)
+
+
+def channel_vectorized_reduction(func, target, channels: int = SMALL_REDUCTION_CHANNELS):
+    """Schedule a small fp16 reduction with ``channels`` consecutive innermost outputs per thread, or
+    None when it does not apply (another dtype, channels not a multiple, a schedule error).
+
+    The input's padding block is not inlined: each thread copies its padded window into registers
+    (16-byte loads, the bounds test once per tap), as it does weights and epilogue constants; the
+    accumulators and the epilogue stay in the thread, stores are 4 elements wide."""
+    from tvm import s_tir
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+    from tvm.s_tir.dlight.base import try_inline
+    from tvm.s_tir.schedule import ScheduleError
+
+    try:
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if infos is None:
+            return None
+        reductions = [i for i, b in enumerate(infos) if "R" in b.dom_kind()]
+        if len(reductions) != 1:
+            return None
+        red = infos[reductions[0]]
+        producers = infos[: reductions[0]]  # the input's padding: copied per thread, not inlined
+        rest = try_inline(sch, infos[reductions[0] :])
+        if (
+            rest[0] is not red
+            or any(b.is_reduction() for b in rest[1:])
+            or any(not p.is_injective() for p in producers)
+        ):
+            return None
+        block = red.block_rv
+        kinds = red.dom_kind()
+        if {str(r.source.dtype) for r in sch.get(block).reads} != {"float16"} or not re.fullmatch(r"S+R+", kinds):
+            return None
+        if _small_reduction_extents(red) is None or red.iters[kinds.index("R") - 1].dom % channels:
+            return None
+        loops = sch.get_loops(block)
+        s_loops = [lp for lp, k in zip(loops, kinds) if k == "S"]
+        r_loops = [lp for lp, k in zip(loops, kinds) if k == "R"]
+        c_out, c_in = sch.split(s_loops[-1], [None, channels])
+        sch.reorder(*s_loops[:-1], c_out, *r_loops, c_in)
+        bx, tx = sch.split(sch.fuse(*s_loops[:-1], c_out), [None, _SMALL_REDUCTION_THREADS])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        padded = {sch.get(p.block_rv).writes[0].source.name for p in producers}
+        out_name = sch.get(block).writes[0].source.name
+        for i, region in enumerate(list(sch.get(block).reads)):
+            if region.source.name not in padded and region.source.name != out_name:
+                _thread_copy(sch, sch.cache_read(block, i, "local"), tx, r_loops[-1])
+        for p in producers:
+            sch.set_scope(p.block_rv, 0, "local")
+            _thread_copy(sch, p.block_rv, tx, r_loops[-1])
+        epilogue = [b.block_rv for b in rest[1:]]
+        if not epilogue:  # accumulate in registers, store once
+            epilogue = [sch.cache_write(block, 0, "local")]
+        else:
+            sch.set_scope(block, 0, "local")
+        for consumer in reversed(epilogue):
+            sch.reverse_compute_at(consumer, tx)
+        acc = sch.get(block).writes[0].source.name
+        for consumer in epilogue:
+            for i, region in enumerate(list(sch.get(consumer).reads)):
+                if region.source.scope() == "global" and region.source.name != acc and len(region.region):
+                    _thread_copy(sch, sch.cache_read(consumer, i, "local"), tx, tx)
+        # 4-wide epilogue: float32x8 constants do not compile in TVM 0.27's CUDA codegen
+        store_out, store_in = sch.split(sch.get_loops(epilogue[-1])[-1], [None, 4])
+        sch.unroll(store_out)
+        sch.vectorize(store_in)
+        for lp in (*r_loops, c_in):
+            sch.unroll(lp)
+        sch.decompose_reduction(block, r_loops[0])
+        return sch
+    except ScheduleError:
+        return None
+
+
+def small_reduction_rule(channels: int = SMALL_REDUCTION_CHANNELS):
+    """A dlight rule for reductions over a few elements per output: :func:`channel_vectorized_reduction`
+    for fp16 NHWC ones (``channels`` per thread, a multiple of 4; 1: off), else one output per thread."""
+    from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
+
+    class SmallReduction(GPUScheduleRule):
+        def apply(self, func, target, _tunable):
+            from tvm import tirx
+
+            if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+                return None
+            vectorized = channel_vectorized_reduction(func, target, channels) if channels > 1 else None
+            if vectorized is not None:
+                return vectorized
+            found = _inlined_blocks(self, func, target)
+            if found is None:
+                return None
+            sch, infos = found
+            reductions = [b for b in infos if "R" in b.dom_kind()]
+            if len(reductions) != 1 or any(b.is_reduction() for b in infos if b is not reductions[0]):
+                return None
+            red = reductions[0]
+            if infos.index(red) != 0:  # unfused producers left: not ours
+                return None
+            if _small_reduction_extents(red) is None:
+                return None
+            block = red.block_rv
+            loops = sch.get_loops(block)
+            s_loops = [lp for lp, k in zip(loops, red.dom_kind()) if k == "S"]
+            r_loops = [lp for lp, k in zip(loops, red.dom_kind()) if k == "R"]
+            sch.reorder(*s_loops, *r_loops)
+            bx, tx = sch.split(sch.fuse(*s_loops), factors=[None, 256])
+            sch.bind(bx, "blockIdx.x")
+            sch.bind(tx, "threadIdx.x")
+            for consumer in reversed([b.block_rv for b in infos[1:]]):
+                sch.reverse_compute_at(consumer, tx)
+            if len(infos) > 1:
+                sch.set_scope(block, 0, "local")  # the accumulator never leaves the thread
+            else:  # accumulate in a register, store once (not a read-modify-write of global per element)
+                sch.reverse_compute_at(sch.cache_write(block, 0, "local"), tx)
+            for lp in r_loops:
+                sch.unroll(lp)
+            sch.decompose_reduction(block, r_loops[0])
+            return sch
+
+    return SmallReduction()

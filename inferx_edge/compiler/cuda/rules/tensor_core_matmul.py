@@ -1,0 +1,54 @@
+"""dlight rule: int8 and fp16 matmuls (and implicit-GEMM convolutions) on tensor cores through
+:func:`~inferx_edge.compiler.cuda.tensor_core.tensor_core_schedule`; other matmuls to dlight's own rule."""
+
+from __future__ import annotations
+
+from inferx_edge.compiler.cuda.analysis import (
+    _INT8,
+    _TENSOR_CORE_DTYPES,
+    MIN_FP16_TILE_SM,
+    _matmul_signature,
+    _recorded_tile,
+    _tensorizable,
+    sm_version,
+)
+from inferx_edge.compiler.cuda.tensor_core import strip_software_pipeline, tensor_core_schedule
+from inferx_edge.compiler.cuda.tile import TileConfig
+from inferx_edge.compiler.cuda.tile_policy import tile_for
+
+
+def tensor_core_matmul_rule(tile_config: TileConfig | None = None, sm_count: int | None = None):
+    """A dlight rule: int8 and fp16 tensor-core matmuls with :func:`tensor_core_schedule` (fp16 below
+    sm_80: dlight's wmma schedule without software pipelining), else dlight's Matmul.
+    ``tile_config``: one tile for every kernel of our schedule; by default each kernel gets the tile recorded in
+    its :data:`TILE_ATTR` (a tuning database's), else :func:`tile_for` its shape and ``sm_count``."""
+    from tvm.s_tir import dlight as dl
+    from tvm.s_tir.dlight.gpu import matmul as dl_matmul
+
+    class Int8SafeMatmul(dl.gpu.Matmul):
+        def apply(self, func, target, tunable):
+            from tvm import tirx
+
+            if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+                return None
+            if target.kind.name == "cuda" and sm_version(target) >= 70:
+                sig = _matmul_signature(func)
+                if sig is not None and sig[0] in _TENSOR_CORE_DTYPES:
+                    dtypes, extents = sig
+                    ours = dtypes == _INT8 or sm_version(target) >= MIN_FP16_TILE_SM
+                    if _tensorizable(dtypes, extents, tiled=ours):
+                        if ours:  # built without TVM's software pipelining (cp.async by the tile's choice)
+                            cfg = tile_config or _recorded_tile(func) or tile_for(extents, sm_count)
+                            sch = tensor_core_schedule(func, target, cfg)
+                        else:
+                            sch = dl_matmul.MatmulTensorization().apply(func, target, tunable)
+                            if sch is not None:
+                                strip_software_pipeline(sch)
+                        if sch is not None:
+                            return sch
+                    if dtypes == _INT8:
+                        # CUDA-core int8 (int8 loads, int32 accumulation), never the crashing tensor-core path
+                        func = func.with_attr("dlight.do_not_tensorize", True)
+            return super().apply(func, target, tunable)
+
+    return Int8SafeMatmul()

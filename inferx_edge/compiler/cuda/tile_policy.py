@@ -1,0 +1,137 @@
+"""Which tile a tensor-core GEMM gets by default (:func:`tile_for`) and which the tile search tries
+(:func:`tile_candidates`): block counts against the GPU's SMs, padding limits, stage depths."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from inferx_edge.compiler.cuda.tile import (
+    INT8_WIDE_TILES,
+    NARROW_TILES,
+    TILE_LADDER,
+    TileConfig,
+)
+
+#: a tile may pad the output channels (J) up to this factor over J rounded up to 64 (to 16 below 64
+#: channels): a 128-wide tile doubled the tensor-core work of 64-channel convolutions (ResNet-50's stem
+#: and layer 1)
+MAX_J_PADDING = 1.125
+
+
+def _rows(c: TileConfig) -> int:
+    return 16 * c.warps_i * c.frags_i
+
+
+def _cols(c: TileConfig) -> int:
+    return 16 * c.warps_j * c.frags_j
+
+
+def _blocks(c: TileConfig, i: int, j: int) -> int:
+    """Thread blocks of tile ``c`` on an I x J output."""
+    return -(-i // _rows(c)) * -(-j // _cols(c))
+
+
+def _pads_j_within_limit(c: TileConfig, j: int) -> bool:
+    """Whether tile ``c`` pads J by at most :data:`MAX_J_PADDING` over J rounded up to 64 (to 16
+    below 64)."""
+    return -(-j // _cols(c)) * _cols(c) <= MAX_J_PADDING * (-(-j // 64) * 64 if j >= 64 else -(-j // 16) * 16)
+
+
+def _fitting_tiles(j: int, ladder) -> list[TileConfig]:
+    """The tiles of ``ladder`` (with :data:`NARROW_TILES` ahead of the default ladder below 64
+    output channels) that pad J by at most :data:`MAX_J_PADDING`; all of them when none does."""
+    if j < 64 and ladder is TILE_LADDER:
+        ladder = NARROW_TILES + ladder
+    return [c for c in ladder if _pads_j_within_limit(c, j)] or list(ladder)
+
+
+def _stage_depth(cfg: TileConfig, k: int) -> TileConfig:
+    """32-deep reduction stages for K <= 32 (a 64-deep stage would be mostly padding)."""
+    return replace(cfg, k_frags=2) if k <= 32 and cfg.intrin == "mma" and cfg.k_frags > 2 else cfg
+
+
+def tile_for(extents, sm_count: int | None, ladder=TILE_LADDER) -> TileConfig:
+    """The int8 tile for a GEMM of (I, J, K) ``extents`` (batch dims excluded) on a GPU with
+    ``sm_count`` SMs. Among the tiles of ``ladder`` that pad J by at most :data:`MAX_J_PADDING`: the
+    largest giving at least one thread block per SM, else the one giving the most blocks; without an
+    SM count, the largest."""
+    i, j = extents[0], extents[1]
+    k = extents[2] if len(extents) > 2 else 1 << 20
+
+    def blocks(c: TileConfig) -> int:
+        return _blocks(c, i, j)
+
+    fitting = _fitting_tiles(j, ladder)
+    if not sm_count:
+        return _stage_depth(fitting[0], k)
+    for cfg in fitting:
+        if blocks(cfg) >= sm_count:
+            return _stage_depth(cfg, k)
+    return _stage_depth(max(fitting, key=blocks), k)
+
+
+def tile_candidates(
+    extents,
+    sm_count: int | None,
+    input_padded: bool = True,
+    ladder=TILE_LADDER,
+    weights_along_k: bool = True,
+    int8: bool = True,
+) -> list[TileConfig]:
+    """The tiles a tile search measures for a GEMM of (I, J, K) ``extents``, the default
+    (:func:`tile_for`) first: the tiles :func:`tile_for` chooses among that give at
+    least a quarter of a block per SM and are at least a quarter of the default's area (or are the
+    default), the two largest of them also with 128-deep reduction stages; each synchronous and with
+    the cp.async pipeline (with 128-deep stages and K >= 1024 also the three-buffer one), and where
+    its activation loads are predicated (the convolution pads its input, ``input_padded``, or the
+    tile does not divide I or K) with 4- and 16-byte loads; each also with the padded accumulator
+    tile and 16-byte weight loads (:attr:`TileConfig.acc_pad` 8, :attr:`TileConfig.weight_vector` 16;
+    4-byte ones where the weight does not run along K, ``weights_along_k``: see :func:`weights_along_k`).
+    Large ``int8`` GEMMs also get the 8-warp tiles of :data:`INT8_WIDE_TILES` that give every SM a
+    block and pad J by at most :data:`MAX_J_PADDING`, with the two- and three-buffer pipelines, the
+    same load widths and accumulator/weight pairs, and three buffers with two fragment buffers."""
+    i, j, k = extents[0], extents[1], extents[2]
+    default = tile_for(extents, sm_count, ladder)
+    area = _rows(default) * _cols(default)
+    tiles = [_stage_depth(c, k) for c in _fitting_tiles(j, ladder)]
+    tiles = [c for c in tiles if c == default or 4 * _rows(c) * _cols(c) >= area]
+    if sm_count:
+        tiles = [c for c in tiles if c == default or 4 * _blocks(c, i, j) >= sm_count]
+    if k >= 256:
+        tiles += [replace(c, k_frags=2 * c.k_frags) for c in tiles[:2]]
+    out = [default]
+    for tile in tiles:
+        predicated = input_padded or i % _rows(tile) or k % (16 * tile.k_frags)
+        # three-buffer pipelines for the 128-deep stages (enough K to keep two stages in flight)
+        for pipeline in ("", "async", "async3") if tile.k_frags >= 8 and k >= 1024 else ("", "async"):
+            for width in (4, 16) if predicated else (4,):
+                for acc_pad, weight_vector in ((0, 4), (8, 16 if weights_along_k else 4)):
+                    cfg = replace(
+                        tile, pipeline=pipeline, padded_vector=width, acc_pad=acc_pad, weight_vector=weight_vector
+                    )
+                    if cfg not in out:
+                        out.append(cfg)
+    if int8 and ladder is TILE_LADDER and k >= 1024:
+        for tile in INT8_WIDE_TILES:
+            if (sm_count and _blocks(tile, i, j) < sm_count) or not _pads_j_within_limit(tile, j):
+                continue
+            predicated = input_padded or i % _rows(tile) or k % (16 * tile.k_frags)
+            for width in (4, 16) if predicated else (4,):
+                for pipeline, buffers in (("async", 1), ("async3", 1), ("async3", 2)):
+                    pairs = (
+                        ((0, 4), (8, 16 if weights_along_k else 4))
+                        if buffers == 1
+                        else ((8, 16 if weights_along_k else 4),)
+                    )
+                    for acc_pad, weight_vector in pairs:
+                        out.append(
+                            replace(
+                                tile,
+                                pipeline=pipeline,
+                                padded_vector=width,
+                                acc_pad=acc_pad,
+                                weight_vector=weight_vector,
+                                fragment_buffers=buffers,
+                            )
+                        )
+    return out

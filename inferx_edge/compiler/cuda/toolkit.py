@@ -1,0 +1,198 @@
+"""CUDA toolkits on the build host that can compile device code: NVRTC (PyPI wheels or a CUDA install)
+and nvcc, found by the CUDA major version the device runs, and the compile calls for each."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import glob
+import os
+import re
+import site
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from inferx_edge.errors import BuildError
+
+
+@dataclass(frozen=True)
+class Nvrtc:
+    """One NVRTC installation: the library, its version and the headers that go with it."""
+
+    library: Path
+    version: tuple[int, int]
+    include_dirs: tuple[Path, ...]
+
+    @property
+    def version_str(self) -> str:
+        return f"{self.version[0]}.{self.version[1]}"
+
+
+def _site_dirs() -> list[Path]:
+    dirs = [Path(p) for p in sys.path if p.endswith("-packages")]
+    with contextlib.suppress(AttributeError):
+        dirs += [Path(p) for p in site.getsitepackages()]
+    return list(dict.fromkeys(d for d in dirs if d.is_dir()))
+
+
+def find_nvrtc(major: int | None) -> Nvrtc:
+    """Find NVRTC of CUDA ``major`` (None: the newest found): PyPI wheels first, then a CUDA install."""
+    candidates: list[tuple[Path, list[Path]]] = []
+    for sp in _site_dirs():
+        nv = sp / "nvidia"
+        for lib in glob.glob(str(nv / "cuda_nvrtc" / "lib" / "libnvrtc.so.*")) + glob.glob(
+            str(nv / "cu*" / "lib" / "libnvrtc.so.*")
+        ):
+            root = Path(lib).parent.parent
+            # cuda_nvcc holds crt/mma.h, which the tensor-core (wmma) kernels include through mma.h
+            incs = [nv / "cuda_runtime" / "include", nv / "cuda_cccl" / "include", nv / "cuda_nvcc" / "include"]
+            incs.append(root / "include")
+            candidates.append((Path(lib), [p for p in incs if p.is_dir()]))
+    for cuda in [
+        os.environ.get("CUDA_HOME", ""),
+        "/usr/local/cuda",
+        *sorted(glob.glob("/usr/local/cuda-*"), reverse=True),
+    ]:
+        if cuda and Path(cuda).is_dir():
+            for lib in glob.glob(f"{cuda}/lib*/libnvrtc.so.*") + glob.glob(f"{cuda}/targets/*/lib/libnvrtc.so.*"):
+                incs = [
+                    Path(cuda) / "include",
+                    *map(Path, glob.glob(f"{cuda}/targets/*/include")),
+                    *map(Path, glob.glob(f"{cuda}/targets/*/include/cccl")),
+                ]
+                candidates.append((Path(lib), [p for p in incs if p.is_dir()]))
+    found = []
+    for lib, incs in candidates:
+        if not re.fullmatch(r"libnvrtc\.so\.\d+(\.\d+)*", lib.name) or "builtins" in lib.name:
+            continue
+        try:
+            handle = ctypes.CDLL(str(lib))
+        except OSError:
+            continue
+        mj, mn = ctypes.c_int(), ctypes.c_int()
+        handle.nvrtcVersion(ctypes.byref(mj), ctypes.byref(mn))
+        if major is None or mj.value == major:
+            found.append(Nvrtc(lib, (mj.value, mn.value), tuple(incs)))
+    if not found:
+        want = f"CUDA {major}" if major else "any CUDA"
+        raise BuildError(
+            f"no NVRTC for {want} found to compile device code; install it with "
+            f"pip install 'nvidia-cuda-nvrtc-cu{major or 12}' 'nvidia-cuda-runtime-cu{major or 12}' "
+            f"'nvidia-cuda-cccl-cu{major or 12}' 'nvidia-cuda-nvcc-cu{major or 12}' (or the 'cuda{major or 12}' extra "
+            f"of inferx_edge)"
+        )
+    return max(found, key=lambda n: n.version)
+
+
+def nvrtc_compile(nvrtc: Nvrtc, code: str, arch: str, fmt: str) -> bytes:
+    """Compile CUDA C++ ``code`` for ``arch`` (``sm_87``) to a cubin, or PTX for ``compute_87``."""
+    lib = ctypes.CDLL(str(nvrtc.library))
+    number = arch.removeprefix("sm_")
+    gpu_arch = f"sm_{number}" if fmt == "cubin" else f"compute_{number}"
+    code = "\n".join(line for line in code.splitlines() if line.strip() != "#include <cuda.h>")
+    prog = ctypes.c_void_p()
+    _check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), code.encode(), b"inferx_kernels.cu", 0, None, None), prog)
+    try:
+        opts = [
+            f"--gpu-architecture={gpu_arch}",
+            "-default-device",
+            "--use_fast_math",
+            "-D__NV_SILENCE_DEPRECATION_BEGIN=",
+            "-D__NV_SILENCE_DEPRECATION_END=",
+            "-D__NV_SILENCE_HOST_DEPRECATION_BEGIN=",
+            "-D__NV_SILENCE_HOST_DEPRECATION_END=",
+            "-U__CUDA_NO_HALF_OPERATORS__",
+            "-U__CUDA_NO_HALF_CONVERSIONS__",
+            "-U__CUDA_NO_BFLOAT16_OPERATORS__",
+            "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+            *(f"-I{d}" for d in nvrtc.include_dirs),
+        ]
+        if nvrtc.version >= (12, 0):
+            opts.append("--device-int128")
+        argv = (ctypes.c_char_p * len(opts))(*(o.encode() for o in opts))
+        rc = lib.nvrtcCompileProgram(prog, len(opts), argv)
+        if rc != 0:
+            size = ctypes.c_size_t()
+            lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+            log = ctypes.create_string_buffer(size.value)
+            lib.nvrtcGetProgramLog(prog, log)
+            text = log.value.decode(errors="replace").strip()
+            raise BuildError(
+                f"NVRTC {nvrtc.version_str} failed to compile device code for {gpu_arch}:\n{compiler_errors(text)}"
+            )
+        get_size, get = (
+            (lib.nvrtcGetCUBINSize, lib.nvrtcGetCUBIN) if fmt == "cubin" else (lib.nvrtcGetPTXSize, lib.nvrtcGetPTX)
+        )
+        size = ctypes.c_size_t()
+        _check(lib, get_size(prog, ctypes.byref(size)), prog)
+        buf = ctypes.create_string_buffer(size.value)
+        _check(lib, get(prog, buf), prog)
+        data = buf.raw[: size.value]
+        return data.rstrip(b"\0") if fmt == "ptx" else data
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def _check(lib, rc: int, prog) -> None:
+    if rc != 0:
+        lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+        raise BuildError(f"NVRTC error {rc}: {lib.nvrtcGetErrorString(rc).decode()}")
+
+
+@dataclass(frozen=True)
+class Nvcc:
+    """An nvcc installation, used when no NVRTC of the right CUDA version is found."""
+
+    path: str
+    version: tuple[int, int]
+
+    @property
+    def version_str(self) -> str:
+        return f"{self.version[0]}.{self.version[1]}"
+
+
+def find_nvcc(major: int | None) -> Nvcc | None:
+    import shutil
+
+    for exe in dict.fromkeys(
+        filter(None, [shutil.which("nvcc"), os.environ.get("CUDA_HOME", "") + "/bin/nvcc", "/usr/local/cuda/bin/nvcc"])
+    ):
+        try:
+            out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            continue
+        m = re.search(r"release (\d+)\.(\d+)", out)
+        if m and (major is None or int(m.group(1)) == major):
+            return Nvcc(exe, (int(m.group(1)), int(m.group(2))))
+    return None
+
+
+def nvcc_compile(nvcc: Nvcc, code: str, arch: str, fmt: str) -> bytes:
+    number = arch.removeprefix("sm_")
+    with tempfile.TemporaryDirectory(prefix="inferx_nvcc_") as tmp:
+        src, out = Path(tmp) / "kernels.cu", Path(tmp) / f"kernels.{fmt}"
+        src.write_text(code)
+        flag = "--cubin" if fmt == "cubin" else "--ptx"
+        gpu = f"sm_{number}" if fmt == "cubin" else f"compute_{number}"
+        cmd = [nvcc.path, flag, f"-arch={gpu}", "-O3", "--use_fast_math", "-o", str(out), str(src)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise BuildError(
+                f"nvcc {nvcc.version_str} failed to compile device code for {gpu}:\n{compiler_errors(r.stderr)}"
+            )
+        return out.read_bytes()
+
+
+def compiler_errors(log: str, limit: int = 4000) -> str:
+    """The error messages of a CUDA compiler log (each with the two lines that follow it: the source
+    line and its caret), without the warnings that bury them; the log's tail when none is marked."""
+    lines = log.splitlines()
+    picked: list[str] = []
+    for i, line in enumerate(lines):
+        if re.search(r"\berror\b", line):
+            picked += lines[i : i + 3]
+    text = "\n".join(picked) if picked else log
+    return text[:limit] if picked else text[-limit:]

@@ -1,0 +1,86 @@
+"""The Relax rewrites a variant goes through before TVM's pipeline, one pass per file, in one order.
+
+:data:`PASSES` is that order. Each entry names the pass, when it applies (a predicate over the
+variant's :class:`~inferx_edge.compiler.variant.VariantLayout`) and the function (``mod -> mod``).
+``bake_weight_transforms`` runs after them (it also returns the weights) and tuning last
+(:mod:`inferx_edge.compiler.tuning`); both are called by :func:`~inferx_edge.compiler.variant.prepare_variant`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from inferx_edge.compiler.passes.bake_weight_transforms import MAX_BAKED_GROWTH, bake_weight_transforms
+from inferx_edge.compiler.passes.clip_to_min_max import clip_to_min_max
+from inferx_edge.compiler.passes.fp16_bounded_depthwise import FP16_MAX, fp16_bounded_depthwise
+from inferx_edge.compiler.passes.pad_int8_conv_channels import pad_int8_conv_channels
+from inferx_edge.compiler.passes.space_to_depth_int8_convs import space_to_depth_int8_convs
+from inferx_edge.compiler.passes.unit_transposes_to_reshapes import unit_transposes_to_reshapes
+
+
+def to_fp16(mod):
+    """Relax ``ToMixedPrecision``: fp16 compute and accumulation; the signature stays fp32."""
+    from tvm import relax
+
+    return relax.transform.ToMixedPrecision(out_dtype="float16")(mod)
+
+
+def convert_layout(mod, layout: str, kernel_layout: str = "OHWI"):
+    """Run every ``conv2d`` in ``layout`` with ``kernel_layout`` weights (inputs and outputs converted
+    where the graph needs NCHW), with the clean-ups that make that cheap.
+
+    ``clip`` has no layout rule in Relax: ConvertLayout wrapped every int8 quantize (and ReLU6) in a
+    transpose pair, a standalone strided kernel after each convolution. Clips become
+    ``minimum(maximum(x, lo), hi)`` first (:func:`clip_to_min_max`), which convert. In NHWC, int8
+    convolutions with a channel count that is not a multiple of 4 (RGB stems) get their input and weight
+    zero-padded to 4 channels (:func:`pad_int8_conv_channels`: one 4-byte load per pixel instead of a
+    byte gather), and stride-2 ones over at most 4 (padded) channels run on a space-to-depth input
+    (:func:`space_to_depth_int8_convs`). Last, transposes that only move axes of extent 1 become
+    reshapes (:func:`unit_transposes_to_reshapes`).
+    """
+    if layout == "NCHW":
+        return mod
+    from tvm import relax
+
+    mod = clip_to_min_max(mod)
+    mod = relax.transform.ConvertLayout({"relax.nn.conv2d": [layout, kernel_layout]})(mod)
+    if layout == "NHWC":
+        mod = space_to_depth_int8_convs(pad_int8_conv_channels(mod))
+    return unit_transposes_to_reshapes(mod)
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One step of :data:`PASSES`."""
+
+    name: str
+    applies: Callable[[Any], bool]  # VariantLayout -> bool
+    run: Callable[[Any, Any], Any]  # (mod, VariantLayout) -> mod
+
+
+#: The rewrites of :func:`~inferx_edge.compiler.variant.prepare_variant`, in order.
+PASSES: tuple[Pass, ...] = (
+    Pass("to_fp16", lambda v: v.precision == "fp16", lambda mod, v: to_fp16(mod)),
+    Pass("convert_layout", lambda v: v.conv != "NCHW", lambda mod, v: convert_layout(mod, v.conv, v.kernel)),
+    # CUDA int8/mixed: their float depthwise convs
+    Pass(
+        "fp16_bounded_depthwise", lambda v: v.conv == "NHWC" and v.quantized, lambda mod, v: fp16_bounded_depthwise(mod)
+    ),
+)
+
+__all__ = [
+    "FP16_MAX",
+    "MAX_BAKED_GROWTH",
+    "PASSES",
+    "Pass",
+    "bake_weight_transforms",
+    "clip_to_min_max",
+    "convert_layout",
+    "fp16_bounded_depthwise",
+    "pad_int8_conv_channels",
+    "space_to_depth_int8_convs",
+    "to_fp16",
+    "unit_transposes_to_reshapes",
+]
