@@ -22,7 +22,9 @@ from packaging.utils import canonicalize_name
 #: GPL-family identifiers that forbid closed redistribution of a combined work (LGPL/GPL-with-exception
 #: are not matched: "LGPL" and "Lesser" are excluded before this test)
 _COPYLEFT = re.compile(r"\b(A?GPL|GNU (Affero )?General Public License)", re.I)
-_WEAK = re.compile(r"\b(LGPL|Lesser General Public|Library General Public|GPL[- ]?[23]?[.0-9]*[- ]with[- ]\w*[- ]?exception)", re.I)
+_WEAK = re.compile(r"\b(LGPL|Lesser General Public|Library General Public)", re.I)
+#: a GPL with a linking exception (SPDX ``WITH Classpath-exception-2.0``, "GPL with runtime exception")
+_EXCEPTION = re.compile(r"\bwith\b[^;()]*\bexception\b", re.I)
 
 
 def licence_of(dist: metadata.Distribution) -> str:
@@ -43,7 +45,7 @@ def is_strong_copyleft(licence: str) -> bool:
     choice: the package passes when any alternative is permissive."""
     for alternative in re.split(r"\s+OR\s+", licence):
         text = _WEAK.sub("", alternative)
-        if not _COPYLEFT.search(text):
+        if not _COPYLEFT.search(text) or _EXCEPTION.search(text):
             return False
     return True
 

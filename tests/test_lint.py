@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 @pytest.mark.skipif(shutil.which("ruff") is None, reason="ruff not installed (pip install '.[test]')")

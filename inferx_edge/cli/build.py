@@ -11,6 +11,8 @@ from inferx_edge.cli._common import (
     default_output,
     quantization_options,
 )
+from inferx_edge.compiler.cuda import CUDA_CODE_FORMATS
+from inferx_edge.compiler.variant import PRECISIONS
 from inferx_edge.models import DEFAULT_MODEL
 
 
@@ -22,8 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--precision",
         default="fp32",
-        help="numeric precision: fp32, fp16, int8 (calibrated) or mixed (int8 with fp32 layers where an "
-        "accuracy budget needs them); a comma list builds one variant per precision (default: fp32)",
+        help=f"numeric precision, one of {', '.join(PRECISIONS)}: int8 is calibrated, mixed is int8 with fp32 "
+        "layers where an accuracy budget needs them; a comma list builds one variant per precision (default: fp32)",
     )
     p.add_argument(
         "--batch-sizes",
@@ -36,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tuning-logs", type=Path, default=None, help="database root (default: tuning_logs/)")
     p.add_argument(
         "--cuda-code",
-        choices=["cubin", "ptx"],  # CUDA_CODE_FORMATS (not imported here: --help stays instant)
+        choices=CUDA_CODE_FORMATS,
         default="cubin",
         help="CUDA targets: cubin for the exact GPU (default) or PTX the driver JIT-compiles",
     )

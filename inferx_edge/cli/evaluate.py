@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from inferx_edge.cli._common import add_model_arguments, add_quantization_arguments, quantization_options
+from inferx_edge.compiler.variant import PRECISIONS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--precision",
         default="fp32",
-        choices=["fp32", "fp16", "int8", "mixed"],  # compiler.variant.PRECISIONS (kept literal: --help stays instant)
+        choices=PRECISIONS,
         help="precision to build and evaluate (int8/mixed calibrate on the embedded calibration set or --calib)",
     )
     add_quantization_arguments(p)

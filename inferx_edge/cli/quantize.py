@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from inferx_edge.cli._common import add_model_arguments, add_quantization_arguments, quantization_options
+from inferx_edge.compiler.variant import QUANTIZED
 from inferx_edge.models import DEFAULT_MODEL
 
 
@@ -20,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_quantization_arguments(p, plan=False)
     p.add_argument(
         "--precision",
-        choices=["mixed", "int8"],
+        choices=QUANTIZED,
         default="mixed",
         help="mixed: int8 with fp32 layers where the budget needs them (default); int8: all layers, budget checked",
     )

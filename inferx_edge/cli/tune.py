@@ -6,15 +6,15 @@ import argparse
 from pathlib import Path
 
 from inferx_edge.cli._common import add_model_arguments, quantization_options
+from inferx_edge.compiler.variant import PRECISIONS
 from inferx_edge.models import DEFAULT_MODEL
 from inferx_edge.quantize.calibration import OBSERVERS
+from inferx_edge.tune.driver import SEARCHES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    p.add_argument(
-        "--precision", default="fp32", help="precision to tune: fp32, fp16, int8 or mixed, as built (default fp32)"
-    )
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="precision to tune, as built (default fp32)")
     p.add_argument("--calib", type=Path, default=None, help="int8/mixed: calibration data (see build --help)")
     p.add_argument("--calib-method", default="entropy", choices=list(OBSERVERS))
     p.add_argument("--quant-plan", type=Path, default=None, help="int8/mixed: a plan written by 'quantize'")
@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--search",
         default="metaschedule",
-        choices=["metaschedule", "tiles", "int8-tiles"],
+        choices=SEARCHES,
         help="metaschedule: MetaSchedule's schedule space for every kernel (default); tiles (CUDA, "
         "fp16/int8/mixed): every candidate tile of build's tensor-core schedule, each kernel measured on the "
         "GPU ('int8-tiles': the same, its earlier name)",

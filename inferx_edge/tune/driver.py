@@ -7,6 +7,7 @@ goes where the FLOP-weighted expected gain is) -> summary.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -157,7 +158,39 @@ def tune_tiles(opts: TuneOptions, log=print):
     return summary
 
 
+_MS_LOGGER = "tvm.s_tir.meta_schedule"
+
+
+@contextlib.contextmanager
+def own_meta_schedule_logging():
+    """MetaSchedule independent of the caller's logging setup, for the duration of a run.
+
+    MetaSchedule's ``create_loggers`` (called for every task context) builds a ``dictConfig`` that lists
+    every handler already on the ``tvm.s_tir.meta_schedule`` logger by name: a handler without a name
+    (``addHandler(logging.StreamHandler())`` by an application or a test harness) crashes it with
+    ``'NoneType' object has no attribute 'format'``, and one named outside its config with "Unable to
+    add handler". Those handlers are set aside while tuning and put back after, with the logger's level;
+    MetaSchedule's own console output stays at warnings (its default is DEBUG)."""
+    logger = logging.getLogger(_MS_LOGGER)
+    foreign = [h for h in logger.handlers if not (h.get_name() or "").startswith(_MS_LOGGER)]
+    level = logger.level
+    for h in foreign:
+        logger.removeHandler(h)
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for h in foreign:
+            logger.addHandler(h)
+        logger.setLevel(level)
+
+
 def tune_model(opts: TuneOptions, log=print) -> TuneSummary:
+    with own_meta_schedule_logging():
+        return _tune_model(opts, log)
+
+
+def _tune_model(opts: TuneOptions, log) -> TuneSummary:
     from tvm.s_tir import meta_schedule as ms
 
     from inferx_edge.compiler.compile import resolve_tvm_target
@@ -165,7 +198,6 @@ def tune_model(opts: TuneOptions, log=print) -> TuneSummary:
     from inferx_edge.tune.builder import PersistentBuilder
     from inferx_edge.tune.progress import Progress, TimeLimitReached
 
-    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     spec, rpc, work_dir, mod = _tuning_inputs(opts, log)
     import_tensor_intrinsics()
     target = resolve_tvm_target(spec)

@@ -19,6 +19,7 @@ from inferx_edge.runtime.governor import (
     make_policy,
 )
 from inferx_edge.runtime.telemetry import Sample
+from tests.helpers import build_quietly
 
 # Shaped like the H200 ResNet-18 profile: bigger batches are faster and cheaper per frame but slower.
 TABLE = {
@@ -98,22 +99,9 @@ class FakeNVML:
 
 @pytest.fixture(scope="module")
 def multi_artifact(tmp_path_factory):
-    from inferx_edge.build import BuildOptions, build_artifact
-    from inferx_edge.models import DEFAULT_MODEL
-    from inferx_edge.targets import host_target_name
 
     out = tmp_path_factory.mktemp("multi") / "multi.ixa"
-    build_artifact(
-        BuildOptions(
-            model=DEFAULT_MODEL,
-            target=host_target_name(),
-            output=out,
-            precisions=("fp32", "fp16"),
-            batch_sizes=(1, 4),
-            tuning=False,
-        ),
-        log=lambda *a: None,
-    )
+    build_quietly(out, precisions=("fp32", "fp16"), batch_sizes=(1, 4), tuning=False)
     return out
 
 
@@ -139,7 +127,7 @@ def test_multi_variant_artifact_switches_without_reloading(multi_artifact):
 def test_profile_and_report(multi_artifact, tmp_path):
     from inferx_edge.report.profile import profile_artifact
     from inferx_edge.report.render import render
-    from tests.conftest import cli
+    from tests.helpers import cli
 
     prof = profile_artifact(
         multi_artifact,
@@ -169,7 +157,7 @@ def test_profile_and_report(multi_artifact, tmp_path):
 def test_power_mode_changes_are_opt_in(multi_artifact, tmp_path):
     from inferx_edge.report.profile import profile_artifact
     from inferx_edge.runtime.control import set_power_mode
-    from tests.conftest import cli
+    from tests.helpers import cli
 
     with pytest.raises(UsageError, match="never done by default"):
         set_power_mode(0, allowed=False)

@@ -8,7 +8,7 @@ import sys
 
 from inferx_edge.models import DEFAULT_MODEL
 from inferx_edge.targets import host_target_name
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 def test_kernel_profile_lists_every_kernel_of_the_tuned_build(tmp_path):

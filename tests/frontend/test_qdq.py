@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from inferx_edge.frontend import import_model
 from inferx_edge.quantize.driver import QuantPlan, apply_plan, make_plan
-from tests.conftest import write_onnx
+from tests.helpers import write_onnx
 
 
 def _qdq_conv_model(path, rng, zero_point=0, act_type=TensorProto.INT8):

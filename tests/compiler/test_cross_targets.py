@@ -6,8 +6,6 @@ libraries hold (ELF machine of the host code, SM version of each cubin, PTX targ
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from inferx_edge.build import BuildOptions, build_artifact
@@ -15,21 +13,7 @@ from inferx_edge.errors import BuildError, TargetMismatchError
 from inferx_edge.models import DEFAULT_MODEL
 from inferx_edge.package import open_artifact
 from inferx_edge.package.elf import elf_machine, embedded_cuda_code
-
-needs_cross = pytest.mark.skipif(shutil.which("aarch64-linux-gnu-g++") is None, reason="no aarch64 cross compiler")
-
-
-def _nvrtc12_available() -> bool:
-    from inferx_edge.compiler.cuda import find_nvrtc
-
-    try:
-        find_nvrtc(12)
-    except BuildError:
-        return False
-    return True
-
-
-needs_nvrtc = pytest.mark.skipif(not _nvrtc12_available(), reason="pip install '.[cuda12]' (NVRTC 12)")
+from tests.helpers import needs_cross, needs_nvrtc
 
 
 def _build(tmp_path, target, cuda_code="cubin"):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import cli
+from tests.helpers import cli
 
 
 def test_help_lists_every_command():
@@ -29,7 +29,7 @@ def test_evaluate_default_model_end_to_end(tmp_path):
 
 
 def test_evaluate_needs_labelled_data_for_another_model(tmp_path):
-    from tests.conftest import make_convnet
+    from tests.helpers import make_convnet
 
     r = cli("evaluate", "--model", make_convnet(tmp_path / "c.onnx"), cwd=tmp_path)
     assert r.returncode == 2 and "--data" in r.stderr

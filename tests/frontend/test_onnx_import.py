@@ -12,7 +12,7 @@ from inferx_edge.errors import ModelError, UsageError
 from inferx_edge.frontend import import_model, parse_input_shapes
 from inferx_edge.runtime import Engine
 from inferx_edge.targets import host_target_name
-from tests.conftest import cli, make_convnet, make_two_io
+from tests.helpers import cli, make_convnet, make_two_io
 
 QUIET = {"log": lambda *a: None}
 

@@ -16,7 +16,7 @@ import pytest
 
 from inferx_edge.deploy import deploy, rollback
 from inferx_edge.deploy.transports import DeployError, LocalTransport, SSHTransport
-from tests.conftest import cli, free_port
+from tests.helpers import cli, free_port
 
 QUIET = {"log": lambda *a: None}
 

@@ -13,42 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from inferx_edge.build import BuildOptions, build_artifact
 from inferx_edge.records import metaschedule as tdb
 from inferx_edge.runtime import Engine
 from inferx_edge.targets import get_target, host_target_name
 from inferx_edge.tune import TuneOptions, tune_model
-from tests.conftest import REPO, cli
+from tests.helpers import REPO, cli, make_mlp
 
 QUIET = {"log": lambda *a: None}
-
-
-def make_mlp(path: Path) -> Path:
-    rng = np.random.default_rng(3)
-    inits = [
-        numpy_helper.from_array(rng.standard_normal(s).astype(np.float32) * 0.2, n)
-        for n, s in (("w1", (64, 128)), ("b1", (128,)), ("w2", (128, 32)), ("b2", (32,)))
-    ]
-    nodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["h"]),
-        helper.make_node("Add", ["h", "b1"], ["hb"]),
-        helper.make_node("Relu", ["hb"], ["r"]),
-        helper.make_node("MatMul", ["r", "w2"], ["o"]),
-        helper.make_node("Add", ["o", "b2"], ["y"]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 32])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    path.write_bytes(model.SerializeToString())
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +33,26 @@ def _opts(mlp, root, **kw):
     return TuneOptions(
         model=mlp, target=host_target_name(), trials=kw.pop("trials", 8), per_iter=4, root=root, seed=0, **kw
     )
+
+
+def test_tuning_works_whatever_handlers_the_caller_put_on_the_meta_schedule_logger(mlp, tmp_path):
+    """An application's (or a test harness's) handler without a name on MetaSchedule's logger crashed
+    every tuning run ('NoneType' object has no attribute 'format'); one with a foreign name did too.
+    Both are set aside while tuning and are back afterwards."""
+    import logging
+
+    logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    unnamed, named = logging.StreamHandler(), logging.StreamHandler()
+    named.set_name("my-app")
+    logger.addHandler(unnamed)
+    logger.addHandler(named)
+    try:
+        summary = tune_model(_opts(mlp, tmp_path, trials=4), **QUIET)
+        assert summary.trials_run >= 4
+        assert unnamed in logger.handlers and named in logger.handlers
+    finally:
+        logger.removeHandler(unnamed)
+        logger.removeHandler(named)
 
 
 def test_tune_then_build_applies_records(mlp, tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.qemu]
 

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from inferx_edge.frontend import import_model
 from inferx_edge.quantize.calibration import QMAX, quantize_per_channel
 from inferx_edge.quantize.rewrite import calibrate, find_targets, quantize_imported
-from tests.conftest import write_onnx
+from tests.helpers import build_quietly, write_onnx
 
 
 def _run(mod, params, x):
@@ -101,25 +101,12 @@ def test_embedded_model_int8_accuracy_on_real_data(method):
 
 
 def test_build_int8_variant_with_report_and_int8_weights(tmp_path):
-    from inferx_edge.build import BuildOptions, build_artifact
-    from inferx_edge.models import DEFAULT_MODEL
     from inferx_edge.package import open_artifact
     from inferx_edge.quantize.driver import QuantOptions
     from inferx_edge.runtime import Engine
-    from inferx_edge.targets import host_target_name
 
     out = tmp_path / "i8.ixa"
-    build_artifact(
-        BuildOptions(
-            model=DEFAULT_MODEL,
-            target=host_target_name(),
-            output=out,
-            precisions=("fp32", "int8"),
-            tuning=False,
-            quant=QuantOptions(calib_method="minmax"),
-        ),
-        log=lambda *a: None,
-    )
+    build_quietly(out, precisions=("fp32", "int8"), tuning=False, quant=QuantOptions(calib_method="minmax"))
     with open_artifact(out) as art:
         v = art.manifest.variant("int8-b1")
         rep = v.extra["quantization"]
@@ -142,7 +129,7 @@ def test_build_int8_variant_with_report_and_int8_weights(tmp_path):
     ],
 )
 def test_bad_calibration_data_is_refused(tmp_path, bad, msg):
-    from tests.conftest import cli
+    from tests.helpers import cli
 
     np.save(tmp_path / "calib.npy", bad)
     r = cli("build", "--precision", "int8", "--calib", tmp_path / "calib.npy", "-o", tmp_path / "x.ixa")

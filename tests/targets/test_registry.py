@@ -4,7 +4,7 @@ import pytest
 
 from inferx_edge.errors import UsageError
 from inferx_edge.targets import TARGETS, get_target, host_target_name
-from tests.conftest import cli
+from tests.helpers import cli
 
 REQUIRED = [
     "jetson-agx-orin-64gb",

@@ -13,7 +13,7 @@ import pytest
 from inferx_edge.errors import InputError, TargetMismatchError
 from inferx_edge.package import open_artifact, read_manifest, write_artifact
 from inferx_edge.runtime import Engine
-from tests.conftest import REPO, cli
+from tests.helpers import REPO, cli
 
 
 def _image(batch=1, dtype=np.float32):

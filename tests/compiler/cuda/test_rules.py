@@ -1,0 +1,62 @@
+"""The dlight rules of the CUDA pipeline: small reductions in registers, vectorized elementwise kernels."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from tests.helpers import kernel_source, needs_nvrtc, nhwc_fp16_small_reduction, schedule_and_compile, small_conv_module
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("kind", ["depthwise", "pool"])
+def test_small_reductions_get_one_output_per_thread(kind):
+    """dlight gave these one 256-thread block per output element (9 products shared by 256 threads)."""
+    (script,) = schedule_and_compile("h200", small_conv_module(kind))
+    assert 'thread="threadIdx.x"' in script and "T.unroll" in script
+    assert 'scope="local"' in script  # the accumulator (and any epilogue) stays in the thread
+    assert "cross_thread" not in script and "tvm_thread_allreduce" not in script
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("kind", ["depthwise", "depthwise-fp16", "pool"])
+def test_fp16_nhwc_small_reductions_take_eight_channels_per_thread(kind):
+    """Each thread copies its padded 3x3 window of 8 channels into registers with 16-byte loads (the
+    bounds test once per tap), the depthwise weights too; the int8 output leaves 4 bytes at a time."""
+    from inferx_edge.compiler.cuda import SMALL_REDUCTION_CHANNELS
+
+    assert SMALL_REDUCTION_CHANNELS == 8
+    kernel = kernel_source("h200", nhwc_fp16_small_reduction(kind)).split("__global__")[-1]
+    assert "__launch_bounds__(64)" in kernel and "tvm_thread_allreduce" not in kernel
+    assert len(re.findall(r"= \*\(uint4\*\)\(x_ptr \+", kernel)) == 9  # one per tap
+    if kind == "depthwise":
+        assert len(re.findall(r"= \*\(uint4\*\)\(w_ptr \+", kernel)) == 9  # 8 channels x 9 taps
+        assert len(re.findall(r"\*\(int\*\)\(\w+_ptr \+ [^;]*\) = ", kernel)) == 2  # 2 x 4 int8 outputs
+    else:  # fp16 out: 2 x 4 halves (the 0-d ReLU6 bounds: read as they are)
+        assert len(re.findall(r"\*\(half4\*\)\(\w+_ptr \+ [^;]*\) = ", kernel)) == 2
+
+
+@needs_nvrtc
+def test_small_reductions_keep_one_output_per_thread_when_channels_do_not_divide():
+    kernel = kernel_source("h200", nhwc_fp16_small_reduction("depthwise", channels=36)).split("__global__")[-1]
+    assert "__launch_bounds__(256)" in kernel and "uint4" not in kernel
+
+
+@needs_nvrtc
+def test_large_elementwise_kernels_are_vectorized():
+    """int8 quantize and NCHW->NHWC transposes: 4 elements per thread (dlight's fallback: one)."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([8, 56, 56, 256], "float32"))
+    y = relax.Var("y", relax.TensorType([8, 256, 56, 56], "float32"))
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            q = relax.op.divide(x, relax.const(np.float32(0.1)))
+            q = relax.op.astype(relax.op.clip(relax.op.round(q), -127, 127), "int8")
+            out = bb.emit_output(relax.Tuple([q, relax.op.permute_dims(y, [0, 2, 3, 1])]))
+        bb.emit_func_output(out)
+    scripts = schedule_and_compile("h200", bb.get())
+    assert len(scripts) == 2 and all("T.vectorized(T.int64(4))" in s for s in scripts)

@@ -1,0 +1,126 @@
+"""The default tile of each GEMM shape and the tile search candidates (pure logic, no compilation)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from inferx_edge.compiler.cuda import DEFAULT_TILE, TILE_LADDER, TileConfig, tile_candidates
+
+
+def test_int8_tile_shrinks_until_every_sm_has_a_block():
+    from inferx_edge.compiler.cuda import DEFAULT_TILE, TILE_LADDER, tile_for
+
+    assert tile_for((64 * 56 * 56, 256, 576), 132) == DEFAULT_TILE  # batch 64: the big tile
+    assert tile_for((49, 512, 4608), None) == DEFAULT_TILE  # no SM count: the big tile
+    small = tile_for((49, 512, 4608), 132)  # batch-1 layer 4: 4 blocks with the big tile
+    assert small == TILE_LADDER[-1] and small.warps_i * small.frags_i * 16 == 32
+    # batch-64 layer 4 (3136 x 512): 25 x 4 blocks of 128x128 < 132 SMs; 64x128 gives 49 x 4
+    assert tile_for((3136, 512, 2048), 132) == TILE_LADDER[1]
+
+
+def test_int8_tile_does_not_double_64_output_channels():
+    from inferx_edge.compiler.cuda import DEFAULT_TILE, tile_for
+
+    def tile(c):
+        return 16 * c.warps_i * c.frags_i, 16 * c.warps_j * c.frags_j
+
+    assert tile(tile_for((64 * 56 * 56, 64, 576), 132)) == (128, 64)  # ResNet-50 layer 1, batch 64
+    assert tile(tile_for((64 * 112 * 112, 64, 196), None)) == (128, 64)  # its stem
+    assert tile(tile_for((64 * 14 * 14, 160, 960), 132)) == (128, 64)  # 160 -> 192, not 256
+    assert tile_for((64 * 56 * 56, 96, 576), 132) == DEFAULT_TILE  # 96 -> 128 either way
+    assert tile_for((64 * 7 * 7, 576, 96), None) == DEFAULT_TILE  # 640 for 576: within 1/8
+
+
+def test_narrow_int8_gemms_get_narrow_tiles_and_shallow_stages():
+    """MobileNetV2's 16-32-channel pointwise convolutions: tensor cores with 16- or 32-column tiles and
+    32-deep stages for K <= 32, instead of CUDA cores."""
+    from inferx_edge.compiler.cuda import tile_for
+
+    def tile(c):
+        return 16 * c.warps_i * c.frags_i, 16 * c.warps_j * c.frags_j, 16 * c.k_frags
+
+    assert tile(tile_for((64 * 56 * 56, 24, 144), 132)) == (128, 32, 64)  # project 144 -> 24
+    assert tile(tile_for((64 * 112 * 112, 16, 32), 132)) == (128, 16, 32)  # project 32 -> 16
+    assert tile(tile_for((64 * 56 * 56, 144, 24), 132))[1:] == (64, 32)  # expand 24 -> 144
+    assert tile(tile_for((64 * 14 * 14, 48, 576), 132))[1] == 16  # 48 = 3 x 16, not 64
+    assert tile(tile_for((64 * 56 * 56, 64, 576), 132))[1] == 64  # 64 channels as before
+
+
+def test_tile_text_round_trips_and_bad_text_names_the_form():
+    extra = (
+        replace(DEFAULT_TILE, pipeline="async", padded_vector=16),
+        replace(DEFAULT_TILE, pipeline="async3", acc_pad=8, weight_vector=16),
+        replace(DEFAULT_TILE, pipeline="async4", fragment_buffers=2),
+    )
+    for cfg in TILE_LADDER + extra + (TileConfig(),):
+        assert TileConfig.parse(cfg.text()) == cfg
+    assert TileConfig.parse("2x4.2x4.k4.v16.async.mma") == replace(DEFAULT_TILE, pipeline="async")
+    assert TileConfig.parse("2x4.2x4.k4.v16.a8.w16.async3.mma") == replace(
+        DEFAULT_TILE, pipeline="async3", acc_pad=8, weight_vector=16
+    )
+    for bad in (
+        "2x4.2x4.k4",
+        "2x4.2x4.k4.v16.mma.mma",
+        "2x4.2x4.k4.v16.fast",
+        "2x4.2x4.k4.v3.mma",
+        "0x4.2x4.k4.v16",
+        "2x4.2x4.k4.v16.a6.mma",  # accumulator rows pad by a multiple of 4 ints (16-byte epilogue loads)
+        "2x4.2x4.k4.v16.a8.a8.mma",
+        "2x4.2x4.k4.v16.r2.wmma",  # register double buffering is built for ldmatrix/mma.sync only
+        "2x4.2x4.k4.v16.r3.mma",
+        "2x4.2x4.k4.v16.async5.mma",
+    ):
+        with pytest.raises(ValueError, match="int8 tile"):
+            TileConfig.parse(bad)
+
+
+def test_candidates_start_with_the_default_and_vary_what_the_kernel_can_use():
+    from inferx_edge.compiler.cuda import tile_for
+
+    extents = (64 * 14 * 14, 256, 2304)  # ResNet-50 layer 3, 3x3, batch 64
+    cands = tile_candidates(extents, 132, input_padded=True)
+    assert cands[0] == tile_for(extents, 132) and len(set(cands)) == len(cands)
+    assert {c.pipeline for c in cands} == {"", "async", "async3"} and {c.padded_vector for c in cands} == {4, 16}
+    assert any(c.k_frags == 8 for c in cands)  # deeper stages where K allows
+    assert all(c.k_frags == 8 for c in cands if c.pipeline == "async3")  # three buffers of 128-deep stages
+    # every tile also with the padded accumulator tile (2-way instead of 8-way bank conflicts) and
+    # 16-byte weight loads
+    twins = {replace(c, acc_pad=0, weight_vector=4) for c in cands if (c.acc_pad, c.weight_vector) == (8, 16)}
+    assert twins == {c for c in cands if (c.acc_pad, c.weight_vector) == (0, 4)}
+    # a weight that does not run along K (a transposed classifier weight): the padded accumulator twins
+    # keep 4-byte weight loads (16-byte ones would compile to the same kernel)
+    kj = tile_candidates(extents, 132, input_padded=True, weights_along_k=False)
+    assert {c.weight_vector for c in kj} == {4} and len(kj) == len(cands)
+    assert {replace(c, weight_vector=16) for c in kj if c.acc_pad} == {c for c in cands if c.acc_pad}
+    assert "async3" not in {c.pipeline for c in tile_candidates((64 * 56 * 56, 64, 576), 132)}  # K < 1024
+    unpadded = tile_candidates(extents, 132, input_padded=False)
+    assert {c.padded_vector for c in unpadded} == {4} and len(unpadded) < len(cands)
+    # 3136 rows: 128-row tiles pad them (predicated loads: 16-byte variants), 64-row tiles do not
+    ragged = tile_candidates((3136, 512, 2048), 132, input_padded=False)
+    assert {16 * c.warps_i * c.frags_i for c in ragged if c.padded_vector == 16} == {128}
+    # nothing smaller than a quarter of the default tile on a large GEMM
+    assert all(16 * c.warps_i * c.frags_i * 16 * c.warps_j * c.frags_j >= 128 * 128 // 4 for c in cands)
+
+
+def test_large_int8_gemms_also_get_8_warp_tiles():
+    """128x256 and 256x128 tiles of 8 warps (cuBLASLt's shape), pipelined, 128-deep: only for int8
+    GEMMs with K >= 1024 that give every SM a block and do not pad J much."""
+    cands = tile_candidates((4096, 4096, 4096), 132, input_padded=False)
+    wide = [c for c in cands if c.warps_i * c.warps_j == 8]
+    assert {(16 * c.warps_i * c.frags_i, 16 * c.warps_j * c.frags_j) for c in wide} == {(128, 256), (256, 128)}
+    assert all(c.k_frags == 8 and c.pipeline in ("async", "async3") for c in wide) and len(set(cands)) == len(cands)
+    assert {c.fragment_buffers for c in wide} == {1, 2}
+    assert all(c.pipeline == "async3" and c.acc_pad for c in wide if c.fragment_buffers == 2)
+    assert wide[0].text() == "2x4.4x4.k8.v16.async.mma" and "2x4.4x4.k8.v16.a8.w16.r2.async3.mma" in {
+        c.text() for c in wide
+    }
+    eight = lambda cs: [c for c in cs if c.warps_i * c.warps_j == 8]  # noqa: E731
+    assert not eight(tile_candidates((4096, 4096, 4096), 132, input_padded=False, int8=False))  # fp16: too much smem
+    assert not eight(tile_candidates((4096, 4096, 512), 132, input_padded=False))  # K < 1024
+    assert not eight(tile_candidates((1024, 1024, 4096), 132, input_padded=False))  # 32 blocks for 132 SMs
+    assert not eight(tile_candidates((8192, 320, 2048), 132, input_padded=False))  # 320 columns padded to 384+
+    # a padded convolution's 8-warp tiles also come with 16-byte predicated loads
+    padded = eight(tile_candidates((64 * 28 * 28, 512, 1152), 132, input_padded=True))
+    assert {c.padded_vector for c in padded} == {4, 16}
