@@ -37,7 +37,7 @@ def small_reduction_kernels(model: Path, batch: int, precision: str, target: str
     from inferx_edge.quantize.driver import QuantOptions
     from inferx_edge.targets import get_target
     from inferx_edge.tune import TuneOptions
-    from inferx_edge.tune.driver import _precision_module
+    from inferx_edge.tune.driver import precision_module
 
     spec = get_target(target)
     shapes = {onnx.load(str(model), load_external_data=False).graph.input[0].name: (batch, 3, 224, 224)}
@@ -50,7 +50,7 @@ def small_reduction_kernels(model: Path, batch: int, precision: str, target: str
         precision=precision,
         quant=QuantOptions(calib=calib, calib_method="minmax"),
     )
-    mod = relax.get_pipeline("zero")(_precision_module(import_model(model, shapes), spec, opts, lambda *a: None))
+    mod = relax.get_pipeline("zero")(precision_module(import_model(model, shapes), spec, opts, lambda *a: None))
     tvm_target = resolve_tvm_target(spec)
     with tvm_target:
         return {

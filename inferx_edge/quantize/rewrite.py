@@ -66,11 +66,9 @@ def find_targets(func) -> list[QuantTarget]:
     for var, value in bindings.items():
         if not isinstance(value, relax.Call) or not hasattr(value.op, "name"):
             continue
-        # grouped (depthwise) convs stay float. Measured on MobileNetV2 (real weights, 232 natural-image
-        # crops): int8 depthwise convs cost 10-18 points of top-1 agreement with the float model with
-        # per-tensor input scales, 4-8 with per-channel ones; and on an H200 the int8 depthwise kernel
-        # (one output per thread, byte loads) made batch 64 slower: 28,488 vs 33,009 img/s
-        # (benchmarks/results/gpu_vision_h200_run9.json vs run8)
+        # grouped (depthwise) convs stay float: int8 depthwise convs cost MobileNetV2 (real weights)
+        # several points of top-1 agreement with the float model, and their int8 kernel was slower than
+        # the float one (benchmarks/README.md, "INT8 and mixed precision")
         if (
             value.op.name == "relax.nn.conv2d"
             and str(value.attrs.kernel_layout) == "OIHW"

@@ -87,7 +87,7 @@ class TuneOptions:
             raise UsageError(f"--per-iter must be positive, got {self.per_iter}")
 
 
-def _precision_module(imported, spec, opts: TuneOptions, log):
+def precision_module(imported, spec, opts: TuneOptions, log):
     """The Relax module ``build`` compiles for ``opts.precision`` on ``spec`` (same rewrites, same
     layouts, same kernels)."""
     from inferx_edge.compiler.variant import prepare_variant, variant_layout
@@ -143,7 +143,7 @@ def _tuning_inputs(opts: TuneOptions, log):
     log(f"[1/4] importing {opts.model}")
     imported = import_model(opts.model, opts.input_shapes)
     work_dir = tdb.model_database_dir(spec, imported, opts.precision, opts.root)
-    return spec, rpc, work_dir, relax.get_pipeline("zero")(_precision_module(imported, spec, opts, log))
+    return spec, rpc, work_dir, relax.get_pipeline("zero")(precision_module(imported, spec, opts, log))
 
 
 def tune_tiles(opts: TuneOptions, log=print):

@@ -56,8 +56,7 @@ def _compile_candidate(
     Returns its path, or None when the tile does not apply to the kernel. With ``lower_priority`` the
     worker (and the CUDA compiler it spawns) drops to :data:`COMPILE_NICENESS`: candidates are timed
     on a local GPU while others compile on every core, and a starved launching process puts gaps
-    between kernel launches (on the H200 host a 4096^3 GEMM tile timed that way read 204 TOPS against
-    659 with the pool idle)."""
+    between kernel launches, which reads as a slow tile."""
     global _niced
     if lower_priority and not _niced:
         _niced = True

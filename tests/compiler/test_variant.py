@@ -36,7 +36,7 @@ def test_tune_tunes_the_kernels_build_compiles_for_each_precision():
 
     from inferx_edge.frontend import import_model
     from inferx_edge.models import DEFAULT_MODEL
-    from inferx_edge.tune.driver import TuneOptions, _precision_module
+    from inferx_edge.tune.driver import TuneOptions, precision_module
 
     im = import_model(DEFAULT_MODEL, {"image": (1, 1, 28, 28)})
 
@@ -46,7 +46,7 @@ def test_tune_tunes_the_kernels_build_compiles_for_each_precision():
         opts = TuneOptions(
             model=DEFAULT_MODEL, target=target, input_shapes={"image": (1, 1, 28, 28)}, precision=precision
         )
-        mod = relax.get_pipeline("zero")(_precision_module(im, get_target(target), opts, log=lambda *a: None))
+        mod = relax.get_pipeline("zero")(precision_module(im, get_target(target), opts, log=lambda *a: None))
         return " ".join(f.script() for gv, f in mod.functions_items() if "conv2d" in gv.name_hint)
 
     assert '"int8"' in dtypes("int8") and '"int8"' not in dtypes("fp32")

@@ -7,8 +7,8 @@ import re
 
 from inferx_edge.compiler.cuda.tile import TileConfig
 
-#: tensor cores when every non-batch matmul dim is at least this (dlight: larger than 64, which left
-#: ResNet-50's 64-channel convs on CUDA-core int8: about a quarter of its int8 batch-64 time on an H200)
+#: tensor cores when every non-batch matmul dim is at least this (dlight: larger than 64, which leaves
+#: 64-channel convolutions, common in CNN stems and first stages, on CUDA cores)
 MIN_TENSORIZE_DIM = 64
 
 

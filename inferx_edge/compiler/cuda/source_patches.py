@@ -25,7 +25,10 @@ def fix_int8_vector_constants(code: str) -> str:
     """Repair TVM 0.27's CUDA codegen for constant int8 vectors of 8 and 16 lanes: it prints
     ``make_int4((signed char)0, ... 16 values)`` (e.g. the zero a padded convolution's 16-byte activation
     load takes outside the image), which does not compile. Each group of 4 chars becomes the int holding
-    those bytes (little-endian), so the vector keeps its bits."""
+    those bytes (little-endian), so the vector keeps its bits.
+
+    Remove when: TVM prints int8 vector constants that compile (the guard test
+    ``test_guard_tvm_still_prints_16_char_int8_constants`` then fails)."""
 
     def packed(m: re.Match) -> str:
         n = int(m.group(1))
@@ -53,9 +56,11 @@ def drop_own_lane_shuffles(code: str) -> str:
     names; the accumulator store reads each thread's own values (lane ``threadIdx.x``, width 32,
     which TVM emits only where threadIdx.x spans whole warps, so the source lane is the thread's own)
     and so paid 128 shuffles per thread for a 64x64 warp tile. Without them nvcc also merges the
-    stores into 8-byte ones. On the H200's 4096^3 int8 GEMM a prototype giving the same PTX (TVM's
-    mma_store builtin, which fails to lower for some convolutions) went from 679 to 687 TOPS in one
-    run; the best tile measured 685 with this repair (gpu_int8_matmul_h200_tiles5.json)."""
+    stores into 8-byte ones. (TVM's ``mma_store`` builtin gives the same PTX but fails to lower for some
+    convolutions, hence a source repair.)
+
+    Remove when: TVM reads a thread's own warp-buffer values without a shuffle (the guard test
+    ``test_int8_accumulators_leave_registers_without_warp_shuffles`` then fails)."""
     out, pos = [], 0
     while (start := code.find(_OWN_LANE_SHUFFLE, pos)) >= 0:
         i, depth = start + len(_OWN_LANE_SHUFFLE), 0
@@ -151,14 +156,14 @@ def interleave_pipelined_copies(code: str) -> tuple[str, int]:
     and every warp has finished stage k-1's math, whose buffer ((k+L) mod (L+1)) the copies refill.
     Only for L >= 2 (``async3``, ``async4``): the copies of stage k+L now start after stage k has landed
     instead of before, which costs nothing with another stage in flight but exposed the load latency
-    with two buffers (L = 1, ``async``: the 8-warp 128x256 tile read 580 TOPS rewritten, 619-621 as TVM
-    emits it, in two runs): those loops are left alone.
+    with two buffers (L = 1, ``async``, measured slower rewritten): those loops are left alone.
     Copy loops that are not plain cp.async (the predicated synchronous loads of a padded convolution's
     input) and single copies go right after the barrier instead. A loop that does not have exactly
     this shape (no cp.async pipeline, one 32-deep step per stage, anything unexpected) is left as it is.
-    On the H200's 4096^3 int8 GEMM (hand-edited TVM source, 2 alternating rounds, exact): the 8-warp
-    128x256 tile with three buffers 591-594 -> 742-747 TOPS (one barrier alone: 638), with fragment
-    double buffering 597-605 -> 749-754; the 4-warp 128x128 tile 659-665 -> 670-671 (cuBLASLt 824-868)."""
+    The A/B measurement is ``gpu_int8_matmul_h200_compare2*`` (benchmarks/README.md).
+
+    Remove when: TVM's software pipeline can spread a stage's copies over the inner loop with one
+    barrier (the guard in ``test_pipelined_copies_are_spread_over_the_math_steps`` then fails)."""
     out, pos, changed = [], 0, 0
     for m in re.finditer(r"for \(int (\w+) = 0; \1 < \d+; \+\+\1\) \{", code):
         if m.start() < pos or _COMMIT not in code[m.end() : m.end() + 20000]:

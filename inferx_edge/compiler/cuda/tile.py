@@ -27,15 +27,13 @@ class TileConfig:
     vector: int = 4
     #: how global loads overlap the tensor-core math: "" none (load, sync, compute); "async": cp.async
     #: into double-buffered shared memory (sm_80+; needs ``pass_config(async_copy=True)``). With mma the
-    #: buffers are dynamic shared memory: exact, 0.96-1.31x the synchronous tile per ResNet-50 conv
-    #: shape at batch 64 and 0.84-1.37x at batch 1, 1.38x on a 4096^3 GEMM (H200,
-    #: gpu_conv_int8_h200_b64_async_dyn.json, gpu_int8_matmul_h200_untuned.json); not the default
-    #: until measured end to end. With wmma they are static (merged with the int32 tile, TVM 0.27's
+    #: buffers are dynamic shared memory; faster than the synchronous tile on some shapes and slower on
+    #: others (``gpu_conv_int8_h200_*async_dyn`` records), so the tile search, not the rule, picks it. With wmma they are static (merged with the int32 tile, TVM 0.27's
     #: LowerAccessPtr rejects some small wmma tiles), and a tile whose static plus dynamic shared memory
     #: passes 48 KB fails to launch. (A register-prefetch pipeline built with TVM's software
     #: pipelining gave wrong sums with wmma: not offered.) "async3": three shared-memory buffers, the
     #: loads of two stages in flight while one is computed; "async4": four buffers, three in flight
-    #: (not searched: 560-616 TOPS against async3's 670 on the H200's 4096^3 GEMM, _tiles3.json).
+    #: (forceable, not a search candidate: it measured slower than async3, benchmarks/README.md).
     pipeline: str = ""
     #: the warp-level instructions: "wmma" (``wmma::load_matrix_sync``/``mma_sync``, 16x16x16) or "mma"
     #: (``ldmatrix`` into registers and ``mma.sync.m16n8k32``: the full-rate int8 instruction; the
@@ -49,8 +47,7 @@ class TileConfig:
     #: Unpadded (0), a row is 32-128 ints (a multiple of 32 banks), and the mma store of the
     #: accumulators writes 8 rows per instruction into the same 4 banks (8-way bank conflicts, seen in
     #: the generated CUDA); 8 makes it 2-way. Offered by the tile search with 16-byte weight loads
-    #: (``.a8.w16``), which on an H200 were the fastest in 26 of ResNet-50's 30 int8 batch-64 kernel
-    #: groups and 15 of MobileNetV2's 21, and took the 4096^3 int8 GEMM from 615 to 677 TOPS.
+    #: (``.a8.w16``), which win most recorded kernel groups (``tuning_logs/h200/*/tiles.json``).
     acc_pad: int = 0
     #: bytes per weight (B operand) load: 4 by default; 16 where the weight runs along K (int8 conv
     #: weights stored OHWI do); a weight that does not (transposed inside the kernel, [K, J]) keeps 4
@@ -60,9 +57,8 @@ class TileConfig:
     #: (ldmatrix) while the current step's mma.sync instructions run (TVM's software pipeline on the
     #: loop inside a shared-memory stage); 1 loads, then multiplies. Stages of one 32-deep step have
     #: nothing to overlap and keep 1. A tile-search candidate only with the 8-warp tiles
-    #: (:data:`INT8_WIDE_TILES`, three buffers): there it was the fastest on the H200's 4096^3 int8 GEMM
-    #: (758-759 TOPS against 753, gpu_int8_matmul_h200_tiles6.json); on the 4-warp 128x128 tile as fast
-    #: as one buffer (685 TOPS, gpu_int8_matmul_h200_tiles5.json).
+    #: (:data:`INT8_WIDE_TILES`, three buffers), where it pays; on 4-warp tiles it measured no faster
+    #: than one buffer (``gpu_int8_matmul_h200_tiles*`` records).
     fragment_buffers: int = 1
 
     def text(self) -> str:
@@ -131,21 +127,17 @@ class TileConfig:
 
 
 #: the tile int8 tensor-core kernels get: 2x2 warps of 4x4 16x16 fragments (128x128 outputs per block,
-#: as dlight's) with 64-deep reduction stages, through ldmatrix and mma.sync.m16n8k32. On an H200
-#: (benchmarks/results/gpu_conv_int8_h200.json) this tile was the fastest of five on all six ResNet-50
-#: conv shapes at batch 64 with wmma: 1.23-1.61x dlight's (4x2, 4x2, k16) tile, exact. 16-byte loads
-#: (operands the tile does not pad) gained 0-6 % over 4-byte ones (gpu_conv_int8_h200_b64_pipe.json).
-#: mma against wmma, same tiles (gpu_conv_int8_h200_b64_mma.json, _b1_mma.json): 0.93-1.11x per shape
-#: at batch 64, 0.82-1.53x at batch 1; ResNet-50 int8 end to end 3.79 ms (batch 64) and 0.613 ms
-#: (batch 1) against 3.90 and 0.718 with wmma (gpu_vision_h200_run13.json against run 10).
+#: as dlight's) with 64-deep reduction stages, through ldmatrix and mma.sync.m16n8k32 (the full-rate
+#: int8 instruction) and 16-byte loads of operands the tile does not pad: the fastest of the tiles
+#: compared on ResNet-50's conv shapes, faster than dlight's own and than wmma end to end
+#: (``gpu_conv_int8_h200*`` records, benchmarks/README.md).
 DEFAULT_TILE = TileConfig(warps_i=2, frags_i=4, warps_j=2, frags_j=4, k_frags=4, vector=16, intrin="mma")
 
 
 #: smaller tiles for small GEMMs (batch 1: ResNet-50's last convolutions have 49 output pixels) and
 #: narrow ones (64 output channels), largest first; :func:`tile_for` picks among them. All keep
-#: 4 warps and the 64-deep stage of :data:`DEFAULT_TILE`. On an H200 at batch 1 the tile this picks ran
-#: ResNet-50's layer-2 to layer-4 convolutions 1.3-2.0x faster than the 128x128 tile
-#: (gpu_conv_int8_h200_b1_pipe.json).
+#: 4 warps and the 64-deep stage of :data:`DEFAULT_TILE`. Smaller GEMMs get a tile that still gives
+#: every SM a block (``gpu_conv_int8_h200_b1_pipe`` record).
 TILE_LADDER = (
     DEFAULT_TILE,
     TileConfig(warps_i=2, frags_i=2, warps_j=2, frags_j=4, k_frags=4, vector=16, intrin="mma"),  # 64 x 128
@@ -166,10 +158,9 @@ NARROW_TILES = (
 #: 8-warp tiles the tile search adds for large int8 GEMMs (K >= 1024, at least one block per SM):
 #: 128x256 and 256x128 outputs, 64x64 per warp, 128-deep stages, cp.async pipelines only (about
 #: 162 KB of shared memory with three buffers: one block per SM). The shape of cuBLASLt's own int8
-#: kernel on an H200 (``cutlass_80_tensorop_i16832gemm_s8_128x256_128x3``). Once each stage's copies
-#: are spread over its 32-deep steps (:func:`~inferx_edge.compiler.cuda.interleave_pipelined_copies`)
-#: the 128x256 tile ran the 4096^3 GEMM at 742-754 TOPS against 659-671 for the best 4-warp tile;
-#: with TVM's own loop (two barriers, copies in one burst) at 591-605.
+#: kernel (``cutlass_80_tensorop_i16832gemm_s8_128x256_128x3``). They pay once each stage's copies
+#: are spread over its 32-deep steps (:func:`~inferx_edge.compiler.cuda.interleave_pipelined_copies`);
+#: with TVM's own loop (two barriers, copies in one burst) the 4-warp tiles stay faster.
 INT8_WIDE_TILES = (
     TileConfig(warps_i=2, frags_i=4, warps_j=4, frags_j=4, k_frags=8, vector=16, intrin="mma"),  # 128 x 256
     TileConfig(warps_i=4, frags_i=4, warps_j=2, frags_j=4, k_frags=8, vector=16, intrin="mma"),  # 256 x 128

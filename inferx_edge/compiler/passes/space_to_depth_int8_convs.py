@@ -25,9 +25,8 @@ def space_to_depth_int8_convs(mod, max_channels: int = 16):
     space-to-depth input ``X[n, i, j, (p, q, c)] = x[n, 2i+p, 2j+q, c]`` with the weight rearranged
     alike (zero taps added where the kernel is odd or the padding is odd; ResNet-50's 7x7 stem becomes
     4x4 over 16 channels, MobileNetV2's 3x3 one 2x2). Each output pixel's inputs are then whole
-    16-byte pixels of contiguous reduction instead of 4-byte ones: ResNet-50's stem, the
-    ``I x 64 x 196`` implicit GEMM gathered 4 bytes at a time, was its slowest kernel at batch 64 on
-    an H200 (0.20 ms of 2.3). The input rearrangement fuses into the kernel that quantizes the input;
+    16-byte pixels of contiguous reduction instead of 4-byte ones (a stem gathering 4 bytes at a time
+    is among a network's slowest kernels). The input rearrangement fuses into the kernel that quantizes the input;
     the weight's is done at build time (:func:`bake_weight_transforms`)."""
     import tvm
     from tvm import relax

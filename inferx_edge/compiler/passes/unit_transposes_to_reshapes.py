@@ -10,8 +10,7 @@ def unit_transposes_to_reshapes(mod):
     values in the same memory order).
 
     ConvertLayout transposes a one-channel NCHW input to NHWC and a pooled (N, 1, 1, C) result back;
-    as transposes those are index-computing copy kernels (18 us of the embedded model's 0.67 ms at
-    batch 64 on the 2-core build host, fused with the input normalization), as reshapes the
+    as transposes those are index-computing copy kernels (fused with the input normalization), as reshapes the
     normalization is a plain elementwise kernel and a lone reshape is a view.
     """
     import tvm

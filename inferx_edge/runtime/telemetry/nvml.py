@@ -1,7 +1,6 @@
 """NVML (datacenter GPUs): energy counter, power, clocks, temperature, utilization, throttle reasons.
 
-Read-only. ``nvmlDeviceGetTotalEnergyConsumption`` is the energy source (mJ, updated ~every 100 ms on
-an H200); ``nvmlDeviceGetPowerUsage`` is a ~1 s average, reported for reference only.
+Read-only. ``nvmlDeviceGetTotalEnergyConsumption`` is the energy source (mJ; on datacenter GPUs it updates about every 100 ms); ``nvmlDeviceGetPowerUsage`` is a ~1 s average, reported for reference only.
 """
 
 from __future__ import annotations

@@ -18,9 +18,8 @@ MIN_SMALL_REDUCTION_OUTPUTS = 4096
 
 #: fp16 small reductions (depthwise convolutions, pooling) whose innermost output axis (NHWC's channels)
 #: is a multiple of this give each thread this many consecutive channels: 16-byte input and weight
-#: loads. Measured on an H200, MobileNetV2's 17 fp16 depthwise convolutions at batch 64: 896 -> 439 us
-#: in all (1.4-2.4x each, outputs identical; 4 channels per thread: no gain; batch 1: unchanged; an fp32
-#: global average pool: slower, so fp32 keeps one output per thread; `benchmarks/gpu_small_reduction.py`)
+#: loads (8 measured faster than 4 and than one channel per thread for fp16; for fp32 it was slower, so
+#: fp32 keeps one output per thread: ``benchmarks/gpu_small_reduction.py`` and its record)
 SMALL_REDUCTION_CHANNELS = 8
 
 
