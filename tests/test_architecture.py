@@ -100,3 +100,16 @@ def test_default_install_pulls_no_gpl_package():
 def test_licence_files_ship():
     assert "Apache License" in (REPO / "LICENSE").read_text()[:200]
     assert (REPO / "NOTICE").exists()
+
+
+def test_support_layer_imports_no_tvm():
+    """records, targets, package, data, models and errors load without TVM (the tuner and the compiler
+    read the record formats; a device reads artifacts)."""
+    code = (
+        "import sys; import inferx_edge.records.metaschedule, inferx_edge.records.tiles, inferx_edge.targets, "
+        "inferx_edge.package, inferx_edge.data, inferx_edge.models, inferx_edge.errors; "
+        "print(sorted(m for m in sys.modules if m == 'tvm' or m.startswith('tvm.')))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
