@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 
 from inferx_edge import __version__
 from inferx_edge.errors import InferxError
@@ -25,6 +27,7 @@ COMMANDS = {
     "profile": "sweep an artifact's variants on this device: FPS, latency, power, J/frame",
     "report": "render a profile: Pareto PNG, HTML page, Markdown/CSV tables, policy picks",
     "deploy": "install an artifact on a device atomically (dir, ssh://, rpc://), self-test, roll back",
+    "keygen": "make an Ed25519 key pair to sign artifacts and to trust them on devices",
 }
 
 
@@ -43,8 +46,15 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate(signum, _frame):
+    # SIGTERM unwinds like Ctrl-C: cleanup (temporary files, child processes, locks) runs on the way out
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
     from inferx_edge.runtime._tvm import set_default_cpu_threads
 
     set_default_cpu_threads()  # before any TVM CPU work of any command (its pool reads it once)

@@ -48,6 +48,7 @@ class BuildOptions:
         cover keep default schedules: a build never fails for lack of tuning).
     tuning_root : where databases live (default ``tuning_logs/``).
     quant : calibration and accuracy budget of int8/mixed variants (:class:`~inferx_edge.quantize.driver.QuantOptions`).
+    sign_key : Ed25519 private key (PEM) to sign the artifact with (:mod:`inferx_edge.package.signing`).
     """
 
     model: Path
@@ -62,6 +63,7 @@ class BuildOptions:
     tuning: bool = True
     tuning_root: Path | None = None
     quant: QuantOptions = field(default_factory=QuantOptions)
+    sign_key: Path | None = None
 
     def __post_init__(self) -> None:
         from inferx_edge.compiler.cuda import CUDA_CODE_FORMATS
@@ -73,6 +75,10 @@ class BuildOptions:
         if any(b <= 0 for b in self.batch_sizes):
             raise UsageError(f"batch sizes must be positive, got {list(self.batch_sizes)}")
         check_choice("CUDA code format", self.cuda_code, CUDA_CODE_FORMATS)
+        if self.sign_key is not None:
+            from inferx_edge.package.signing import load_private_key
+
+            load_private_key(self.sign_key)  # a missing or wrong key fails before an hour of compiling
 
     def variant_grid(self, model_batch: int) -> list[tuple[str, int]]:
         """(precision, batch) of every variant: ``precisions`` x ``batch_sizes`` (default: the model's batch)."""
@@ -226,4 +232,4 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
             },
         )
         log(f"[4/4] packaging {opts.output}")
-        return write_artifact(opts.output, manifest, members)
+        return write_artifact(opts.output, manifest, members, sign_key=opts.sign_key)

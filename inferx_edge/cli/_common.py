@@ -115,3 +115,14 @@ def quantization_options(args: argparse.Namespace, **overrides):
 
     values = {name: getattr(args, name) for name in QUANTIZATION_OPTIONS if hasattr(args, name)}
     return QuantOptions(**(values | overrides))
+
+
+def add_trust_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--trust",
+        type=Path,
+        default=None,
+        metavar="PUBKEY|DIR",
+        help="accept only artifacts signed by this key (or any *.pub in DIR); default: $INFERX_TRUST_DIR or "
+        "~/.config/inferx_edge/trusted/ when it exists, else unsigned artifacts are accepted",
+    )

@@ -34,6 +34,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="build one variant per batch size (the model's batch dimension must be dynamic)",
     )
     add_quantization_arguments(p)
+    p.add_argument(
+        "--sign",
+        type=Path,
+        default=None,
+        metavar="KEY",
+        help="sign the artifact with this Ed25519 private key (see keygen)",
+    )
     p.add_argument("--no-tuning", action="store_true", help="ignore tuning databases: default schedules only")
     p.add_argument("--tuning-logs", type=Path, default=None, help="database root (default: tuning_logs/)")
     p.add_argument(
@@ -81,11 +88,14 @@ def run(args: argparse.Namespace) -> int:
         tuning=not args.no_tuning,
         quant=quantization_options(args),
         tuning_root=args.tuning_logs,
+        sign_key=args.sign,
     )
     manifest = build_artifact(opts)
     size = output.stat().st_size
     print(
         f"wrote {output} ({size / 1024:.0f} KiB; target {spec.name}; variants "
-        f"{', '.join(v.name for v in manifest.variants)})"
+        f"{', '.join(v.name for v in manifest.variants)}"
+        + (f"; signed with {args.sign}" if args.sign else "; unsigned")
+        + ")"
     )
     return 0

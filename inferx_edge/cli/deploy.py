@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from inferx_edge.cli._common import add_trust_argument
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("artifact", type=Path, nargs="?", help="artifact to install (omit with --rollback)")
@@ -23,6 +25,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--repeat", type=int, default=20, help="timed runs in the self-test (default 20)")
     p.add_argument(
+        "--keep", type=int, default=3, help="releases kept on the device for rollback, current included (default 3)"
+    )
+    add_trust_argument(p)
+    p.add_argument(
         "--ssh-option",
         action="append",
         default=[],
@@ -35,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
     from inferx_edge.deploy import deploy, rollback
     from inferx_edge.errors import UsageError
 
+    if args.repeat < 0:
+        raise UsageError(f"--repeat must be 0 or more, got {args.repeat}")
     common = dict(
         selftest=not args.no_selftest, python=args.remote_python, repeat=args.repeat, ssh_options=args.ssh_option
     )
@@ -45,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         if args.artifact is None:
             raise UsageError("deploy needs an artifact (or --rollback)")
-        result = deploy(args.artifact, args.to, **common)
+        result = deploy(args.artifact, args.to, trust=args.trust, keep=args.keep, **common)
         verb = "uploaded and loaded" if result.destination.startswith("rpc://") else "installed"
         print(
             f"{verb} {result.installed} at {result.destination}"

@@ -7,25 +7,28 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from inferx_edge.cli._common import add_trust_argument
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("artifact", type=Path)
     p.add_argument("--json", action="store_true", help="print the whole manifest as JSON")
+    add_trust_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    from inferx_edge.package import open_artifact
+    from inferx_edge.package.bundle import verify_artifact
 
-    with open_artifact(args.artifact) as art:
-        m = art.manifest
+    m, provenance = verify_artifact(args.artifact, trust=args.trust)
     if args.json:
-        print(json.dumps(asdict(m), indent=2))
+        print(json.dumps(asdict(m) | {"provenance": asdict(provenance)}, indent=2))
         return 0
     t = m.target
     print(f"{args.artifact}: verified ({len(m.files)} members, sha256 ok)")
+    print(f"  {provenance.line()}")
     print(f"  model    {m.model['name']} ({m.model['format']}, sha256 {m.model['sha256'][:16]})")
     print(
-        f"  target   {t['name']} ({t['device']}, {t['host_triple']}{', ' + t['cuda_arch'] if t['cuda_arch'] else ''})"
+        f"  target   {t['name']} ({t['device']}, {t['host_triple']}{', ' + t['cuda_arch'] if t.get('cuda_arch') else ''})"
     )
     print(f"  built    {m.created} by inferx_edge {m.inferx_edge_version}, TVM {m.tvm_version}")
     for v in m.variants:

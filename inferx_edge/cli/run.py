@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from inferx_edge.cli._common import add_trust_argument
 from inferx_edge.data import load_arrays
 from inferx_edge.errors import InputError, UsageError
 
@@ -33,6 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device-id", type=int, default=0, help="GPU index for CUDA artifacts")
     p.add_argument("--warmup", type=int, default=5, help="untimed runs before timing (default 5)")
     p.add_argument("--repeat", type=int, default=50, help="timed runs (default 50); 0 skips timing")
+    add_trust_argument(p)
+    p.add_argument(
+        "--allow-nonfinite", action="store_true", help="accept NaN/Inf in float inputs (refused by default: exit 6)"
+    )
 
 
 def _load_array(path: str) -> np.ndarray | dict[str, np.ndarray]:
@@ -46,14 +51,16 @@ def _read_inputs(values: list[str], names: list[str]) -> dict[str, np.ndarray]:
         if not sep:
             name, path = "", value
         data = _load_array(path)
-        if isinstance(data, dict):
-            inputs.update(data)
-            continue
-        if not name:
-            if len(names) != 1:
-                raise UsageError(f"model has inputs {names}: give each as NAME=FILE.npy, or one .npz")
-            name = names[0]
-        inputs[name] = data
+        if not isinstance(data, dict):
+            if not name:
+                if len(names) != 1:
+                    raise UsageError(f"model has inputs {names}: give each as NAME=FILE.npy, or one .npz")
+                name = names[0]
+            data = {name: data}
+        twice = sorted(set(data) & set(inputs))
+        if twice:
+            raise UsageError(f"input {', '.join(twice)} given twice (--input {value} repeats it); give each input once")
+        inputs.update(data)
     return inputs
 
 
@@ -89,7 +96,17 @@ def run(args: argparse.Namespace) -> int:
 
     if args.output is not None and args.output.suffix.lower() not in (".npy", ".npz"):
         raise UsageError(f"--output must end in .npy or .npz, got '{args.output.name}'")
-    with Engine(args.artifact, variant=args.variant, device_id=args.device_id) as engine:
+    for flag in ("repeat", "warmup"):
+        if getattr(args, flag) < 0:
+            raise UsageError(f"--{flag} must be 0 or more, got {getattr(args, flag)}")
+    with Engine(
+        args.artifact,
+        variant=args.variant,
+        device_id=args.device_id,
+        trust=args.trust,
+        allow_nonfinite=args.allow_nonfinite,
+    ) as engine:
+        print(f"{args.artifact.name}: {engine.provenance.line()}")
         specs = engine.variant.inputs
         if args.input:
             inputs = _read_inputs(args.input, [s.name for s in specs])

@@ -1,51 +1,89 @@
-"""``deploy``: atomic install of an artifact on a device, previous kept for rollback, self-test after.
+"""``deploy``: verified, atomic install of an artifact on a device, with a rollback history.
 
 Layout on the device (a local directory or an OpenSSH host)::
 
-    DIR/releases/<model>-<target>-<sha12>.ixa   each artifact installed, by content
+    DIR/releases/<model>-<target>-<sha12>.ixa   the releases kept, by content
     DIR/current  -> releases/...                what runs
-    DIR/previous -> releases/...                what ran before; ``deploy --rollback`` swaps them back
+    DIR/previous -> releases/...                what ``deploy --rollback`` makes current
+    DIR/history.json                            releases newest first (current first), at most ``keep``
 
-The artifact is uploaded as ``releases/.<name>.part``, its sha256 is computed *on the device* and
-compared with the local file, and only then renamed into place and ``current`` switched by renaming a
-new symlink over it. An interrupted upload or a checksum mismatch leaves ``current`` untouched.
+The artifact is verified fully on this machine before anything is sent (checksums; the signature when
+a trust store exists), uploaded as ``releases/.<name>.part``, its sha256 computed *on the device* and
+compared, verified again *on the device* (``python -m inferx_edge inspect``, with the device's trust
+store), and only then renamed into place and ``current`` switched by renaming a new symlink over it.
+An interrupted upload, a mismatch or a refused artifact leaves ``current`` and the history untouched;
+a release whose self-test fails is switched back and removed, so it never pushes a good one out.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path, PurePosixPath
-from urllib.parse import urlparse
 
 from inferx_edge.deploy.result import DeployResult
-from inferx_edge.deploy.transports import DeployError, LocalTransport, SSHTransport
+from inferx_edge.deploy.transports import DeployError, LocalTransport, SSHTransport, check_login_part
 from inferx_edge.errors import UsageError
-from inferx_edge.package import read_manifest
-from inferx_edge.package.bundle import sha256_file
+from inferx_edge.package.bundle import sha256_file, verify_artifact
 
 SCHEMES = ("ssh://user@host[:port]/dir", "rpc://tracker-host:port/key", "a local directory")
+#: releases kept for rollback (current included)
+DEFAULT_KEEP = 3
+_SSH = re.compile(r"ssh://(?:(?P<user>[^@/]*)@)?(?P<host>\[[^\]/]*\]|[^:/]*)(?::(?P<port>[^/]*))?(?P<path>/.*)?")
 
 
 def parse_destination(dest: str, ssh_options: list[str] | None = None):
     """``ssh://``, ``rpc://`` or a path. Returns a transport, or ``("rpc", host, port, key)``."""
     if "://" not in dest:
         return LocalTransport(str(Path(dest).resolve()))
-    url = urlparse(dest)
-    if url.scheme == "ssh":
-        if not url.hostname or not url.path or url.path == "/":
+    scheme = dest.split("://", 1)[0]
+    if scheme == "ssh":
+        m = _SSH.fullmatch(dest)
+        if not m or not m.group("host") or not m.group("path") or m.group("path") == "/":
             raise UsageError(f"bad ssh destination '{dest}': expected ssh://user@host[:port]/absolute/dir")
-        return SSHTransport(url.username, url.hostname, url.port, url.path, list(ssh_options or []))
-    if url.scheme == "rpc":
+        port = m.group("port")
+        if port is not None and not port.isdigit():
+            raise UsageError(f"bad ssh destination '{dest}': port '{port}' is not a number")
+        check_login_part(m.group("user"), "user", dest)
+        check_login_part(m.group("host"), "host", dest)
+        # the path is taken literally (no URL decoding, '#' and '?' included) and quoted remotely
+        return SSHTransport(
+            m.group("user"), m.group("host"), int(port) if port else None, m.group("path"), list(ssh_options or [])
+        )
+    if scheme == "rpc":
+        from urllib.parse import urlparse
+
+        url = urlparse(dest)
         key = url.path.strip("/")
         if not url.hostname or not url.port or not key:
             raise UsageError(f"bad rpc destination '{dest}': expected rpc://tracker-host:port/device-key")
         return ("rpc", url.hostname, url.port, key)
-    raise UsageError(f"unsupported destination scheme '{url.scheme}://'; valid: {', '.join(SCHEMES)}")
+    raise UsageError(f"unsupported destination scheme '{scheme}://'; valid: {', '.join(SCHEMES)}")
 
 
 def _release_name(m, sha: str) -> str:
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{m.model['name']}-{m.target['name']}")
     return f"{stem}-{sha[:12]}.ixa"
+
+
+def _history(transport) -> list[str]:
+    """Releases newest first; from ``history.json``, or (installs made before it existed) the links."""
+    text = transport.read_text(transport.root / "history.json")
+    if text:
+        try:
+            items = json.loads(text)
+            if isinstance(items, list) and all(isinstance(i, str) for i in items):
+                return list(dict.fromkeys(items))
+        except ValueError:
+            pass  # a torn or foreign file: rebuilt from the links below
+    links = [transport.readlink(transport.root / n) for n in ("current", "previous")]
+    return list(dict.fromkeys(x for x in links if x))
+
+
+def _save_history(transport, history: list[str]) -> None:
+    transport.write_text(transport.root / "history.json", json.dumps(history, indent=1) + "\n")
+    if len(history) > 1:
+        transport.set_link(transport.root / "previous", history[1])
 
 
 def deploy(
@@ -56,52 +94,73 @@ def deploy(
     python: str = "python3",
     repeat: int = 20,
     ssh_options: list[str] | None = None,
+    trust=None,
+    keep: int = DEFAULT_KEEP,
     log=print,
 ) -> DeployResult:
-    manifest = read_manifest(artifact)  # a missing or unsafe artifact fails here, before anything is sent
+    if keep < 2:
+        raise UsageError(f"--keep must be at least 2 (current and one to roll back to), got {keep}")
     transport = parse_destination(dest, ssh_options)
+    log(f"[1/5] verifying {Path(artifact).name} on this machine")
+    manifest, provenance = verify_artifact(artifact, trust=trust)  # nothing is sent unless this passes
+    log(f"      {provenance.line()}")
     if isinstance(transport, tuple):
         from inferx_edge.deploy.rpc import deploy_rpc
 
-        return deploy_rpc(artifact, *transport[1:], repeat=repeat, log=log)
+        return deploy_rpc(artifact, *transport[1:], repeat=repeat, log=log, trust=trust)
 
     sha = sha256_file(artifact)
     name = _release_name(manifest, sha)
     releases = transport.root / "releases"
     final = releases / name
     part = releases / f".{name}.part"
-    log(f"[1/4] uploading {artifact.name} to {transport.describe}")
+    target = f"releases/{name}"
+    log(f"[2/5] uploading to {transport.describe}")
     transport.mkdir(releases)
+    history = _history(transport)
+    fresh = target not in history
     try:
         transport.put(artifact, part)
-        log("[2/4] verifying sha256 on the device")
+        log("[3/5] verifying on the device (sha256, manifest, signature)")
         remote_sha = transport.sha256(part)
         if remote_sha != sha:
             raise DeployError(
                 f"checksum mismatch after upload: local {sha[:16]}..., device {remote_sha[:16] or '?'}...; "
                 f"nothing was installed"
             )
+        transport.verify(part, python, trust)
         transport.rename(part, final)
     except BaseException:
         transport.remove(part)
         raise
-    log("[3/4] switching current")
-    current, previous_link = transport.root / "current", transport.root / "previous"
+    log("[4/5] switching current")
+    current = transport.root / "current"
     old = transport.readlink(current)
-    target = f"releases/{name}"
-    if old and old != target:
-        transport.set_link(previous_link, old)
     transport.set_link(current, target)
-    result = DeployResult(transport.describe, target, old if old != target else transport.readlink(previous_link), sha)
     if selftest:
-        log("[4/4] self-test on the device")
+        log("[5/5] self-test on the device")
         try:
-            result.selftest = transport.selftest(current, python, repeat)
-        except DeployError as exc:
-            if old and old != target:  # never leave a release that fails its self-test as current
+            result_selftest = transport.selftest(current, python, repeat)
+        except BaseException as exc:  # never leave a release that fails its self-test as current
+            if old and old != target:
                 transport.set_link(current, old)
-                raise DeployError(f"{exc}; current restored to {old}") from exc
+            if fresh:
+                transport.remove(final)
+            if isinstance(exc, DeployError):
+                where = f"; current restored to {old}" if old and old != target else ""
+                raise DeployError(f"{exc}{where}") from exc
             raise
+    else:
+        result_selftest = None
+    new_history = [target, *[h for h in history if h != target]]
+    kept, dropped = new_history[:keep], new_history[keep:]
+    _save_history(transport, kept)
+    for release in dropped:
+        transport.remove(transport.root / release)
+    previous = kept[1] if len(kept) > 1 else None
+    result = DeployResult(transport.describe, target, previous, sha, result_selftest)
+    if dropped:
+        result.notes.append(f"removed {len(dropped)} release(s) beyond the last {keep}: {', '.join(dropped)}")
     return result
 
 
@@ -114,19 +173,21 @@ def rollback(
     ssh_options: list[str] | None = None,
     log=print,
 ) -> DeployResult:
-    """Make ``previous`` current again (and the rolled-back release the new ``previous``)."""
+    """Make the previous release current again (and the rolled-back one the new previous)."""
     transport = parse_destination(dest, ssh_options)
     if isinstance(transport, tuple):
         raise UsageError("rollback applies to installs (ssh:// or a directory); an rpc:// deploy installs nothing")
-    current, previous_link = transport.root / "current", transport.root / "previous"
-    old, prev = transport.readlink(current), transport.readlink(previous_link)
-    if not prev:
+    history = _history(transport)
+    if len(history) < 2:
         raise DeployError(f"nothing to roll back to at {transport.describe}: no previous release")
-    transport.set_link(current, prev)
-    if old:
-        transport.set_link(previous_link, old)
+    old, prev = history[0], history[1]
+    transport.set_link(transport.root / "current", prev)
+    _save_history(transport, [prev, old, *history[2:]])
     log(f"rolled back {transport.describe}: current -> {prev} (was {old})")
     result = DeployResult(transport.describe, prev, old, None)
     if selftest:
-        result.selftest = transport.selftest(PurePosixPath(current), python, repeat)
+        result.selftest = transport.selftest(PurePosixPath(transport.root / "current"), python, repeat)
     return result
+
+
+__all__ = ["DEFAULT_KEEP", "deploy", "parse_destination", "rollback"]

@@ -18,14 +18,14 @@ from inferx_edge.deploy.transports import DeployError
 from inferx_edge.package import open_artifact
 
 
-def deploy_rpc(artifact: Path, host: str, port: int, key: str, *, repeat: int = 20, log=print):
+def deploy_rpc(artifact: Path, host: str, port: int, key: str, *, repeat: int = 20, log=print, trust=None):
     from inferx_edge.deploy.result import DeployResult
     from inferx_edge.runtime._tvm import import_tvm_runtime
 
     tvm = import_tvm_runtime()
     from tvm import rpc
 
-    with open_artifact(artifact) as art:
+    with open_artifact(artifact, trust=trust) as art:
         m = art.manifest
         variant = m.variant()
         lib = art.member(variant.library)

@@ -1,19 +1,32 @@
 """File operations on the install directory, locally or over OpenSSH, behind one small interface.
 
 Only what an atomic install needs: every step is either a rename or a symlink swap, so an interrupted
-deploy leaves at most an ignored ``*.part`` file behind.
+deploy leaves at most an ignored ``*.part`` file behind. Every failure is a :class:`DeployError` (exit
+7) naming the step and the reason (a full disk, a destination that is a file, a ``current`` that is a
+directory). Child processes (ssh, the local self-test) are killed when the deploy is interrupted
+(Ctrl-C, SIGTERM) and, on Linux, when the deploying process dies (``PR_SET_PDEATHSIG``), so none is
+left behind.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 from pathlib import Path, PurePosixPath
 
 from inferx_edge.errors import DeployError  # noqa: F401  (re-exported)
+
+TIMEOUT_S = 600
+
+
+def _os_error(what: str, path, exc: OSError) -> DeployError:
+    reason = "the disk is full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+    return DeployError(f"{what} {path}: {reason}")
 
 
 class LocalTransport:
@@ -24,10 +37,19 @@ class LocalTransport:
         self.describe = f"local directory {root}"
 
     def mkdir(self, path: PurePosixPath) -> None:
-        Path(path).mkdir(parents=True, exist_ok=True)
+        root = Path(self.root)
+        if root.exists() and not root.is_dir():
+            raise DeployError(f"deploy destination {root} is a file, not a directory; nothing was installed")
+        try:
+            Path(path).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _os_error("cannot create", path, exc) from exc
 
     def put(self, local: Path, remote: PurePosixPath) -> None:
-        shutil.copyfile(local, remote)
+        try:
+            shutil.copyfile(local, remote)
+        except OSError as exc:
+            raise _os_error("upload to", remote, exc) from exc
 
     def sha256(self, path: PurePosixPath) -> str:
         h = hashlib.sha256()
@@ -36,8 +58,20 @@ class LocalTransport:
                 h.update(chunk)
         return h.hexdigest()
 
+    def verify(self, path: PurePosixPath, python: str, trust) -> None:
+        from inferx_edge.errors import ArtifactError
+        from inferx_edge.package.bundle import verify_artifact
+
+        try:
+            verify_artifact(path, trust=trust)
+        except ArtifactError as exc:
+            raise DeployError(f"the uploaded artifact failed verification on the device: {exc}") from exc
+
     def rename(self, src: PurePosixPath, dst: PurePosixPath) -> None:
-        os.replace(src, dst)
+        try:
+            os.replace(src, dst)
+        except OSError as exc:
+            raise _os_error("cannot rename to", dst, exc) from exc
 
     def readlink(self, path: PurePosixPath) -> str | None:
         try:
@@ -46,23 +80,56 @@ class LocalTransport:
             return None
 
     def set_link(self, link: PurePosixPath, target: str) -> None:
+        if os.path.isdir(link) and not os.path.islink(link):
+            raise DeployError(f"{link} is a directory, not a link; refusing to replace it (move it away first)")
         tmp = f"{link}.tmp"
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        os.symlink(target, tmp)
-        os.replace(tmp, link)  # rename(2) over the old link: atomic
+        try:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            os.symlink(target, tmp)
+            os.replace(tmp, link)  # rename(2) over the old link: atomic
+        except OSError as exc:
+            raise _os_error("cannot switch", link, exc) from exc
+
+    def read_text(self, path: PurePosixPath) -> str | None:
+        try:
+            return Path(path).read_text()
+        except (OSError, UnicodeDecodeError):
+            return None
+
+    def write_text(self, path: PurePosixPath, text: str) -> None:
+        tmp = Path(f"{path}.tmp")
+        try:
+            tmp.write_text(text)
+            os.replace(tmp, path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise _os_error("cannot write", path, exc) from exc
 
     def remove(self, path: PurePosixPath) -> None:
-        with __import__("contextlib").suppress(FileNotFoundError):
+        try:
             os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise _os_error("cannot remove", path, exc) from exc
 
     def selftest(self, artifact: PurePosixPath, python: str, repeat: int) -> str:
         cmd = [python, "-m", "inferx_edge", "run", str(artifact), "--repeat", str(repeat)]
         return _checked(cmd, "self-test")
 
 
+def check_login_part(value: str | None, what: str, dest: str) -> None:
+    """ssh reads a host or user starting with '-' as an option: refuse it."""
+    if value is not None and (value.startswith("-") or not value or any(c.isspace() for c in value)):
+        raise DeployError(f"bad ssh destination '{dest}': the {what} '{value}' would be read as an option or is empty")
+
+
 class SSHTransport:
-    """The install directory is on an OpenSSH host (``ssh``/``scp`` from PATH, your ssh config applies)."""
+    """The install directory is on an OpenSSH host (``ssh`` from PATH, your ssh config applies).
+
+    Every remote command quotes its paths; the upload streams the file through ``ssh ... 'cat > PATH'``
+    (scp's SFTP mode would take a shell-quoted path literally), so paths with spaces or ``#`` work."""
 
     def __init__(self, user: str | None, host: str, port: int | None, root: str, options: list[str]) -> None:
         self.root = PurePosixPath(root)
@@ -71,27 +138,33 @@ class SSHTransport:
         self.options = ["-o", "BatchMode=yes", *options]
         self.describe = f"ssh {self.login}{':' + str(port) if port else ''}:{root}"
 
-    def _ssh(self, command: str, what: str) -> str:
-        cmd = ["ssh", *self.options, *(["-p", str(self.port)] if self.port else []), self.login, command]
-        return _checked(cmd, what)
+    def _argv(self, command: str) -> list[str]:
+        return ["ssh", *self.options, *(["-p", str(self.port)] if self.port else []), "--", self.login, command]
+
+    def _ssh(self, command: str, what: str, stdin=None) -> str:
+        return _checked(self._argv(command), what, stdin=stdin)
 
     def mkdir(self, path: PurePosixPath) -> None:
-        self._ssh(f"mkdir -p {shlex.quote(str(path))}", "mkdir")
+        root, p = shlex.quote(str(self.root)), shlex.quote(str(path))
+        self._ssh(
+            f"if [ -e {root} ] && [ ! -d {root} ]; then echo 'the destination is a file, not a directory' >&2; "
+            f"exit 1; fi; mkdir -p {p}",
+            "prepare destination",
+        )
 
     def put(self, local: Path, remote: PurePosixPath) -> None:
-        cmd = [
-            "scp",
-            "-q",
-            *self.options,
-            *(["-P", str(self.port)] if self.port else []),
-            str(local),
-            f"{self.login}:{shlex.quote(str(remote))}",
-        ]
-        _checked(cmd, "upload")
+        with open(local, "rb") as f:
+            self._ssh(f"cat > {shlex.quote(str(remote))}", "upload", stdin=f)
 
     def sha256(self, path: PurePosixPath) -> str:
         out = self._ssh(f"sha256sum {shlex.quote(str(path))}", "checksum")
         return out.split()[0] if out.strip() else ""
+
+    def verify(self, path: PurePosixPath, python: str, trust) -> None:
+        # the device's own trust store decides ($INFERX_TRUST_DIR or ~/.config/inferx_edge/trusted there)
+        self._ssh(
+            f"{shlex.quote(python)} -m inferx_edge inspect {shlex.quote(str(path))}", "verification on the device"
+        )
 
     def rename(self, src: PurePosixPath, dst: PurePosixPath) -> None:
         self._ssh(f"mv -f {shlex.quote(str(src))} {shlex.quote(str(dst))}", "rename")
@@ -101,25 +174,70 @@ class SSHTransport:
         return out or None
 
     def set_link(self, link: PurePosixPath, target: str) -> None:
-        tmp = shlex.quote(f"{link}.tmp")
+        q, tmp = shlex.quote(str(link)), shlex.quote(f"{link}.tmp")
         # mv -T renames the new link over the old one (rename(2)): readers never see no link
-        self._ssh(f"ln -sfn {shlex.quote(target)} {tmp} && mv -Tf {tmp} {shlex.quote(str(link))}", "switch link")
+        self._ssh(
+            f"if [ -d {q} ] && [ ! -L {q} ]; then echo '{link} is a directory, not a link' >&2; exit 1; fi; "
+            f"ln -sfn {shlex.quote(target)} {tmp} && mv -Tf {tmp} {q}",
+            "switch link",
+        )
+
+    def read_text(self, path: PurePosixPath) -> str | None:
+        out = self._ssh(f"cat {shlex.quote(str(path))} 2>/dev/null || true", "read")
+        return out or None
+
+    def write_text(self, path: PurePosixPath, text: str) -> None:
+        import io
+
+        tmp = shlex.quote(f"{path}.tmp")
+        self._ssh(f"cat > {tmp} && mv -f {tmp} {shlex.quote(str(path))}", "write", stdin=io.BytesIO(text.encode()))
 
     def remove(self, path: PurePosixPath) -> None:
         self._ssh(f"rm -f {shlex.quote(str(path))}", "remove")
 
     def selftest(self, artifact: PurePosixPath, python: str, repeat: int) -> str:
-        return self._ssh(f"{python} -m inferx_edge run {shlex.quote(str(artifact))} --repeat {repeat}", "self-test")
+        return self._ssh(
+            f"{shlex.quote(python)} -m inferx_edge run {shlex.quote(str(artifact))} --repeat {int(repeat)}", "self-test"
+        )
 
 
-def _checked(cmd: list[str], what: str) -> str:
+def _die_with_parent() -> None:  # runs in the child between fork and exec
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _checked(cmd: list[str], what: str, stdin=None) -> str:
+    """Run ``cmd``; on any interruption it is killed (and on Linux it dies with this process)."""
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=_die_with_parent if os.name == "posix" else None,
+        )
     except FileNotFoundError as exc:
         raise DeployError(f"{what}: '{cmd[0]}' not found (install OpenSSH client)") from exc
+    try:
+        data = stdin.read() if stdin is not None else None
+        out, err = proc.communicate(data, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
-        raise DeployError(f"{what} timed out after 600 s") from exc
-    if r.returncode != 0:
-        detail = (r.stderr or r.stdout).strip().splitlines()
-        raise DeployError(f"{what} failed (exit {r.returncode}): {detail[-1] if detail else 'no output'}")
-    return r.stdout
+        _kill(proc)
+        raise DeployError(f"{what} timed out after {TIMEOUT_S} s") from exc
+    except BaseException:  # Ctrl-C, SIGTERM turned into an exception: leave no child running
+        _kill(proc)
+        raise
+    out, err = out.decode(errors="replace"), err.decode(errors="replace")
+    if proc.returncode != 0:
+        detail = (err or out).strip().splitlines()
+        raise DeployError(f"{what} failed (exit {proc.returncode}): {detail[-1] if detail else 'no output'}")
+    return out
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.wait()

@@ -1,7 +1,11 @@
-"""Write and open artifact files: one tar holding ``manifest.json`` plus members it checksums.
+"""Write and open artifact files: one tar holding ``manifest.json``, optionally ``signature.json``, and
+the members the manifest checksums.
 
-Opening never trusts the archive: member names are validated (no absolute paths, no ``..``, regular
-files only), every member is hashed while it is extracted, and anything unlisted or mismatched fails.
+Opening never trusts the archive. It is read as a stream, in order: the manifest first (bounded in
+size, validated), then the signature, checked against the trust store *before any other member is
+read*; then each member, refused unless it is a regular file with a safe name, listed in the manifest
+exactly once, of the declared size, within the unpacked-size budget, and of the declared sha256. A
+member is written under its final name only after its hash matched.
 """
 
 from __future__ import annotations
@@ -13,13 +17,58 @@ import os
 import shutil
 import tarfile
 import tempfile
+import zlib
 from pathlib import Path, PurePosixPath
 
 from inferx_edge.errors import ArtifactError, ChecksumError, UsageError
 from inferx_edge.package.atomic import atomic_write
 from inferx_edge.package.manifest import MANIFEST_NAME, Manifest
+from inferx_edge.package.signing import MAX_SIGNATURE_BYTES, SIGNATURE_NAME, Signature, TrustStore, sign_manifest
 
 _CHUNK = 1 << 20
+#: members up to this size are hashed in memory and written only once they match
+_IN_MEMORY = 32 << 20
+_TAR_ERRORS = (tarfile.TarError, OSError, EOFError, zlib.error)
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if not value:
+        return default
+    try:
+        return int(float(value))
+    except ValueError:
+        raise UsageError(f"{name} must be a number of bytes, got '{value}'") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadLimits:
+    """Bounds on what opening an artifact may unpack (each settable by environment variable).
+
+    Attributes
+    ----------
+    max_manifest_bytes : ``manifest.json`` larger than this is refused (``INFERX_MAX_MANIFEST_BYTES``).
+    max_unpacked_bytes : absolute cap on all members together (``INFERX_MAX_UNPACKED_BYTES``).
+    max_expansion : all members together may be at most this many times the artifact file's size
+        (``INFERX_MAX_EXPANSION``): libraries and weights compress a few times, a zip bomb thousands.
+    """
+
+    max_manifest_bytes: int = 16 << 20
+    max_unpacked_bytes: int = 64 << 30
+    max_expansion: float = 100.0
+
+    @classmethod
+    def from_env(cls) -> ReadLimits:
+        d = cls()
+        return cls(
+            _env_int("INFERX_MAX_MANIFEST_BYTES", d.max_manifest_bytes),
+            _env_int("INFERX_MAX_UNPACKED_BYTES", d.max_unpacked_bytes),
+            float(os.environ.get("INFERX_MAX_EXPANSION") or d.max_expansion),
+        )
+
+    def budget(self, file_size: int) -> int:
+        """Bytes all members of an artifact file of ``file_size`` bytes may unpack to."""
+        return int(min(self.max_unpacked_bytes, self.max_expansion * max(file_size, 1 << 20)))
 
 
 def _check_member_name(name: str) -> str:
@@ -37,8 +86,11 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def write_artifact(out_path: str | os.PathLike, manifest: Manifest, members: dict[str, Path]) -> Manifest:
-    """Write ``manifest`` and ``members`` (archive name -> local file) to ``out_path`` atomically.
+def write_artifact(
+    out_path: str | os.PathLike, manifest: Manifest, members: dict[str, Path], sign_key: Path | None = None
+) -> Manifest:
+    """Write ``manifest`` and ``members`` (archive name -> local file) to ``out_path`` atomically,
+    signed with the Ed25519 key at ``sign_key`` when given.
 
     The manifest's ``files`` table is filled in here from the members' contents. The archive is written
     to a temporary file beside ``out_path`` and renamed into place, so a failure leaves no partial file
@@ -47,16 +99,19 @@ def write_artifact(out_path: str | os.PathLike, manifest: Manifest, members: dic
     files = {}
     for name, local in sorted(members.items()):
         _check_member_name(name)
-        if name == MANIFEST_NAME:
-            raise ValueError(f"'{MANIFEST_NAME}' is reserved for the manifest")
+        if name in (MANIFEST_NAME, SIGNATURE_NAME):
+            raise ValueError(f"'{name}' is reserved")
         files[name] = {"sha256": sha256_file(local), "size": os.path.getsize(local)}
     manifest = dataclasses.replace(manifest, files=files)
     text = manifest.to_json().encode()
+    signature = sign_manifest(text, sign_key) if sign_key is not None else None
 
     with atomic_write(out_path) as raw, tarfile.open(fileobj=raw, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
-        info = tarfile.TarInfo(MANIFEST_NAME)
-        info.size, info.mode = len(text), 0o644
-        tar.addfile(info, io.BytesIO(text))
+        for name, data in ((MANIFEST_NAME, text), (SIGNATURE_NAME, signature)):
+            if data is not None:
+                info = tarfile.TarInfo(name)
+                info.size, info.mode = len(data), 0o644
+                tar.addfile(info, io.BytesIO(data))
         for name, local in sorted(members.items()):
             info = tarfile.TarInfo(name)
             info.size, info.mode = os.path.getsize(local), 0o644
@@ -65,37 +120,177 @@ def write_artifact(out_path: str | os.PathLike, manifest: Manifest, members: dic
     return manifest
 
 
-def _open_tar(path: Path) -> tarfile.TarFile:
-    if not path.is_file():
+@dataclasses.dataclass(frozen=True)
+class Provenance:
+    """Who signed an artifact, and whether this machine checked it.
+
+    ``signer``: the fingerprint of the key that signed it (None: unsigned). ``verified``: the signature
+    was checked against ``trust_store`` (None: no trust store here, nothing required)."""
+
+    signer: str | None
+    verified: bool
+    trust_store: str | None
+
+    def line(self) -> str:
+        if self.verified:
+            return f"signed by {self.signer} (verified against {self.trust_store})"
+        if self.signer:
+            return f"signed by {self.signer} (not verified: no trust store on this machine)"
+        return "unsigned (no trust store on this machine: not required)"
+
+
+def _open_stream(path: Path) -> tarfile.TarFile:
+    if not path.exists():
         raise UsageError(f"artifact not found: {path}")
+    if not path.is_file():
+        raise UsageError(f"artifact path is not a file: {path}")
     try:
-        return tarfile.open(path, mode="r:*")
-    except (tarfile.TarError, OSError, EOFError) as exc:
+        return tarfile.open(path, mode="r|*")
+    except _TAR_ERRORS as exc:
         raise ArtifactError(f"{path} is not an inferx_edge artifact (not a readable tar archive: {exc})") from exc
 
 
-def _read_manifest_member(tar: tarfile.TarFile, path: Path) -> Manifest:
-    try:
-        member = tar.getmember(MANIFEST_NAME)
-    except KeyError:
-        raise ArtifactError(f"{path} has no {MANIFEST_NAME}: not an inferx_edge artifact") from None
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise ArtifactError(f"{path} is truncated or corrupt ({exc})") from exc
+def _read_small(tar: tarfile.TarFile, member: tarfile.TarInfo, limit: int, what: str, path: Path) -> bytes:
     if not member.isfile():
-        raise ArtifactError(f"{MANIFEST_NAME} in {path} is not a regular file")
-    return Manifest.from_json(tar.extractfile(member).read())
+        raise ArtifactError(f"{what} in {path} is not a regular file")
+    if member.size > limit:
+        raise ArtifactError(f"{what} in {path} is {member.size} bytes, over the limit of {limit}; refusing it")
+    data = tar.extractfile(member).read(limit + 1)
+    if len(data) != member.size:
+        raise ArtifactError(f"{path} is truncated or corrupt inside {what}")
+    return data
+
+
+def _stream(path: Path, trust, limits: ReadLimits | None, dest: Path | None) -> tuple[Manifest, Provenance]:
+    """Read and verify ``path`` member by member, writing members under ``dest`` (None: hash only)."""
+    limits = limits or ReadLimits.from_env()
+    store = None if trust is False else TrustStore.load(trust)
+    budget = limits.budget(path.stat().st_size if path.is_file() else 0)
+    with _open_stream(path) as tar:
+        try:
+            members = iter(tar)
+            first = next(members, None)
+            if first is None or first.name != MANIFEST_NAME:
+                raise ArtifactError(f"{path} does not start with {MANIFEST_NAME}: not an inferx_edge artifact")
+            text = _read_small(tar, first, limits.max_manifest_bytes, MANIFEST_NAME, path)
+            manifest = Manifest.from_json(text)
+            member = next(members, None)
+            signature = None
+            if member is not None and member.name == SIGNATURE_NAME:
+                signature = Signature.parse(
+                    _read_small(tar, member, MAX_SIGNATURE_BYTES, SIGNATURE_NAME, path), str(path)
+                )
+                member = next(members, None)
+            signer = store.verify(text, signature, str(path)) if store else None
+            provenance = Provenance(
+                signer or (signature.fingerprint if signature else None), bool(store), store and store.source
+            )
+            seen: set[str] = set()
+            total = len(text)
+            while member is not None:
+                name = _check_member_name(member.name)
+                if not member.isfile():
+                    raise ArtifactError(f"member '{name}' of {path} is not a regular file (links are refused)")
+                if name in seen or name in (MANIFEST_NAME, SIGNATURE_NAME):
+                    raise ArtifactError(f"{path} holds member '{name}' twice")
+                entry = manifest.files.get(name)
+                if entry is None:
+                    raise ChecksumError(f"{path} does not match its manifest: unlisted member '{name}'")
+                if member.size != entry["size"]:
+                    raise ChecksumError(
+                        f"member '{name}' of {path} is {member.size} bytes; the manifest says {entry['size']}"
+                    )
+                total += member.size
+                if total > budget:
+                    raise ArtifactError(
+                        f"{path} unpacks to more than {budget} bytes (file size x {limits.max_expansion:g}, at most "
+                        f"{limits.max_unpacked_bytes}); refusing it (INFERX_MAX_EXPANSION / INFERX_MAX_UNPACKED_BYTES raise the limits)"
+                    )
+                _copy_verified(tar, member, entry, None if dest is None else dest / name, path)
+                seen.add(name)
+                member = next(members, None)
+        except _TAR_ERRORS as exc:
+            raise ArtifactError(f"{path} is truncated or corrupt ({exc})") from exc
+    missing = sorted(set(manifest.files) - seen)
+    if missing:
+        raise ChecksumError(f"{path} does not match its manifest: missing members {missing}")
+    return manifest, provenance
+
+
+def _copy_verified(tar: tarfile.TarFile, member: tarfile.TarInfo, entry: dict, out: Path | None, path: Path) -> None:
+    src = tar.extractfile(member)
+    h, size, held = hashlib.sha256(), 0, []
+    part = None if out is None or member.size <= _IN_MEMORY else out.with_name(out.name + ".part")
+    dst = None
+    try:
+        if part is not None:
+            part.parent.mkdir(parents=True, exist_ok=True)
+            dst = open(part, "wb")
+        while chunk := src.read(min(_CHUNK, entry["size"] - size + 1)):
+            size += len(chunk)
+            if size > entry["size"]:
+                raise ChecksumError(
+                    f"member '{member.name}' of {path} is longer than the {entry['size']} bytes declared"
+                )
+            h.update(chunk)
+            if dst is not None:
+                dst.write(chunk)
+            elif out is not None:
+                held.append(chunk)
+        if dst is not None:
+            dst.close()
+        if size != entry["size"]:
+            raise ArtifactError(f"{path} is truncated or corrupt while reading '{member.name}'")
+        if h.hexdigest() != entry["sha256"]:
+            raise ChecksumError(
+                f"checksum mismatch for '{member.name}' in {path}: manifest says {entry['sha256'][:16]}..., "
+                f"contents hash to {h.hexdigest()[:16]}...; the artifact was modified or corrupted"
+            )
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            if part is not None:
+                os.replace(part, out)
+            else:
+                out.write_bytes(b"".join(held))
+    finally:
+        if dst is not None and not dst.closed:
+            dst.close()
+        if part is not None and part.exists():
+            part.unlink()
 
 
 def read_manifest(path: str | os.PathLike) -> Manifest:
-    """Read and validate only the manifest (member names checked, contents not hashed)."""
+    """Read and validate the manifest; check every member's header (safe name, regular file, listed,
+    within the size budget) without reading or hashing member contents."""
     path = Path(path)
-    with _open_tar(path) as tar:
+    limits = ReadLimits.from_env()
+    budget = limits.budget(path.stat().st_size if path.is_file() else 0)
+    with _open_stream(path) as tar:
         try:
-            for member in tar.getmembers():
-                _check_member_name(member.name)
-        except (tarfile.TarError, OSError, EOFError) as exc:
+            members = iter(tar)
+            first = next(members, None)
+            if first is None or first.name != MANIFEST_NAME:
+                raise ArtifactError(f"{path} does not start with {MANIFEST_NAME}: not an inferx_edge artifact")
+            manifest = Manifest.from_json(_read_small(tar, first, limits.max_manifest_bytes, MANIFEST_NAME, path))
+            total = 0
+            for member in members:
+                name = _check_member_name(member.name)
+                if not member.isfile():
+                    raise ArtifactError(f"member '{name}' of {path} is not a regular file (links are refused)")
+                total += member.size
+                if total > budget:
+                    raise ArtifactError(f"{path} unpacks to more than {budget} bytes; refusing it")
+            return manifest
+        except _TAR_ERRORS as exc:
             raise ArtifactError(f"{path} is truncated or corrupt ({exc})") from exc
-        return _read_manifest_member(tar, path)
+
+
+def verify_artifact(
+    path: str | os.PathLike, trust=None, limits: ReadLimits | None = None
+) -> tuple[Manifest, Provenance]:
+    """Verify everything :func:`open_artifact` verifies, without writing anything. ``trust``: a trust
+    store path, None for the default store (when one exists), False for none."""
+    return _stream(Path(path), trust, limits, None)
 
 
 @dataclasses.dataclass
@@ -106,6 +301,7 @@ class ExtractedArtifact:
     manifest: Manifest
     root: Path
     _owned: bool = True
+    provenance: Provenance | None = None
 
     def member(self, name: str) -> Path:
         return self.root / name
@@ -121,59 +317,22 @@ class ExtractedArtifact:
         self.close()
 
 
-def open_artifact(path: str | os.PathLike, dest: str | os.PathLike | None = None) -> ExtractedArtifact:
+def open_artifact(
+    path: str | os.PathLike, dest: str | os.PathLike | None = None, trust=None, limits: ReadLimits | None = None
+) -> ExtractedArtifact:
     """Verify and unpack an artifact. Raises :class:`ArtifactError` (or :class:`ChecksumError`) on any fault.
 
     ``dest`` is the directory to unpack into (created; kept); default a fresh temporary directory that
-    :meth:`ExtractedArtifact.close` removes.
+    :meth:`ExtractedArtifact.close` removes. ``trust``: a trust store (``.pub`` file or directory), None
+    for the default store when one exists, False for none (see :mod:`inferx_edge.package.signing`).
     """
     path = Path(path)
     root = Path(dest) if dest is not None else Path(tempfile.mkdtemp(prefix="inferx_edge-"))
     root.mkdir(parents=True, exist_ok=True)
     try:
-        with _open_tar(path) as tar:
-            try:
-                members = tar.getmembers()
-            except (tarfile.TarError, OSError, EOFError) as exc:
-                raise ArtifactError(f"{path} is truncated or corrupt ({exc})") from exc
-            for m in members:
-                _check_member_name(m.name)
-                if not m.isfile():
-                    raise ArtifactError(f"member '{m.name}' of {path} is not a regular file (links are refused)")
-            manifest = _read_manifest_member(tar, path)
-            names = [m.name for m in members if m.name != MANIFEST_NAME]
-            if len(set(names)) != len(names):
-                raise ArtifactError(f"{path} holds duplicate members")
-            unlisted = sorted(set(names) - set(manifest.files))
-            missing = sorted(set(manifest.files) - set(names))
-            if unlisted or missing:
-                raise ChecksumError(
-                    f"{path} does not match its manifest: unlisted members {unlisted}, missing members {missing}"
-                )
-            for m in members:
-                if m.name == MANIFEST_NAME:
-                    continue
-                _extract_verified(tar, m, root / m.name, manifest.files[m.name]["sha256"], path)
-        return ExtractedArtifact(path=path, manifest=manifest, root=root, _owned=dest is None)
+        manifest, provenance = _stream(path, trust, limits, root)
+        return ExtractedArtifact(path=path, manifest=manifest, root=root, _owned=dest is None, provenance=provenance)
     except BaseException:
         if dest is None:
             shutil.rmtree(root, ignore_errors=True)
         raise
-
-
-def _extract_verified(tar: tarfile.TarFile, member: tarfile.TarInfo, out: Path, expected: str, path: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    h = hashlib.sha256()
-    try:
-        src = tar.extractfile(member)
-        with open(out, "wb") as dst:
-            while chunk := src.read(_CHUNK):
-                h.update(chunk)
-                dst.write(chunk)
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise ArtifactError(f"{path} is truncated or corrupt while reading '{member.name}' ({exc})") from exc
-    if h.hexdigest() != expected:
-        raise ChecksumError(
-            f"checksum mismatch for '{member.name}' in {path}: manifest says {expected[:16]}..., "
-            f"contents hash to {h.hexdigest()[:16]}...; the artifact was modified or corrupted"
-        )

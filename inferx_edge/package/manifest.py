@@ -125,6 +125,7 @@ class Manifest:
         recorded = body.pop("manifest_sha256", None)
         if recorded != _digest(body):
             raise ArtifactError("manifest checksum mismatch: manifest.json was modified after the build")
+        _validate(body)
         try:
             return cls(
                 inferx_edge_version=body["inferx_edge_version"],
@@ -139,6 +140,70 @@ class Manifest:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"manifest is missing or has a malformed field: {exc}") from exc
+
+
+_HEX = frozenset("0123456789abcdef")
+#: keys of ``target`` the runtime reads before it loads anything
+_TARGET_KEYS = ("name", "device", "host_triple")
+
+
+def _member_path(value: Any, files: dict, what: str) -> None:
+    """A path the manifest names must be a safe, listed member: the runtime opens it."""
+    if not isinstance(value, str) or not value:
+        raise ArtifactError(f"manifest {what} must be a member name, got {value!r}")
+    from pathlib import PurePosixPath
+
+    parts = PurePosixPath(value).parts
+    if value.startswith(("/", "\\")) or ".." in parts or "\\" in value:
+        raise ArtifactError(f"manifest {what} '{value}' points outside the artifact; refusing it")
+    if value not in files:
+        raise ArtifactError(f"manifest {what} '{value}' is not a member listed in the manifest's files")
+
+
+def _validate(body: dict[str, Any]) -> None:
+    """Refuse a manifest whose fields are missing, malformed, or contradict each other, naming the field."""
+    missing = [
+        k
+        for k in ("inferx_edge_version", "tvm_version", "model", "target", "variants", "default_variant", "files")
+        if k not in body
+    ]
+    if missing:
+        raise ArtifactError(f"manifest lacks the fields {missing}")
+    files = body["files"]
+    if not isinstance(files, dict):
+        raise ArtifactError("manifest 'files' must map member names to {sha256, size}")
+    for name, entry in files.items():
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("sha256"), str)
+            or len(entry["sha256"]) != 64
+            or not set(entry["sha256"]) <= _HEX
+            or not isinstance(entry.get("size"), int)
+            or isinstance(entry.get("size"), bool)
+            or entry["size"] < 0
+        ):
+            raise ArtifactError(f"manifest entry for member '{name}' must be {{sha256: 64 hex digits, size: bytes}}")
+    target = body["target"]
+    if not isinstance(target, dict) or any(not isinstance(target.get(k), str) for k in _TARGET_KEYS):
+        raise ArtifactError(f"manifest 'target' must hold the strings {list(_TARGET_KEYS)}")
+    if target["device"] not in ("cpu", "cuda"):
+        raise ArtifactError(f"manifest target device '{target['device']}' is unknown; valid: cpu, cuda")
+    if target["device"] == "cuda" and not isinstance(target.get("cuda_arch"), str):
+        raise ArtifactError("manifest target is a CUDA device but names no 'cuda_arch'")
+    if not isinstance(body["model"], dict) or not isinstance(body["model"].get("name"), str):
+        raise ArtifactError("manifest 'model' must be an object with a 'name'")
+    variants = body["variants"]
+    if not isinstance(variants, list) or not variants or not all(isinstance(v, dict) for v in variants):
+        raise ArtifactError("manifest 'variants' must be a non-empty list of objects")
+    names = [v.get("name") for v in variants]
+    if len(set(names)) != len(names):
+        raise ArtifactError(f"manifest lists a variant name twice: {names}")
+    if body["default_variant"] not in names:
+        raise ArtifactError(f"manifest default_variant '{body['default_variant']}' is not one of the variants {names}")
+    for v in variants:
+        _member_path(v.get("library"), files, f"variant '{v.get('name')}' library")
+        if v.get("weights") is not None:
+            _member_path(v["weights"], files, f"variant '{v.get('name')}' weights")
 
 
 def _digest(body: dict[str, Any]) -> str:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,14 +88,33 @@ class Engine:
     variant : which variant to make current (default: the manifest's default).
     device_id : GPU index for CUDA artifacts.
     preload : load every variant now (switching is then free) instead of on first use.
+    trust : trust store (a ``.pub`` file or a directory of them); default ``$INFERX_TRUST_DIR`` or
+        ``~/.config/inferx_edge/trusted/`` when it exists, False for none. With a trust store an
+        unsigned or wrongly signed artifact is refused before anything is extracted or loaded.
+    allow_nonfinite : accept NaN/Inf in float inputs (by default :meth:`run` refuses them: a network
+        turns them into confident-looking outputs).
+
+    An Engine may be shared between threads: :meth:`run`, :meth:`benchmark`, :meth:`select` and
+    :meth:`close` are serialized by one lock (a variant's buffers and CUDA graph are not re-entrant), so
+    a run always uses one variant from start to end. The extracted artifact is removed by :meth:`close`,
+    or when the Engine is garbage-collected or the process exits.
     """
 
     def __init__(
-        self, path: str | os.PathLike, variant: str | None = None, device_id: int = 0, preload: bool = False
+        self,
+        path: str | os.PathLike,
+        variant: str | None = None,
+        device_id: int = 0,
+        preload: bool = False,
+        trust=None,
+        allow_nonfinite: bool = False,
     ) -> None:
         self._tvm = import_tvm_runtime()
         self.path = Path(path)
-        self._extracted = open_artifact(self.path)
+        self.allow_nonfinite = allow_nonfinite
+        self._lock = threading.RLock()
+        self._extracted = open_artifact(self.path, trust=trust)
+        self._finalizer = weakref.finalize(self, self._extracted.close)
         try:
             manifest = self._extracted.manifest
             compat.check_tvm_version(manifest.tvm_version, self._tvm.__version__)
@@ -122,15 +143,25 @@ class Engine:
     def variant(self) -> Variant:
         return self._current.variant
 
+    @property
+    def provenance(self):
+        """Who signed the artifact and whether it was verified (:class:`~inferx_edge.package.bundle.Provenance`)."""
+        return self._extracted.provenance
+
     def _load(self, name: str) -> _LoadedVariant:
-        if name not in self._loaded:
-            self._loaded[name] = _LoadedVariant(self._tvm, self.manifest.variant(name), self._extracted, self.device)
-        return self._loaded[name]
+        with self._lock:
+            if name not in self._loaded:
+                self._loaded[name] = _LoadedVariant(
+                    self._tvm, self.manifest.variant(name), self._extracted, self.device
+                )
+            return self._loaded[name]
 
     def select(self, name: str) -> Variant:
-        """Make ``name`` the variant :meth:`run` uses (loads it on first use)."""
-        self._current = self._load(name)
-        return self._current.variant
+        """Make ``name`` the variant :meth:`run` uses (loads it on first use). An unknown name is an
+        :class:`ArtifactError` listing the variants."""
+        with self._lock:
+            self._current = self._load(name)
+            return self._current.variant
 
     def check_inputs(self, inputs: np.ndarray | Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """Match ``inputs`` to the current variant's signature; return them in order. Raises InputError."""
@@ -148,13 +179,18 @@ class Engine:
                 f"inputs do not match the model: missing {missing}, unknown {unknown}; expected "
                 + ", ".join(s.describe() for s in specs)
             )
-        return [_check_one(spec, np.asarray(inputs[spec.name])) for spec in specs]
+        arrays = [_check_one(spec, np.asarray(inputs[spec.name])) for spec in specs]
+        if not self.allow_nonfinite:
+            for spec, a in zip(specs, arrays):
+                _check_finite(spec.name, a)
+        return arrays
 
     def run(self, inputs: np.ndarray | Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the current variant once; returns outputs by name as numpy arrays."""
-        arrays = self.check_inputs(inputs)
-        out = self._invoke([self._tvm.runtime.tensor(a, self.device) for a in arrays])
-        return self._outputs(out)
+        with self._lock:
+            arrays = self.check_inputs(inputs)
+            out = self._invoke([self._tvm.runtime.tensor(a, self.device) for a in arrays])
+            return self._outputs(out)
 
     def _invoke(self, tensors: list):
         return self._current.main(*tensors, *self._current.params)
@@ -171,18 +207,34 @@ class Engine:
     ) -> LatencyStats:
         """Time synchronous runs with inputs already on the device: ``warmup`` untimed, then at least
         ``repeat`` timed (more until ``min_seconds`` have passed)."""
-        tensors = [self._tvm.runtime.tensor(a, self.device) for a in self.check_inputs(inputs)]
-        return time_calls(lambda: self._invoke(tensors), self.device.sync, warmup, repeat, min_seconds)
+        with self._lock:
+            tensors = [self._tvm.runtime.tensor(a, self.device) for a in self.check_inputs(inputs)]
+            return time_calls(lambda: self._invoke(tensors), self.device.sync, warmup, repeat, min_seconds)
 
     def close(self) -> None:
-        self._loaded.clear()
-        self._extracted.close()
+        with self._lock:
+            self._loaded.clear()
+            self._finalizer()
 
     def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _check_finite(name: str, array: np.ndarray) -> None:
+    """Refuse NaN/Inf in a float input, with the count (one float64 sum decides; counted only when bad)."""
+    if array.dtype.kind != "f" or array.size == 0:
+        return
+    if np.isfinite(array.sum(dtype=np.float64)):
+        return
+    bad = int(np.count_nonzero(~np.isfinite(array)))
+    if bad:
+        raise InputError(
+            f"input '{name}' holds {bad} NaN/Inf value{'s' if bad != 1 else ''} of {array.size}; "
+            f"fix the input, or accept it with --allow-nonfinite (Engine(allow_nonfinite=True))"
+        )
 
 
 def _check_one(spec: TensorSpec, array: np.ndarray) -> np.ndarray:
