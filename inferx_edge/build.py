@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as _dt
 import platform
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from inferx_edge import __version__
 from inferx_edge.compiler.variant import PRECISIONS, QUANTIZED
 from inferx_edge.errors import UsageError, check_choice
 from inferx_edge.package import Manifest, Variant
+from inferx_edge.package.scratch import scratch_dir
 from inferx_edge.quantize.driver import QuantOptions
 from inferx_edge.targets import TargetSpec, get_target
 
@@ -146,8 +146,7 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
         plan = resolve_plan(opts.model, opts.input_shapes, base, precision, opts.quant, log=log)
         quantizers[precision] = quantizer(plan, precision)
     target = resolve_tvm_target(spec)
-    with tempfile.TemporaryDirectory(prefix="inferx_edge-build-") as tmp:
-        tmp = Path(tmp)
+    with scratch_dir("build") as tmp:
         for i, (precision, batch) in enumerate(grid, 1):
             imported = base
             if batch != base_batch:

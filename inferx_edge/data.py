@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 
 from inferx_edge.errors import InferxError, UsageError
+
+#: what numpy raises on a file that is not (or no longer) a valid .npy/.npz (found by fuzzing)
+_UNREADABLE = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, KeyError, NotImplementedError)
 
 
 def load_arrays(
@@ -30,12 +35,12 @@ def load_arrays(
         data = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise (missing or error)(f"{what} not found: {path}") from None
-    except (OSError, ValueError, EOFError) as exc:
+    except _UNREADABLE as exc:
         raise error(f"cannot read {what} {path}{hint}: {exc}") from exc
     if isinstance(data, np.lib.npyio.NpzFile):
         try:
             with data:
                 return {k: data[k] for k in data.files}
-        except (OSError, ValueError, EOFError) as exc:  # a member that does not decode
+        except _UNREADABLE as exc:  # a member that does not decode
             raise error(f"cannot read {what} {path}{hint}: {exc}") from exc
     return data

@@ -22,6 +22,13 @@ from tests.helpers import REPO, free_port  # noqa: F401  (REPO for tests that im
 # (test order decided whether it worked). Runtime-only loading is tested in a subprocess (test_runtime).
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_machine_trust_store(tmp_path_factory):
+    """Tests never pick up this machine's trust store (~/.config/inferx_edge/trusted): each that needs
+    one makes its own."""
+    os.environ["INFERX_TRUST_DIR"] = str(tmp_path_factory.mktemp("no-trust") / "absent")
+
+
 @pytest.fixture(scope="session")
 def workdir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("inferx")

@@ -122,7 +122,9 @@ class LocalTransport:
 def check_login_part(value: str | None, what: str, dest: str) -> None:
     """ssh reads a host or user starting with '-' as an option: refuse it."""
     if value is not None and (value.startswith("-") or not value or any(c.isspace() for c in value)):
-        raise DeployError(f"bad ssh destination '{dest}': the {what} '{value}' would be read as an option or is empty")
+        from inferx_edge.errors import UsageError
+
+        raise UsageError(f"bad ssh destination '{dest}': the {what} '{value}' would be read as an option or is empty")
 
 
 class SSHTransport:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Iterable, Sequence
 
 from inferx_edge.errors import ModelError, UsageError
 
 Dim = int | str | None  # int: fixed; str or None: dynamic (named or anonymous)
+#: TVM indexes with int32 in places; a dimension or tensor past these cannot be compiled sensibly
+MAX_DIM = 2**31 - 1
+MAX_ELEMENTS = 2**40
 
 
 def parse_input_shapes(specs: Iterable[str] | None) -> dict[str, tuple[int, ...]]:
@@ -23,6 +27,11 @@ def parse_input_shapes(specs: Iterable[str] | None) -> dict[str, tuple[int, ...]
             raise UsageError(
                 f"malformed --input-shape '{spec}': expected NAME:D1xD2x... with positive integers, "
                 f"e.g. image:1x3x224x224"
+            )
+        if any(d > MAX_DIM for d in shape) or math.prod(shape) > MAX_ELEMENTS:
+            raise UsageError(
+                f"--input-shape '{spec}' is absurdly large ({math.prod(shape):,} elements; at most {MAX_DIM:,} "
+                f"per dimension and {MAX_ELEMENTS:,} in all)"
             )
         if name in shapes:
             raise UsageError(f"--input-shape given twice for input '{name}'")

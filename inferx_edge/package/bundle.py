@@ -16,13 +16,13 @@ import io
 import os
 import shutil
 import tarfile
-import tempfile
 import zlib
 from pathlib import Path, PurePosixPath
 
 from inferx_edge.errors import ArtifactError, ChecksumError, UsageError
 from inferx_edge.package.atomic import atomic_write
 from inferx_edge.package.manifest import MANIFEST_NAME, Manifest
+from inferx_edge.package.scratch import make_scratch
 from inferx_edge.package.signing import MAX_SIGNATURE_BYTES, SIGNATURE_NAME, Signature, TrustStore, sign_manifest
 
 _CHUNK = 1 << 20
@@ -327,7 +327,7 @@ def open_artifact(
     for the default store when one exists, False for none (see :mod:`inferx_edge.package.signing`).
     """
     path = Path(path)
-    root = Path(dest) if dest is not None else Path(tempfile.mkdtemp(prefix="inferx_edge-"))
+    root = Path(dest) if dest is not None else make_scratch("artifact")
     root.mkdir(parents=True, exist_ok=True)
     try:
         manifest, provenance = _stream(path, trust, limits, root)

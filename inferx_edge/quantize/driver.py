@@ -12,7 +12,7 @@ import numpy as np
 
 from inferx_edge import models
 from inferx_edge.data import load_arrays
-from inferx_edge.errors import BudgetError, UsageError, check_choice
+from inferx_edge.errors import BudgetError, InputError, UsageError, check_choice
 from inferx_edge.frontend import ImportedModel, import_model
 from inferx_edge.quantize.calibration import OBSERVERS, check_calibration_batch
 from inferx_edge.quantize.rewrite import calibrate, find_targets, qdq_weights, quantize_imported
@@ -38,9 +38,11 @@ def load_calibration(path: Path | None, model: Path, inputs) -> dict[str, np.nda
         raise UsageError(f"no .npy/.npz files in {path}")
     parts: dict[str, list[np.ndarray]] = {n: [] for n in names}
     for f in files:
-        data = load_arrays(f, "calibration file")
+        data = load_arrays(f, "calibration file", error=InputError)
         if isinstance(data, dict):
             keys = list(data)
+            if not keys:
+                raise InputError(f"calibration file {f} is an .npz with no arrays")
             if len(names) == 1 and len(keys) == 1:
                 parts[names[0]].append(data[keys[0]])
             else:
@@ -53,7 +55,17 @@ def load_calibration(path: Path | None, model: Path, inputs) -> dict[str, np.nda
             if len(names) != 1:
                 raise UsageError(f"{f}: a .npy holds one input; this model has {names}: use .npz keyed by name")
             parts[names[0]].append(data)
-    return {n: np.concatenate(v) for n, v in parts.items()}
+    out = {}
+    for n, arrays in parts.items():
+        for a, f in zip(arrays, files):
+            if np.ndim(a) == 0:
+                raise InputError(f"calibration data for '{n}' in {f} is a single number (0-d array); expected samples")
+        shapes = sorted({tuple(a.shape[1:]) for a in arrays})
+        if len(shapes) > 1:
+            listing = ", ".join(f"{f.name}: {'x'.join(map(str, a.shape))}" for a, f in zip(arrays, files))
+            raise InputError(f"calibration files for '{n}' disagree on the sample shape ({listing})")
+        out[n] = np.concatenate(arrays)
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -189,9 +201,7 @@ def make_plan(
         chunk = CALIB_CHUNK
     else:
         n = min(len(v) for v in data.values())
-        chunk = min(CALIB_CHUNK, n)
-        shapes = {**input_shapes, **{s.name: (chunk, *s.shape[1:]) for s in base.inputs}}
-        probe_model = import_model(model, shapes)
+        chunk, probe_model = _calibration_model(model, input_shapes, base, n)
         targets = find_targets(probe_model.mod["main"])
         if not targets:
             raise UsageError("the model has no conv2d/matmul with constant weights to quantize")
@@ -247,6 +257,25 @@ def make_plan(
         log(f"warning: accuracy budget not met ({why}); keeping the best mix found (--allow-over-budget)")
     log(f"      {summary}")
     return plan
+
+
+def _calibration_model(model: Path, input_shapes: dict, base: ImportedModel, n: int) -> tuple[int, ImportedModel]:
+    """The batch calibration runs in and the model imported at it: up to :data:`CALIB_CHUNK` samples at
+    a time when the batch dimension is dynamic; the model's own batch when it is fixed (a set of N
+    samples is then split into model-sized batches)."""
+    chunk = min(CALIB_CHUNK, n)
+    shapes = {**input_shapes, **{s.name: (chunk, *s.shape[1:]) for s in base.inputs}}
+    try:
+        return chunk, import_model(model, shapes)
+    except UsageError:
+        fixed = base.inputs[0].shape[0] if base.inputs and base.inputs[0].shape else 1
+        if fixed == chunk or not fixed:
+            raise
+        if n < fixed:
+            raise InputError(
+                f"the model's batch dimension is fixed to {fixed}; calibration needs at least {fixed} samples, got {n}"
+            ) from None
+        return fixed, base
 
 
 def resolve_plan(

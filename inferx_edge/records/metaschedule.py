@@ -145,7 +145,8 @@ def locked(work_dir: Path):
 
 
 def repair(work_dir: Path, warn=lambda m: print(f"warning: {m}", file=sys.stderr)) -> int:
-    """Drop unparseable lines (a kill -9 mid-write) from both files; keep them in ``*.corrupt``.
+    """Drop unusable lines from both files (a kill -9 mid-write, or JSON that is not a record / workload);
+    keep them in ``*.corrupt``.
 
     Workload lines are indexed by position, so a bad workload line is only dropped when it is the last
     one (a torn write); a bad line in the middle is reported and the run stops. Returns lines dropped.
@@ -154,7 +155,7 @@ def repair(work_dir: Path, warn=lambda m: print(f"warning: {m}", file=sys.stderr
     workloads = work_dir / WORKLOADS
     if workloads.exists():
         lines = workloads.read_bytes().splitlines(keepends=True)
-        bad = [i for i, line in enumerate(lines) if not _parses(line)]
+        bad = [i for i, line in enumerate(lines) if not _is_workload(line)]
         if bad and bad != [len(lines) - 1]:
             raise InferxError(
                 f"{workloads}: corrupt workload line(s) {[b + 1 for b in bad]} in the middle of the "
@@ -167,21 +168,41 @@ def repair(work_dir: Path, warn=lambda m: print(f"warning: {m}", file=sys.stderr
     if records.exists():
         lines = records.read_bytes().splitlines(keepends=True)
         n_workloads = len(workload_bytes(work_dir).splitlines())
-        bad = [i for i, line in enumerate(lines) if not _parses(line) or json.loads(line)[0] >= n_workloads]
+        bad = [i for i, line in enumerate(lines) if not _is_record(line) or json.loads(line)[0] >= n_workloads]
         if bad:
             _rewrite(records, lines, bad, warn)
             dropped += len(bad)
     return dropped
 
 
-def _parses(line: bytes) -> bool:
+def _json(line: bytes):
     if not line.strip():
-        return False
+        return None
     try:
-        json.loads(line)
+        return json.loads(line)
     except ValueError:
+        return None
+
+
+def _is_workload(line: bytes) -> bool:
+    """``[structural hash, serialized module]`` (both strings)."""
+    entry = _json(line)
+    return isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, str) for x in entry)
+
+
+def _is_record(line: bytes) -> bool:
+    """``[workload index, [trace, run seconds or null, target, args info]]``: a line that parses as JSON
+    but has another shape (hand-edited, foreign) is as unusable as a torn one."""
+    entry = _json(line)
+    if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int) and entry[0] >= 0):
         return False
-    return True
+    rec = entry[1]
+    if not (isinstance(rec, list) and len(rec) >= 4 and isinstance(rec[0], list) and isinstance(rec[2], dict)):
+        return False
+    secs = rec[1]
+    return secs is None or (
+        isinstance(secs, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in secs)
+    )
 
 
 def _rewrite(path: Path, lines: list[bytes], bad: list[int], warn) -> None:
@@ -200,7 +221,7 @@ def trials_per_workload(work_dir: Path) -> dict[int, dict[str, float]]:
     records = work_dir / RECORDS
     if records.exists():
         for line in open(records, "rb"):
-            if not _parses(line):
+            if not _is_record(line):
                 continue
             workload, rec = json.loads(line)[:2]
             secs = rec[1] if len(rec) > 1 else None
@@ -218,7 +239,7 @@ META = "inferx_tuning.json"
 def trials_done(work_dir: Path) -> int:
     """Trials this database has seen: its records, or more if it was pruned since (see :func:`prune`)."""
     records = work_dir / RECORDS
-    counted = sum(1 for line in open(records, "rb") if _parses(line)) if records.exists() else 0
+    counted = sum(1 for line in open(records, "rb") if _is_record(line)) if records.exists() else 0
     meta = work_dir / META
     noted = json.loads(meta.read_text()).get("trials", 0) if meta.exists() else 0
     return max(counted, noted)
@@ -237,7 +258,7 @@ def prune(work_dir: Path, keep: int = 1) -> tuple[int, int]:
     note_trials(work_dir, trials_done(work_dir))
     unpack(work_dir)
     records, workloads = work_dir / RECORDS, work_dir / WORKLOADS
-    lines = [line for line in records.read_bytes().splitlines(keepends=True) if _parses(line)]
+    lines = [line for line in records.read_bytes().splitlines(keepends=True) if _is_record(line)]
     by_workload: dict[int, list[tuple[float, list]]] = defaultdict(list)
     for line in lines:
         entry = json.loads(line)

@@ -20,7 +20,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from inferx_edge.errors import UsageError
+from inferx_edge.errors import UsageError, check_choice
+from inferx_edge.runtime.telemetry.base import MAX_PLAUSIBLE_W
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,18 @@ class VariantStats:
     p99_ms: float
     batch: int = 1
     precision: str = ""
+
+    def problem(self, max_watts: float = MAX_PLAUSIBLE_W) -> str | None:
+        """Why this window cannot be used (NaN, negative or implausible numbers), or None."""
+        for field_name in ("fps", "p99_ms", "watts", "j_per_frame"):
+            v = getattr(self, field_name)
+            if v is None and field_name in ("watts", "j_per_frame"):
+                continue
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+                return f"{field_name} = {v!r} is not a finite non-negative number"
+        if self.watts is not None and self.watts > max_watts:
+            return f"watts = {self.watts:g} is above the plausible maximum {max_watts:g} W for this device"
+        return None
 
 
 class Policy(Protocol):
@@ -104,8 +117,9 @@ POLICIES = {"max-throughput": MaxThroughputUnderPowerCap, "min-energy": MinEnerg
 
 
 def make_policy(name: str, value: float) -> Policy:
-    if name not in POLICIES:
-        raise UsageError(f"unknown policy '{name}'; valid: {', '.join(POLICIES)}")
+    check_choice("policy", name, POLICIES)
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise UsageError(f"the {name} policy needs a positive limit, got {value!r}")
     return POLICIES[name](value)
 
 
@@ -138,6 +152,12 @@ class Governor:
     hysteresis : a challenger must beat the current score by this fraction to cause a switch.
     min_dwell_s : minimum time on a variant before a switch for gain (not for a broken constraint).
     log : a callable receiving each :class:`Decision` as a dict (default: kept in ``self.decisions``).
+    max_watts : readings above this are rejected as garbage (:data:`MAX_PLAUSIBLE_W`).
+
+    Windows with NaN, negative or implausible numbers are rejected (logged as a ``rejected`` decision,
+    not used); a variant name the governor was not given is refused. :meth:`step` reads a window
+    through a callable and never raises: a telemetry backend that fails or stops answering makes it
+    hold the last safe variant.
     """
 
     def __init__(
@@ -148,12 +168,26 @@ class Governor:
         hysteresis: float = 0.05,
         min_dwell_s: float = 10.0,
         log=None,
+        max_watts: float = MAX_PLAUSIBLE_W,
     ) -> None:
         if not priors:
             raise UsageError("the governor needs at least one variant")
         self.policy = policy
-        self.table = dict(priors)
-        self.current = start or choose(policy, self.table)[0]
+        self.max_watts = max_watts
+        self.rejected: list[dict] = []
+        self.table = {}
+        for name, stats in priors.items():
+            problem = stats.problem(max_watts)
+            if problem is None:
+                self.table[name] = stats
+            else:
+                self.rejected.append({"variant": name, "reason": problem, "source": "prior"})
+        if not self.table:
+            raise UsageError(f"the governor has no usable prior for any variant: {self.rejected}")
+        self.variants = set(priors)
+        if start is not None:
+            check_choice("variant", start, sorted(self.variants))
+        self.current = start if start in self.table else choose(policy, self.table)[0]
         self.hysteresis = hysteresis
         self.min_dwell_s = min_dwell_s
         self.since = -math.inf
@@ -161,18 +195,46 @@ class Governor:
         self.decisions: list[dict] = []
         self._log = log or self.decisions.append
 
-    def observe(self, stats: VariantStats) -> None:
-        """Record a measured window of one variant."""
+    def observe(self, stats: VariantStats) -> bool:
+        """Record a measured window of one variant; False (and logged, not used) when it is garbage."""
+        check_choice("variant", stats.name, sorted(self.variants))
+        problem = stats.problem(self.max_watts)
+        if problem is not None:
+            self.rejected.append({"variant": stats.name, "reason": problem, "source": "window"})
+            return False
         self.table[stats.name] = stats
         if stats.name == self.current and self.policy.feasible(stats):
             self.last_safe = stats.name
+        return True
+
+    def step(self, t: float, read_window) -> str:
+        """One governor tick: ``read_window()`` returns the current variant's window (or None when there
+        is none yet); any exception from it, or a garbage window, counts as lost telemetry. Never raises
+        for telemetry faults."""
+        try:
+            window = read_window()
+            ok = window is None or self.observe(window)
+        except UsageError:
+            raise  # a programming error (an unknown variant), not a telemetry fault
+        except Exception as exc:  # noqa: BLE001 - any backend failure holds the safe variant
+            self.rejected.append({"variant": self.current, "reason": f"telemetry failed: {exc}", "source": "backend"})
+            ok = False
+        return self.decide(t, telemetry_ok=ok)
+
+    def _safe_hold(self) -> tuple[str, str]:
+        if self.last_safe:
+            return self.last_safe, f"holding last safe variant {self.last_safe}"
+        best, ok = choose(self.policy, self.table)
+        if ok:
+            return best, f"no safe history: {best} met the constraint in its last valid window"
+        return best, f"no safe history and nothing met the constraint: {best}, the closest to it"
 
     def decide(self, t: float, telemetry_ok: bool = True) -> str:
         """Choose the variant for the next window; logs and returns it."""
         inputs = {k: asdict(v) for k, v in self.table.items()}
         if not telemetry_ok:
-            hold = self.last_safe or self.current
-            return self._record(t, hold, f"telemetry lost: holding last safe variant {hold}", inputs)
+            hold, why = self._safe_hold()
+            return self._record(t, hold, f"telemetry lost: {why}", inputs)
         best, ok = choose(self.policy, self.table)
         cur = self.table[self.current]
         if best == self.current:

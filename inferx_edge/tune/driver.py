@@ -135,6 +135,8 @@ def _tuning_inputs(opts: TuneOptions, log):
 
     spec = get_target(opts.target)
     rpc = opts.rpc or rpc_from_config(spec.name)
+    if rpc is not None and rpc.warning():
+        print(rpc.warning(), file=sys.stderr)
     if rpc is None:
         check_local_measurement(spec)
         from inferx_edge.runtime._tvm import set_default_cpu_threads
@@ -197,6 +199,7 @@ def _tune_model(opts: TuneOptions, log) -> TuneSummary:
     from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
     from inferx_edge.tune.builder import PersistentBuilder
     from inferx_edge.tune.progress import Progress, TimeLimitReached
+    from inferx_edge.tune.scheduler import CommittingScheduler
 
     spec, rpc, work_dir, mod = _tuning_inputs(opts, log)
     import_tensor_intrinsics()
@@ -254,7 +257,7 @@ def _tune_model(opts: TuneOptions, log) -> TuneSummary:
                 database=database,
                 cost_model=cost,
                 measure_callbacks=callbacks,
-                task_scheduler="gradient",
+                task_scheduler=CommittingScheduler(),
             )
         except (TimeLimitReached, RuntimeError):  # TVM's FFI hands the callback's exception back as RuntimeError
             if not progress.stopped_by_time:

@@ -29,7 +29,25 @@ class RPCSettings:
             raise UsageError(f"--rpc must be HOST:PORT of a TVM RPC tracker, got '{hostport}'")
         if not key:
             raise UsageError("--rpc needs --key: the key the device's rpc_server registered with")
+        if host in ("0.0.0.0", "::", "[::]"):
+            raise UsageError(f"--rpc {hostport}: 0.0.0.0 is a bind address, not a tracker to connect to; give its IP")
         return cls(host, int(port), key)
+
+    def warning(self) -> str | None:
+        """A one-line warning when the tracker is reached over a network: TVM RPC is unauthenticated."""
+        import ipaddress
+
+        try:
+            addr = ipaddress.ip_address(self.host.strip("[]"))
+        except ValueError:
+            addr = None
+        if addr is not None and addr.is_loopback or self.host == "localhost":
+            return None
+        scope = "a private network" if addr is not None and addr.is_private else "the network"
+        return (
+            f"warning: TVM RPC has no authentication or encryption; the tracker {self.host}:{self.port} is on "
+            f"{scope}: keep tracker and device server on a link only you can reach (docs/security.md)"
+        )
 
 
 def rpc_from_config(target: str, config_dir: Path = CONFIG_DIR) -> RPCSettings | None:
@@ -57,11 +75,12 @@ def check_local_measurement(spec: TargetSpec) -> None:
     """Refuse local tuning for a target this machine cannot run, naming both ways forward."""
     here = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine().lower())
     ways = (
-        f"either (1) measure on the device over TVM RPC: on this host run "
-        f"'python -m tvm.exec.rpc_tracker --host 0.0.0.0 --port 9190', on the device "
-        f"'python -m tvm.exec.rpc_server --tracker THIS_HOST:9190 --key {spec.name}"
+        f"either (1) measure on the device over TVM RPC (unauthenticated: keep it on a private link, e.g. "
+        f"Jetson USB device mode): on this host run 'python -m tvm.exec.rpc_tracker --host HOST_IP_ON_THAT_LINK "
+        f"--port 9190', on the device 'python -m tvm.exec.rpc_server --host DEVICE_IP_ON_THAT_LINK "
+        f"--tracker HOST_IP_ON_THAT_LINK:9190 --key {spec.name}"
         + (" --no-fork" if spec.is_cuda else "")
-        + "', then "
+        + "' (never --host 0.0.0.0 on a shared network), then "
         f"'python -m inferx_edge tune --target {spec.name} --rpc THIS_HOST:9190 --key {spec.name}' "
         f"(or put tracker/key in configs/rpc.yaml); or (2) run 'python -m inferx_edge tune --target {spec.name}' "
         f"on the device itself"
