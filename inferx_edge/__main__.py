@@ -46,8 +46,13 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_signalled: list[int] = []
+
+
 def _terminate(signum, _frame):
-    # SIGTERM unwinds like Ctrl-C: cleanup (temporary files, child processes, locks) runs on the way out
+    # SIGTERM unwinds like Ctrl-C: cleanup (temporary files, child processes, locks) runs on the way out.
+    # Raised inside a TVM callback it comes back as a RuntimeError: main() knows by _signalled.
+    _signalled.append(signum)
     raise KeyboardInterrupt(f"signal {signum}")
 
 
@@ -61,11 +66,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except InferxError as exc:
+        if _signalled:  # a stage wrapped the interruption in its own error
+            print(f"inferx_edge {args.command}: interrupted (signal {_signalled[0]})", file=sys.stderr)
+            return 128 + _signalled[0]
         print(f"inferx_edge {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"inferx_edge {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return 128 + _signalled[0] if _signalled else 130
+    except Exception:
+        if not _signalled:
+            raise
+        print(f"inferx_edge {args.command}: interrupted (signal {_signalled[0]})", file=sys.stderr)
+        return 128 + _signalled[0]
 
 
 if __name__ == "__main__":

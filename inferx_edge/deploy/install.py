@@ -144,6 +144,8 @@ def deploy(
         except BaseException as exc:  # never leave a release that fails its self-test as current
             if old and old != target:
                 transport.set_link(current, old)
+            elif not old:
+                transport.remove(current)
             if fresh:
                 transport.remove(final)
             if isinstance(exc, DeployError):

@@ -16,7 +16,7 @@ import pytest
 
 from inferx_edge.deploy import deploy, rollback
 from inferx_edge.deploy.transports import DeployError, LocalTransport, SSHTransport
-from tests.helpers import cli, free_port
+from tests.helpers import REPO, cli, free_port
 
 QUIET = {"log": lambda *a: None}
 
@@ -125,7 +125,7 @@ def sshd(tmp_path_factory):
     (d / "sshd_config").write_text(
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host_key'}\nAuthorizedKeysFile {d / 'authorized_keys'}\n"
         f"PasswordAuthentication no\nPubkeyAuthentication yes\nPermitRootLogin yes\nStrictModes no\nUsePAM no\n"
-        f"PidFile {d / 'sshd.pid'}\nSetEnv PYTHONPATH={Path(__file__).resolve().parent.parent}\n"
+        f"PidFile {d / 'sshd.pid'}\nSetEnv PYTHONPATH={REPO}\n"
         f"AcceptEnv *\nSubsystem sftp internal-sftp\n"
     )
     Path("/run/sshd").mkdir(exist_ok=True)
@@ -162,7 +162,7 @@ def test_ssh_install_selftest_and_rollback(sshd, default_artifact, second_artifa
     python = sys.executable
     r1 = deploy(default_artifact, dest, python=python, repeat=2, ssh_options=sshd["opts"], **QUIET)
     assert "latency over 2 runs" in r1.selftest and "ran current variant fp32-b1" in r1.selftest
-    r2 = deploy(second_artifact, dest, selftest=False, ssh_options=sshd["opts"], **QUIET)
+    r2 = deploy(second_artifact, dest, selftest=False, python=python, ssh_options=sshd["opts"], **QUIET)
     assert _state(root)[:2] == (r2.installed, r1.installed)
     rollback(dest, selftest=False, ssh_options=sshd["opts"], **QUIET)
     assert _state(root)[:2] == (r1.installed, r2.installed)
@@ -174,7 +174,7 @@ def test_ssh_install_selftest_and_rollback(sshd, default_artifact, second_artifa
 def test_ssh_interrupted_and_corrupted_uploads(sshd, default_artifact, second_artifact, tmp_path, monkeypatch):
     root = tmp_path / "jetson"
     dest = f"{sshd['url']}{root}"
-    deploy(default_artifact, dest, selftest=False, ssh_options=sshd["opts"], **QUIET)
+    deploy(default_artifact, dest, selftest=False, python=sys.executable, ssh_options=sshd["opts"], **QUIET)
     before = _state(root)
     real_put = SSHTransport.put
 
@@ -186,7 +186,7 @@ def test_ssh_interrupted_and_corrupted_uploads(sshd, default_artifact, second_ar
 
     monkeypatch.setattr(SSHTransport, "put", truncated_then_dropped)
     with pytest.raises(DeployError, match="connection reset"):
-        deploy(second_artifact, dest, ssh_options=sshd["opts"], **QUIET)
+        deploy(second_artifact, dest, python=sys.executable, ssh_options=sshd["opts"], **QUIET)
     assert _state(root) == before
 
     def corrupted(self, local, remote):
@@ -198,7 +198,7 @@ def test_ssh_interrupted_and_corrupted_uploads(sshd, default_artifact, second_ar
 
     monkeypatch.setattr(SSHTransport, "put", corrupted)
     with pytest.raises(DeployError, match="checksum mismatch after upload"):
-        deploy(second_artifact, dest, ssh_options=sshd["opts"], **QUIET)
+        deploy(second_artifact, dest, python=sys.executable, ssh_options=sshd["opts"], **QUIET)
     assert _state(root) == before
 
 
@@ -207,3 +207,11 @@ def test_rpc_deploy_uploads_loads_and_runs(rpc_tracker, default_artifact):
     assert r.returncode == 0, r.stderr
     assert "ran fp32-b1 on rpc device 'testdev' (cpu): outputs [[1, 10]]" in r.stdout
     assert "nothing was installed permanently" in r.stdout
+
+
+def test_ssh_paths_with_spaces_and_hash_install_where_asked(sshd, default_artifact, tmp_path):
+    root = tmp_path / "my models" / "#1 cam"
+    dest = f"{sshd['url']}{root}"
+    r = deploy(default_artifact, dest, python=sys.executable, repeat=1, ssh_options=sshd["opts"], **QUIET)
+    assert "latency over 1 runs" in r.selftest
+    assert _state(root)[0] == r.installed and (root / r.installed).exists()

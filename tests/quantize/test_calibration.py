@@ -122,3 +122,40 @@ def test_observer_registry_and_empty_observer():
         MSEObserver().threshold()
     with pytest.raises(UsageError, match="percentile must be"):
         PercentileObserver(0)
+
+
+def test_bad_calibration_data_exits_6_naming_the_problem(tmp_path):
+    from tests.helpers import cli
+
+    d = tmp_path / "mixed"
+    d.mkdir()
+    np.save(d / "a.npy", np.zeros((4, 1, 28, 28), np.float32))
+    np.save(d / "b.npy", np.zeros((4, 1, 14, 14), np.float32))
+    (tmp_path / "empty.npy").write_bytes(b"")
+    np.save(tmp_path / "scalar.npy", np.float32(3))
+    np.savez(tmp_path / "none.npz")
+    cases = [
+        (d, "disagree on the sample shape"),
+        (tmp_path / "empty.npy", "cannot read calibration file"),
+        (tmp_path / "scalar.npy", "single number"),
+        (tmp_path / "none.npz", "no arrays"),
+    ]
+    for calib, msg in cases:
+        r = cli("quantize", "--precision", "int8", "--calib", calib, "-o", tmp_path / "p.json")
+        assert r.returncode == 6 and msg in r.stderr and "Traceback" not in r.stderr, (calib, r.stderr)
+
+
+def test_a_model_with_a_fixed_batch_calibrates_on_n_samples(tmp_path):
+    """(N, C, H, W) calibration data for a model fixed at batch 1 is split into model-sized batches."""
+    from tests.helpers import make_convnet
+
+    model = make_convnet(tmp_path / "fixed.onnx", batch=1)
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(0).random((24, 3, 16, 16), dtype=np.float32))
+    from inferx_edge.frontend import import_model
+    from inferx_edge.quantize.driver import QuantOptions, make_plan
+
+    plan = make_plan(
+        model, {}, import_model(model), "int8", QuantOptions(calib=calib, calib_method="minmax"), log=lambda *a: None
+    )
+    assert plan.calibration_samples == 24 and plan.amax

@@ -13,7 +13,7 @@ import pytest
 from inferx_edge.errors import InputError, TargetMismatchError
 from inferx_edge.package import open_artifact, read_manifest, write_artifact
 from inferx_edge.runtime import Engine
-from tests.helpers import REPO, cli
+from tests.helpers import REPO, build_quietly, cli
 
 
 def _image(batch=1, dtype=np.float32):
@@ -164,3 +164,116 @@ def test_cpu_threads_default_to_physical_cores_unless_the_user_chose(monkeypatch
     monkeypatch.delenv("TVM_NUM_THREADS")
     monkeypatch.setenv("OMP_NUM_THREADS", "5")
     assert "OMP_NUM_THREADS=5" in set_default_cpu_threads() and "TVM_NUM_THREADS" not in os.environ
+
+
+def test_nonfinite_inputs_are_refused_unless_allowed(default_artifact, tmp_path):
+    x = np.zeros((1, 1, 28, 28), np.float32)
+    x[0, 0, :2, :3] = np.nan
+    x[0, 0, 5, 5] = np.inf
+    with Engine(default_artifact) as engine:
+        with pytest.raises(InputError, match="input 'image' holds 7 NaN/Inf values of 784"):
+            engine.run(x)
+    with Engine(default_artifact, allow_nonfinite=True) as engine:
+        engine.run(x)
+    np.save(tmp_path / "nan.npy", x)
+    r = cli("run", default_artifact, "--input", tmp_path / "nan.npy", "--repeat", "0")
+    assert r.returncode == 6 and "7 NaN/Inf" in r.stderr
+    r = cli("run", default_artifact, "--input", tmp_path / "nan.npy", "--repeat", "0", "--allow-nonfinite")
+    assert r.returncode == 0, r.stderr
+
+
+def test_bad_run_arguments_and_input_files(default_artifact, tmp_path):
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((1, 1, 28, 28), np.float32))
+    (tmp_path / "empty.npy").write_bytes(b"")
+    np.save(tmp_path / "scalar.npy", np.float32(1.0))
+    cases = [
+        (["--repeat", "-5"], 2, "--repeat must be 0 or more"),
+        (["--input", x, "--input", f"image={x}"], 2, "input image given twice"),
+        (["--input", tmp_path / "empty.npy"], 6, "cannot read input file"),
+        (["--input", tmp_path / "scalar.npy"], 6, "got scalar"),
+    ]
+    for args, code, msg in cases:
+        r = cli("run", default_artifact, *args)
+        assert r.returncode == code and msg in r.stderr, (args, r.stderr)
+
+
+def test_one_engine_shared_by_threads_that_run_and_switch(tmp_path):
+    """select() racing run() from other threads: every call completes on one whole variant."""
+    import threading
+
+    art = build_quietly(tmp_path / "multi.ixa", precisions=("fp32", "fp16"), tuning=False)
+    x = np.random.default_rng(0).random((1, 1, 28, 28), dtype=np.float32)
+    errors = []
+    with Engine(art) as engine:
+        want = {}
+        for v in ("fp32-b1", "fp16-b1"):
+            engine.select(v)
+            want[v] = engine.run(x)["logits"]
+
+        def runner():
+            try:
+                for _ in range(200):
+                    out = engine.run(x)["logits"]
+                    assert any(np.array_equal(out, w) for w in want.values())
+            except Exception as exc:  # noqa: BLE001 - collected for the assertion below
+                errors.append(exc)
+
+        def switcher():
+            for i in range(400):
+                engine.select(("fp32-b1", "fp16-b1")[i % 2])
+
+        threads = [threading.Thread(target=runner) for _ in range(3)] + [threading.Thread(target=switcher)]
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)  # switch threads as often as possible: races show up in a few hundred calls
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            sys.setswitchinterval(interval)
+    assert not errors, errors[:3]
+
+
+def test_an_engine_never_closed_leaves_no_scratch_directory(default_artifact):
+    import gc
+
+    engine = Engine(default_artifact)
+    root = engine._extracted.root
+    assert root.exists()
+    del engine
+    gc.collect()
+    assert not root.exists()
+
+
+def test_select_waits_for_a_run_in_progress(tmp_path):
+    """The documented contract, made deterministic with a slow variant: no select() completes while a
+    run() is in progress, so a run never mixes two variants' functions and weights."""
+    import threading
+    import time as _time
+
+    art = build_quietly(tmp_path / "two.ixa", precisions=("fp32", "fp16"), tuning=False)
+    x = np.zeros((1, 1, 28, 28), np.float32)
+    events = []
+    with Engine(art, preload=True) as engine:
+        loaded = engine._current
+        real = loaded.main
+
+        def slow_main(*args):
+            events.append(("run-start", _time.perf_counter()))
+            _time.sleep(0.2)
+            out = real(*args)
+            events.append(("run-end", _time.perf_counter()))
+            return out
+
+        loaded.main = slow_main
+        runner = threading.Thread(target=engine.run, args=(x,))
+        runner.start()
+        while not events:
+            _time.sleep(0.001)
+        engine.select("fp16-b1")
+        events.append(("selected", _time.perf_counter()))
+        runner.join()
+    order = [e for e, _ in events]
+    assert order == ["run-start", "run-end", "selected"], order

@@ -189,3 +189,40 @@ if [ "$1" = "-q" ]; then echo "NV Power Mode: MODE_$(cat {state})"; cat {state};
     )
     assert [v["name"] for v in prof["variants"]] == ["fp32-b1@pm0", "fp32-b1@pm1"]
     assert (tmp_path / "mode.log").read_text().split() == ["0", "1", "2"]  # swept, then restored
+
+
+def test_garbage_windows_are_rejected_and_unknown_variants_refused():
+    g = Governor(MinEnergyAboveFps(1000), dict(TABLE), start="fp16-b8", min_dwell_s=0)
+    for bad in (
+        VariantStats("fp16-b8", float("nan"), 258, 0.1, 3.1),
+        VariantStats("fp16-b8", 2595, -5.0, 0.1, 3.1),
+        VariantStats("fp16-b8", 2595, 1e6, 0.1, 3.1),  # a megawatt GPU
+        VariantStats("fp16-b8", 2595, 258, float("inf"), 3.1),
+    ):
+        assert g.observe(bad) is False
+    assert g.table["fp16-b8"] == TABLE["fp16-b8"] and len(g.rejected) == 4
+    with pytest.raises(UsageError, match="unknown variant 'fp8-b1'"):
+        g.observe(VariantStats("fp8-b1", 1, 1, 1, 1))
+    with pytest.raises(UsageError, match="unknown variant"):
+        Governor(MinEnergyAboveFps(1000), dict(TABLE), start="nope")
+
+
+def test_a_failing_backend_holds_the_safe_variant_and_never_raises():
+    g = Governor(MinEnergyAboveFps(2000), dict(TABLE), start="fp16-b8", min_dwell_s=0)
+    g.observe(TABLE["fp16-b8"])  # fp16-b8 met the floor: the safe variant
+
+    def broken():
+        raise OSError("sensor gone")
+
+    assert g.step(1.0, broken) == "fp16-b8"
+    assert g.step(2.0, lambda: VariantStats("fp16-b8", float("nan"), 1, 1, 1)) == "fp16-b8"
+    assert "telemetry lost" in g.decisions[-1]["reason"] and g.rejected[-2]["source"] == "backend"
+
+
+def test_with_no_safe_history_it_picks_a_variant_that_met_the_constraint_or_the_closest():
+    g = Governor(MinEnergyAboveFps(3000), dict(TABLE), start="fp32-b1", min_dwell_s=0)
+    assert g.last_safe is None
+    assert g.decide(1.0, telemetry_ok=False) == "fp16-b64"  # its last valid window met the floor
+    g = Governor(MinEnergyAboveFps(10**6), dict(TABLE), start="fp32-b1", min_dwell_s=0)
+    assert g.decide(1.0, telemetry_ok=False) == "fp16-b64"  # nothing met it: the closest (highest FPS)
+    assert "closest" in g.decisions[-1]["reason"]

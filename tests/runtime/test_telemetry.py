@@ -142,3 +142,35 @@ def test_jtop_is_imported_lazily():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[0] == "False"
+
+
+@pytest.mark.parametrize(
+    "samples,why",
+    [
+        ([Sample(0.0, 100.0, 1000.0), Sample(2.0, 300.0, 400.0)], "went backwards"),  # counter reset
+        ([Sample(0.0, 100.0, 1000.0), Sample(2.0, 300.0, 9e9)], "implausible average"),
+        ([Sample(5.0, float("nan")), Sample(4.0, 100.0)], None),  # time going backwards: dropped
+    ],
+)
+def test_energy_meter_rejects_garbage(samples, why):
+    meter = EnergyMeter(ReplayBackend(samples), interval_s=10)
+    meter.start()
+    out = meter.stop()
+    assert out["energy_j"] is None and (why is None or why in out["invalid"])
+
+
+def test_energy_meter_survives_a_backend_that_raises():
+    class Broken:
+        name = "broken"
+
+        def read(self):
+            raise RuntimeError("i2c bus error")
+
+        def close(self):
+            pass
+
+    meter = EnergyMeter(Broken(), interval_s=0.01)
+    meter.start()
+    time.sleep(0.05)
+    out = meter.stop()
+    assert out["energy_j"] is None and "failed" in out["invalid"] and meter.rejected

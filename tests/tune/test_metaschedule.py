@@ -201,3 +201,46 @@ def test_time_limit_stops_the_run_and_keeps_its_records(mlp, tmp_path):
     assert tdb.trials_done(summary.work_dir) == summary.trials_run
     records = (summary.work_dir / tdb.RECORDS).read_text().splitlines()
     assert len(records) == summary.trials_run
+
+
+def test_kill9_in_the_first_round_keeps_every_measured_batch(tmp_path):
+    """Each measured batch is committed before the next task is measured: the first records on disk
+    belong to one kernel (MetaSchedule's own scheduler committed nothing until every kernel had a
+    batch), and a kill -9 then keeps them."""
+    from inferx_edge.models import DEFAULT_MODEL
+
+    cmd = [sys.executable, "-m", "inferx_edge", "tune", "--model", str(DEFAULT_MODEL), "--trials", "64",
+           "--per-iter", "4", "--tuning-logs", str(tmp_path)]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline, first = time.time() + 300, None
+    try:
+        while time.time() < deadline and first is None:
+            found = list(tmp_path.glob(f"*/*/{tdb.RECORDS}"))
+            lines = [json.loads(x) for x in open(found[0])] if found else []
+            if lines:
+                first = lines
+            time.sleep(0.05)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert first is not None, "no records within 300 s"
+    assert len({rec[0] for rec in first}) == 1 and len(first) <= 4  # one batch of one kernel
+    kept = [json.loads(x) for x in open(found[0])]
+    assert len(kept) >= len(first)
+    counts = tdb.trials_per_workload(found[0].parent)
+    assert sum(c["trials"] for c in counts.values()) == len(kept)
+
+
+def test_json_lines_that_are_not_records_are_set_aside(mlp, tmp_path):
+    tune_model(_opts(mlp, tmp_path, trials=4), **QUIET)
+    (records,) = tmp_path.glob(f"*/*/{tdb.RECORDS}")
+    good = records.read_text()
+    with open(records, "a") as f:
+        f.write('{"not": "a record"}\n[1, 2]\n"text"\n')
+    out = tmp_path / "m.ixa"
+    build_artifact(BuildOptions(model=mlp, target=host_target_name(), output=out, tuning_root=tmp_path), **QUIET)
+    assert out.exists()
+    r = cli("tune", "--model", mlp, "--trials", "8", "--per-iter", "4", "--tuning-logs", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "skipped 3 corrupt line" in r.stderr
+    assert records.read_text().startswith(good) and len(records.with_suffix(".corrupt").read_text().splitlines()) == 3

@@ -1,0 +1,56 @@
+"""The build stage: a build stopped by SIGTERM leaves no scratch directory and no partial artifact,
+and scratch left by a process killed outright is swept by the next one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from inferx_edge.package.scratch import make_scratch, sweep
+from tests.helpers import REPO
+
+
+def _scratch(kind: str, pid: int | None = None) -> list[Path]:
+    tmp = Path(tempfile.gettempdir())
+    return [
+        p
+        for p in tmp.glob(f"inferx_edge-{kind}-{pid or ''}*")
+        if pid is None or p.name.startswith(f"inferx_edge-{kind}-{pid}-")
+    ]
+
+
+def test_sigterm_mid_build_cleans_up(tmp_path):
+    out = tmp_path / "a.ixa"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inferx_edge", "build", "--no-tuning", "-o", str(out)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while not _scratch("build", proc.pid) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert _scratch("build", proc.pid), "the build never created its scratch directory"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "interrupted" in err and "Traceback" not in err
+    assert not _scratch("build", proc.pid)
+    assert not out.exists() and not list(tmp_path.glob("*.part"))
+
+
+def test_scratch_of_a_dead_process_is_swept(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    stale = tmp_path / f"inferx_edge-build-{pid}-abc"
+    stale.mkdir()
+    (stale / "big.so").write_bytes(b"x" * 1000)
+    mine = make_scratch("build", base=tmp_path)
+    assert not stale.exists() and mine.exists()
+    assert sweep("build", base=tmp_path) == []  # our own (live) scratch stays
+    os.rmdir(mine)
