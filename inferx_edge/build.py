@@ -49,6 +49,8 @@ class BuildOptions:
     tuning_root : where databases live (default ``tuning_logs/``).
     quant : calibration and accuracy budget of int8/mixed variants (:class:`~inferx_edge.quantize.driver.QuantOptions`).
     sign_key : Ed25519 private key (PEM) to sign the artifact with (:mod:`inferx_edge.package.signing`).
+    force : replace an existing artifact at ``output`` that holds another build (other model, target or
+        variants); without it that one is kept as ``<name>.<n>.ixa``. A rebuild of the same is replaced.
     """
 
     model: Path
@@ -64,6 +66,7 @@ class BuildOptions:
     tuning_root: Path | None = None
     quant: QuantOptions = field(default_factory=QuantOptions)
     sign_key: Path | None = None
+    force: bool = False
 
     def __post_init__(self) -> None:
         from inferx_edge.compiler.cuda import CUDA_CODE_FORMATS
@@ -155,7 +158,11 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
             layout = variant_layout(spec, precision)
             t0 = time.perf_counter()
             # keyed by the source model's hash, pinned shapes and precision (quantizing keeps all three)
-            tuning_dir = msdb.find_database(spec, imported, precision, opts.tuning_root) if opts.tuning else None
+            tuning_dir, note = (
+                msdb.locate_database(spec, imported, precision, opts.tuning_root) if opts.tuning else (None, None)
+            )
+            if note:
+                log(f"      note: {note}")
             prepared = prepare_variant(
                 imported, layout, quantize=quantizers.get(precision), target=target, tuning_dir=tuning_dir,
                 bake=True, log=log,
@@ -211,6 +218,8 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
 
         info = infos[0]
         target_record = spec.summary() | {"tvm_target": info["tvm_target"]}
+        if info["cpu_features"]:
+            target_record["cpu_features"] = info["cpu_features"]
         if info["cuda"]:
             target_record |= cuda_requirements(info["cuda"])
             log(f"      device code: {info['cuda']['code']} for {info['cuda']['arch']} by {info['cuda']['toolkit']}")
@@ -231,4 +240,34 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
             },
         )
         log(f"[4/4] packaging {opts.output}")
+        if not opts.force:
+            _keep_other_build(Path(opts.output), manifest, log)
         return write_artifact(opts.output, manifest, members, sign_key=opts.sign_key)
+
+
+def _same_build(a: Manifest, b: Manifest) -> bool:
+    return (
+        a.model.get("sha256") == b.model.get("sha256")
+        and a.target.get("name") == b.target.get("name")
+        and [v.name for v in a.variants] == [v.name for v in b.variants]
+    )
+
+
+def _keep_other_build(output: Path, manifest: Manifest, log) -> None:
+    """An artifact already at ``output`` that holds another build is renamed to the next free
+    ``<stem>.<n><suffix>`` (a rebuild of the same model, target and variants is simply replaced)."""
+    if not output.exists():
+        return
+    from inferx_edge.errors import InferxError
+    from inferx_edge.package import read_manifest
+
+    try:
+        if _same_build(read_manifest(output), manifest):
+            return
+    except InferxError:
+        pass  # not a readable artifact: keep it too
+    n = 1
+    while (backup := output.with_name(f"{output.stem}.{n}{output.suffix}")).exists():
+        n += 1
+    output.rename(backup)
+    log(f"      {output} held another build: kept as {backup} (--force replaces it)")

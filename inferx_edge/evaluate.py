@@ -67,20 +67,31 @@ def _batches(x: np.ndarray, batch: int):
         yield chunk, n
 
 
-def _onnxruntime_reference(model: Path, x: np.ndarray, input_name: str) -> np.ndarray | None:
+def _onnxruntime_reference(model: Path, x: np.ndarray, input_name: str, batch: int):
+    """onnxruntime's outputs on ``x`` and its latency at ``batch`` (timed like ``Engine.benchmark``), or
+    None when onnxruntime or an ONNX model is not there."""
     if model.suffix.lower() != ".onnx":
         return None
     try:
         import onnxruntime as ort
     except ImportError:
         return None
+    from inferx_edge.runtime.engine import time_calls
+
     sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    return np.concatenate([sess.run(None, {input_name: x[i : i + 64]})[0] for i in range(0, len(x), 64)])
+    logits = np.concatenate([sess.run(None, {input_name: x[i : i + 64]})[0] for i in range(0, len(x), 64)])
+    feed = {input_name: np.ascontiguousarray(x[:batch])}
+    stats = time_calls(lambda: sess.run(None, feed), lambda: None, warmup=10, repeat=200)
+    return logits, stats
 
 
-def default_output(model: Path, target: str) -> Path:
-    """Where ``build`` and ``evaluate`` write an artifact unless told."""
-    return Path("build") / f"{model.stem}-{target}.ixa"
+def default_output(model: Path, target: str, precisions=("fp32",), batch_sizes=()) -> Path:
+    """Where ``build`` and ``evaluate`` write an artifact unless told: model, target, precisions (and
+    batch sizes when several), so builds of one model for different precisions do not collide."""
+    name = f"{model.stem}-{target}-{'+'.join(precisions)}"
+    if batch_sizes:
+        name += "-b" + "+".join(str(b) for b in batch_sizes)
+    return Path("build") / f"{name}.ixa"
 
 
 def evaluate(opts: EvaluateOptions, log=print) -> dict:
@@ -95,7 +106,7 @@ def evaluate(opts: EvaluateOptions, log=print) -> dict:
         from inferx_edge.targets import get_target, host_target_name
 
         spec = get_target(opts.target or host_target_name())
-        artifact = opts.output or default_output(model, spec.name)
+        artifact = opts.output or default_output(model, spec.name, (opts.precision,))
         build_artifact(
             BuildOptions(
                 model=model,
@@ -135,11 +146,24 @@ def evaluate(opts: EvaluateOptions, log=print) -> dict:
             "latency_ms": {"p50": stats.p50_ms, "p90": stats.p90_ms, "p99": stats.p99_ms, "runs": stats.count},
             "throughput_samples_s": float(len(y) / wall),
         }
-        ref = _onnxruntime_reference(model, x, spec.name) if opts.artifact is None else None
+        tuning = [v.extra.get("tuning") for v in engine.manifest.variants if v.name == engine.variant.name][0]
+        report["tuned"] = bool(engine.variant.tuned)
+        report["tuning"] = tuning
+        if not engine.variant.tuned:
+            shape = "x".join(str(d) for d in spec.shape)
+            report["note"] = (
+                f"no tuning database applied to this build (default schedules); tune it for this machine with: "
+                f"python -m inferx_edge tune --target {report['target']} --input-shape {spec.name}:{shape}"
+                + ("" if opts.model is None else f" --model {model}")
+            )
+        ref = _onnxruntime_reference(model, x, spec.name, batch) if opts.artifact is None else None
         if ref is not None:
+            ref, ort_stats = ref
             report["onnxruntime"] = {
                 "top1": float((ref.argmax(axis=1) == y).mean()),
                 "max_abs_diff": float(np.abs(ref - logits).max()),
                 "top1_agreement": float((ref.argmax(axis=1) == pred).mean()),
+                "latency_ms": {"p50": ort_stats.p50_ms, "p90": ort_stats.p90_ms, "p99": ort_stats.p99_ms},
             }
+            report["speedup_vs_onnxruntime_p50"] = ort_stats.p50_ms / stats.p50_ms if stats.p50_ms else None
     return report

@@ -33,10 +33,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def default_output(model: Path, target: str) -> Path:
+def default_output(model: Path, target: str, precisions=("fp32",), batch_sizes=()) -> Path:
     from inferx_edge.evaluate import default_output as stage_default
 
-    return stage_default(model, target)
+    return stage_default(model, target, precisions, batch_sizes)
 
 
 def add_quantization_arguments(p: argparse.ArgumentParser, plan: bool = True) -> None:

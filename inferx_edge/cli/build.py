@@ -35,6 +35,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_quantization_arguments(p)
     p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing artifact of another build at --output (default: keep it as NAME.N.ixa)",
+    )
+    p.add_argument(
         "--sign",
         type=Path,
         default=None,
@@ -75,20 +80,23 @@ def run(args: argparse.Namespace) -> int:
 
     model = args.model or DEFAULT_MODEL
     spec = get_target(args.target or host_target_name())
-    output = args.output or default_output(model, spec.name)
+    precisions = tuple(args.precision.split(","))
+    batch_sizes = _batch_sizes(args.batch_sizes)
+    output = args.output or default_output(model, spec.name, precisions, batch_sizes)
     opts = BuildOptions(
         model=model,
         target=spec.name,
         output=output,
         input_shapes=parse_input_shapes(args.input_shape),
-        precisions=tuple(args.precision.split(",")),
-        batch_sizes=_batch_sizes(args.batch_sizes),
+        precisions=precisions,
+        batch_sizes=batch_sizes,
         cuda_code=args.cuda_code,
         cuda_graph=not args.no_cuda_graph,
         tuning=not args.no_tuning,
         quant=quantization_options(args),
         tuning_root=args.tuning_logs,
         sign_key=args.sign,
+        force=args.force,
     )
     manifest = build_artifact(opts)
     size = output.stat().st_size

@@ -69,9 +69,16 @@ def run(args: argparse.Namespace) -> int:
         )
     lat, batch = report["latency_ms"], report["batch"]
     print(f"latency     batch {batch}: p50 {lat['p50']:.3f} ms, p90 {lat['p90']:.3f} ms, p99 {lat['p99']:.3f} ms")
+    if "onnxruntime" in report:
+        o = report["onnxruntime"]["latency_ms"]
+        ratio = report["speedup_vs_onnxruntime_p50"]
+        verdict = f"{ratio:.2f}x onnxruntime's speed" if ratio else ""
+        print(f"onnxruntime batch {batch}: p50 {o['p50']:.3f} ms, p99 {o['p99']:.3f} ms  (inferx_edge: {verdict})")
     print(
         f"throughput  {report['throughput_samples_s']:.0f} samples/s over the whole set (batch {batch}, incl. copies)"
     )
+    if report.get("note"):
+        print(f"note: {report['note']}")
     if args.report:
         args.report.parent.mkdir(parents=True, exist_ok=True)
         args.report.write_text(json.dumps(report, indent=2) + "\n")

@@ -14,7 +14,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds per variant (default 2)")
     p.add_argument("--idle", type=float, default=5.0, help="seconds of idle power measured first (default 5)")
     p.add_argument("--variants", default=None, help="comma list of variants (default: all)")
-    p.add_argument("--telemetry", default=None, help="nvml, jetson-sysfs or jtop (default: the first that works)")
+    p.add_argument("--telemetry", default=None, help="nvml, jetson-sysfs, jtop or rapl (default: the first that works)")
     p.add_argument("--device-id", type=int, default=0)
     p.add_argument(
         "--power-modes",

@@ -24,14 +24,23 @@ from inferx_edge.targets import TargetSpec
 from inferx_edge.targets.registry import HOST_CPU
 
 
+def host_mcpu() -> str:
+    """What :data:`HOST_CPU` builds for: this x86-64 machine's ISA level (``x86-64-v3``, ``-v4``: every
+    CPU of that level runs the code), not its exact microarchitecture (see :mod:`inferx_edge.targets.cpu`)."""
+    from inferx_edge.runtime.compat import cpu_flags
+    from inferx_edge.targets.cpu import isa_level
+
+    return isa_level(cpu_flags()) if platform.machine() in ("x86_64", "AMD64") else "x86-64-v2"
+
+
 def resolve_tvm_target(spec: TargetSpec):
-    """The ``tvm.target.Target`` for ``spec``, with :data:`HOST_CPU` replaced by this machine's CPU."""
+    """The ``tvm.target.Target`` for ``spec``, with :data:`HOST_CPU` replaced by this machine's ISA level."""
     import tvm
 
     def fill(d: dict[str, Any]) -> dict[str, Any]:
         d = dict(d)
         if d.get("mcpu") == HOST_CPU:
-            d["mcpu"] = tvm.target.codegen.llvm_get_system_cpu()
+            d["mcpu"] = host_mcpu()
             d.setdefault("num-cores", os.cpu_count() or 1)
         if isinstance(d.get("host"), dict):
             d["host"] = fill(d["host"])
@@ -52,6 +61,18 @@ def linker(spec: TargetSpec):
     from tvm.support import cc
 
     return cc.cross_compiler(spec.cross_compiler)
+
+
+def cpu_features(target) -> list[str]:
+    """The CPU instruction-set extensions the host code of ``target`` may use (/proc/cpuinfo names)."""
+    import tvm
+
+    from inferx_edge.targets.cpu import required_features
+
+    host = target.host if target.host is not None else target
+    if str(host.kind.name) != "llvm" or "x86_64" not in str(host.attrs.get("mtriple", "x86_64")):
+        return []
+    return required_features(tvm.target.codegen.llvm_get_cpu_features(host))
 
 
 def relax_pipeline(spec: TargetSpec, target):
@@ -164,6 +185,7 @@ def compile_variant(
         raise BuildError(f"linking the {spec.name} library failed: {exc}") from exc
     return {
         "tvm_target": plain(target.export()),
+        "cpu_features": cpu_features(target),
         "compile_s": round(t1 - t0, 3),
         "link_s": round(time.perf_counter() - t1, 3),
         "linker": spec.cross_compiler if fcompile is not None else "host",

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from inferx_edge.errors import DatabaseBusyError, InferxError  # noqa: F401  (DatabaseBusyError re-exported)
 from inferx_edge.package.atomic import atomic_write
+from inferx_edge.records.tiles import has_tiles
 
 WORKLOADS = "database_workload.json"
 PACKED_WORKLOADS = WORKLOADS + ".gz"
@@ -68,11 +69,33 @@ def model_database_dir(spec, imported, precision: str, root: Path | None = None)
     return database_dir(spec.name, imported.name, fp, root)
 
 
+def locate_database(spec, imported, precision: str, root: Path | None = None) -> tuple[Path | None, str | None]:
+    """The database to apply and, when it is not this CPU's own, a note saying whose it is.
+
+    This host's exact microarchitecture first (what ``tune`` writes here); for a target that compiles
+    for the build host's CPU with none, a database tuned on another CPU of the same ISA level
+    (:data:`inferx_edge.targets.cpu.SAME_LEVEL`): its schedules were measured elsewhere but use only
+    instructions this CPU has."""
+    exact = find_database(spec, imported, precision, root)
+    cpu = host_cpu_of(spec)
+    if exact is not None or cpu is None:
+        return exact, None
+    from inferx_edge.targets.cpu import same_level_cpus
+
+    shapes = {t.name: t.shape for t in imported.inputs}
+    for other in same_level_cpus(cpu):
+        work_dir = database_dir(spec.name, imported.name, fingerprint(imported.sha256, shapes, precision, other), root)
+        if has_database(work_dir) or has_tiles(work_dir):
+            return work_dir, (
+                f"no tuning database for this CPU ({cpu}); applied the one tuned on {other}, a CPU of the same "
+                f"ISA level (tune here for this CPU's own: python -m inferx_edge tune --target {spec.name})"
+            )
+    return None, None
+
+
 def find_database(spec, imported, precision: str, root: Path | None = None) -> Path | None:
     """The database :func:`model_database_dir` names, when it holds MetaSchedule records or int8 tile
     records (:mod:`inferx_edge.records.tiles`) (else None)."""
-    from inferx_edge.records.tiles import has_tiles
-
     work_dir = model_database_dir(spec, imported, precision, root)
     return work_dir if has_database(work_dir) or has_tiles(work_dir) else None
 

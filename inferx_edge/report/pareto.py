@@ -24,10 +24,15 @@ def stats_from_profile(profile: dict) -> dict[str, VariantStats]:
 
 
 def fronts(profile: dict) -> dict[str, set[str]]:
+    """Pareto fronts: throughput vs power and energy vs p99 (variants with power measured), and
+    throughput vs p50 / p99 latency (every variant: what a host without a power sensor can show)."""
     vs = [v for v in profile["variants"] if v["avg_w"] is not None]
+    every = profile["variants"]
     return {
         "fps_vs_watts": pareto_front([(v["name"], v["avg_w"], -v["fps"]) for v in vs]),
         "energy_vs_p99": pareto_front([(v["name"], v["j_per_frame"], v["p99_ms"]) for v in vs]),
+        "fps_vs_p50": pareto_front([(v["name"], v["p50_ms"], -v["fps"]) for v in every]),
+        "fps_vs_p99": pareto_front([(v["name"], v["p99_ms"], -v["fps"]) for v in every]),
     }
 
 

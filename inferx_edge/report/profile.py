@@ -118,8 +118,10 @@ def _profile(
         m = engine.manifest
         names = variants or [v.name for v in m.variants]
         idle_w = measure_idle(backend, idle_s) if backend else None
-        if backend:
+        if backend and idle_w is not None:
             log(f"idle power {idle_w:.1f} W over {idle_s:g} s ({backend.name})")
+        elif backend:
+            log(f"idle power: not measured ({backend.name} gave no valid readings over {idle_s:g} s)")
         rows = []
         for name in names:
             v = engine.select(name)

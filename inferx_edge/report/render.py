@@ -46,24 +46,34 @@ def _fmt(v, key) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
+#: the two plots of a profile with power measured, and of one without (x key, y key, front, labels)
+_POWER_PLOTS = (
+    ("avg_w", "fps", "fps_vs_watts", "average power (W)", "throughput (frames/s)"),
+    ("p99_ms", "j_per_frame", "energy_vs_p99", "p99 latency (ms)", "energy (mJ/frame)"),
+)
+_LATENCY_PLOTS = (
+    ("p50_ms", "fps", "fps_vs_p50", "p50 latency (ms)", "throughput (frames/s)"),
+    ("p99_ms", "fps", "fps_vs_p99", "p99 latency (ms)", "throughput (frames/s)"),
+)
+
+
+def _has_power(profile: dict) -> bool:
+    return any(v["avg_w"] is not None for v in profile["variants"])
+
+
 def _plots(profile: dict, front: dict[str, set[str]], picks: list[dict]) -> bytes:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    vs = [v for v in profile["variants"] if v["avg_w"] is not None]
+    powered = _has_power(profile)
+    vs = [v for v in profile["variants"] if v["avg_w"] is not None] if powered else list(profile["variants"])
     picked: dict[str, str] = {}
     for p in picks:  # several policies may pick the same variant
         picked[p["pick"]] = ", ".join(filter(None, [picked.get(p["pick"]), p["policy"]]))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, (xk, yk, fk, xl, yl) in zip(
-        axes,
-        [
-            ("avg_w", "fps", "fps_vs_watts", "average power (W)", "throughput (frames/s)"),
-            ("p99_ms", "j_per_frame", "energy_vs_p99", "p99 latency (ms)", "energy (mJ/frame)"),
-        ],
-    ):
+    for ax, (xk, yk, fk, xl, yl) in zip(axes, _POWER_PLOTS if powered else _LATENCY_PLOTS):
         scale = 1e3 if yk == "j_per_frame" else 1
         for v in vs:
             on = v["name"] in front[fk]
@@ -82,7 +92,7 @@ def _plots(profile: dict, front: dict[str, set[str]], picks: list[dict]) -> byte
     fig.suptitle(
         f"{profile['model']} on {profile['device']} ({profile['target']}); idle {profile['idle_w']:.0f} W"
         if profile.get("idle_w")
-        else f"{profile['model']} on {profile['device']}"
+        else f"{profile['model']} on {profile['device']}" + ("" if powered else " (power: not measured)")
     )
     fig.tight_layout()
     buf = io.BytesIO()
@@ -93,15 +103,16 @@ def _plots(profile: dict, front: dict[str, set[str]], picks: list[dict]) -> byte
 
 def render(profile_path: Path, out_dir: Path, policies) -> dict[str, Path]:
     profile = load_profile(profile_path)
-    if not any(v["avg_w"] is not None for v in profile["variants"]):
-        raise UsageError(f"{profile_path} has no power measurements (profiled without telemetry): nothing to plot")
+    powered = _has_power(profile)
     front = fronts(profile)
     picks = policy_picks(profile, policies)
+    power_note = "" if powered else "power: not measured (no power sensor or telemetry on the profiling device); "
+    front_a, front_b = ("fps_vs_watts", "energy_vs_p99") if powered else ("fps_vs_p50", "fps_vs_p99")
     out_dir.mkdir(parents=True, exist_ok=True)
     written = {}
     rows = [
         {k: v.get(k) for k in COLUMNS}
-        | {"pareto_fps_w": v["name"] in front["fps_vs_watts"], "pareto_energy_p99": v["name"] in front["energy_vs_p99"]}
+        | {"pareto_fps_w": v["name"] in front[front_a], "pareto_energy_p99": v["name"] in front[front_b]}
         for v in profile["variants"]
     ]
     with open(out_dir / "variants.csv", "w", newline="") as f:
@@ -113,18 +124,25 @@ def render(profile_path: Path, out_dir: Path, policies) -> dict[str, Path]:
     head = ["variant", "prec", "batch", "FPS", "p50 ms", "p99 ms", "W", "dyn W", "mJ/frame", "dyn mJ/frame", "Pareto"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        mark = ", ".join(k for k, on in (("FPS/W", r["pareto_fps_w"]), ("J/p99", r["pareto_energy_p99"])) if on)
+        labels = ("FPS/W", "J/p99") if powered else ("FPS/p50", "FPS/p99")
+        mark = ", ".join(k for k, on in zip(labels, (r["pareto_fps_w"], r["pareto_energy_p99"])) if on)
         lines.append("| " + " | ".join(_fmt(r[k], k) for k in COLUMNS) + f" | {mark or '-'} |")
     picks_md = [
         f"- **{p['policy']}** ({p['constraint']}): `{p['pick']}`"
-        + ("" if p["feasible"] else " — no variant meets it; closest shown")
+        + (
+            ""
+            if p["feasible"]
+            else " — no variant meets it; closest shown"
+            if powered
+            else " — needs power measurements"
+        )
         for p in picks
     ]
     md = "\n".join(
         [
             f"# {profile['model']} on {profile['device']}",
             "",
-            f"target {profile['target']}, telemetry {profile['telemetry']}, idle {_fmt(profile.get('idle_w'), 'w')} W, "
+            f"{power_note}target {profile['target']}, telemetry {profile['telemetry']}, idle {_fmt(profile.get('idle_w'), 'w')} W, "
             f"{profile['repeats']} windows of {profile['window_s']:g} s per variant",
             "",
             *lines,
@@ -150,7 +168,9 @@ def render(profile_path: Path, out_dir: Path, policies) -> dict[str, Path]:
 <style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}th{{background:#f3f3f3}}</style></head><body>
 <h1>{html.escape(profile["model"])} on {html.escape(str(profile["device"]))}</h1>
-<p>target {html.escape(profile["target"])}; telemetry {html.escape(str(profile["telemetry"]))}; idle power
+<p>{html.escape(power_note)}target {html.escape(profile["target"])}; telemetry {
+        html.escape(str(profile["telemetry"]))
+    }; idle power
 {_fmt(profile.get("idle_w"), "w")} W; {profile["repeats"]} windows of {profile["window_s"]:g} s per variant.
 Red points: Pareto-optimal; brackets: what each policy picks.</p>
 <img alt="Pareto fronts" src="data:image/png;base64,{base64.b64encode(png).decode()}">

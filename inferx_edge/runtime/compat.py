@@ -26,11 +26,31 @@ def check_host(target: dict[str, Any], library: Path) -> None:
             f"{here}. Build it for this machine instead (e.g. --target "
             f"{'x86-cpu' if here == 'x86_64' else 'arm64-cpu'}) or run it on a {want} device"
         )
+    need = target.get("cpu_features") or []
+    have = cpu_flags() if here == "x86_64" else None
+    missing = sorted(set(need) - have) if have is not None else []
+    if missing:
+        raise TargetMismatchError(
+            f"this CPU lacks {', '.join(missing)}, which the code of artifact '{target['name']}' uses (built for "
+            f"{target.get('tvm_target', {}).get('mcpu', 'another CPU')}); it would die with an illegal instruction. "
+            f"Rebuild it on a machine of this CPU's level (python -m inferx_edge build --target x86-cpu)"
+        )
     got = elf_machine(library)
     if got != here:
         raise TargetMismatchError(
             f"library {library.name} contains {got} code but the manifest says {want}: the artifact is inconsistent"
         )
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str] | None:
+    """This machine's CPU flags (Linux /proc/cpuinfo), or None when they cannot be read."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        return None
+    return None
 
 
 def check_tvm_version(built_with: str, runtime_version: str) -> None:

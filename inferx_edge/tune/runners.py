@@ -81,7 +81,7 @@ def check_local_measurement(spec: TargetSpec) -> None:
         f"--tracker HOST_IP_ON_THAT_LINK:9190 --key {spec.name}"
         + (" --no-fork" if spec.is_cuda else "")
         + "' (never --host 0.0.0.0 on a shared network), then "
-        f"'python -m inferx_edge tune --target {spec.name} --rpc THIS_HOST:9190 --key {spec.name}' "
+        f"'python -m inferx_edge tune --target {spec.name} --rpc HOST_IP_ON_THAT_LINK:9190 --key {spec.name}' "
         f"(or put tracker/key in configs/rpc.yaml); or (2) run 'python -m inferx_edge tune --target {spec.name}' "
         f"on the device itself"
     )

@@ -226,3 +226,30 @@ def test_with_no_safe_history_it_picks_a_variant_that_met_the_constraint_or_the_
     g = Governor(MinEnergyAboveFps(10**6), dict(TABLE), start="fp32-b1", min_dwell_s=0)
     assert g.decide(1.0, telemetry_ok=False) == "fp16-b64"  # nothing met it: the closest (highest FPS)
     assert "closest" in g.decisions[-1]["reason"]
+
+
+def test_a_profile_without_a_power_sensor_still_gets_a_report(multi_artifact, tmp_path):
+    """A CPU host, a laptop, a VM: no telemetry. The report plots throughput against p50/p99 latency
+    and says power was not measured, instead of refusing."""
+    from inferx_edge.report.profile import profile_artifact
+    from inferx_edge.report.render import render
+
+    class NoSensor:
+        name = "none"
+
+        def read(self):
+            return Sample(time.time(), None)
+
+        def close(self):
+            pass
+
+    prof = profile_artifact(
+        multi_artifact, tmp_path / "p.json", window_s=0.1, repeats=1, warmup_s=0.01, idle_s=0.05,
+        backend=NoSensor(), log=lambda *a: None,
+    )  # fmt: skip
+    assert all(v["avg_w"] is None and v["fps"] > 0 for v in prof["variants"])
+    out = render(tmp_path / "p.json", tmp_path / "rep", [MinEnergyAboveFps(1)])
+    assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page, md = out["html"].read_text(), out["md"].read_text()
+    assert "power: not measured" in page and "power: not measured" in md and "needs power measurements" in md
+    assert "FPS/p50" in md or "FPS/p99" in md  # the latency fronts

@@ -174,3 +174,24 @@ def test_energy_meter_survives_a_backend_that_raises():
     time.sleep(0.05)
     out = meter.stop()
     assert out["energy_j"] is None and "failed" in out["invalid"] and meter.rejected
+
+
+def test_rapl_backend_on_a_fake_powercap_tree_unwraps_its_counters(tmp_path):
+    from inferx_edge.runtime.telemetry.rapl import RAPLBackend
+
+    for zone, start in (("intel-rapl:0", 999_000_000), ("intel-rapl:1", 5_000_000)):
+        z = tmp_path / zone
+        z.mkdir()
+        (z / "name").write_text("package-0\n")
+        (z / "max_energy_range_uj").write_text("1000000000\n")  # wraps at 1000 J
+        (z / "energy_uj").write_text(f"{start}\n")
+    (tmp_path / "intel-rapl:0:0").mkdir()  # a sub-zone (core): not counted twice
+    (tmp_path / "intel-rapl:0:0" / "energy_uj").write_text("123\n")
+    b = RAPLBackend(tmp_path)
+    first = b.read()
+    (tmp_path / "intel-rapl:0" / "energy_uj").write_text("2000000\n")  # wrapped: +3 J
+    (tmp_path / "intel-rapl:1" / "energy_uj").write_text("6000000\n")  # +1 J
+    second = b.read()
+    assert second.energy_j - first.energy_j == pytest.approx(4.0) and second.partial
+    with pytest.raises(TelemetryError, match="no RAPL package zones"):
+        RAPLBackend(tmp_path / "none")

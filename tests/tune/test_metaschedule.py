@@ -172,7 +172,8 @@ def test_jetson_without_device_names_both_ways(tmp_path):
     r = cli("tune", "--target", "jetson-orin", "--trials", "4", "--tuning-logs", tmp_path)
     assert r.returncode == 2
     assert "cannot tune for jetson-agx-orin-64gb here" in r.stderr
-    assert "rpc_server --tracker" in r.stderr and "--rpc THIS_HOST:9190" in r.stderr
+    assert "rpc_server --host DEVICE_IP_ON_THAT_LINK --tracker HOST_IP_ON_THAT_LINK:9190" in r.stderr
+    assert "--rpc HOST_IP_ON_THAT_LINK:9190" in r.stderr and "never --host 0.0.0.0" in r.stderr
     assert "--no-fork" in r.stderr  # a forked server process cannot initialize CUDA
     assert "on the device itself" in r.stderr
     r = cli("tune", "--target", "h200", "--trials", "4", "--tuning-logs", tmp_path)
@@ -244,3 +245,23 @@ def test_json_lines_that_are_not_records_are_set_aside(mlp, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "skipped 3 corrupt line" in r.stderr
     assert records.read_text().startswith(good) and len(records.with_suffix(".corrupt").read_text().splitlines()) == 3
+
+
+def test_a_database_of_another_cpu_of_the_same_isa_level_is_applied_with_a_note(mlp, tmp_path, monkeypatch):
+    from inferx_edge.targets.cpu import same_level_cpus
+
+    here = tdb.host_cpu_of(get_target(host_target_name()))
+    others = same_level_cpus(here or "")
+    if not others:
+        pytest.skip(f"this CPU ({here}) is not in an ISA-level table")
+    monkeypatch.setattr(tdb, "host_cpu_of", lambda spec: others[0])  # tune as if on the other CPU
+    tune_model(_opts(mlp, tmp_path, trials=4), **QUIET)
+    monkeypatch.undo()
+    lines = []
+    out = tmp_path / "m.ixa"
+    build_artifact(
+        BuildOptions(model=mlp, target=host_target_name(), output=out, tuning_root=tmp_path), log=lines.append
+    )
+    assert any(f"applied the one tuned on {others[0]}" in line for line in lines)
+    with Engine(out) as engine:
+        assert engine.variant.tuned
