@@ -30,6 +30,18 @@ def time_ort(sess, x: np.ndarray, seconds: float) -> LatencyStats:
     return time_calls(lambda: sess.run(None, {"image": x}), lambda: None, 10, 50, seconds)
 
 
+def _llvm_cpu() -> str:
+    import tvm
+
+    return str(tvm.target.codegen.llvm_get_system_cpu())
+
+
+def _built_for() -> str:
+    from inferx_edge.compiler.compile import host_mcpu
+
+    return host_mcpu()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=3.0)
@@ -59,7 +71,8 @@ def main() -> None:
                     input_shapes={"image": (batch, 1, 28, 28)},
                     tuning=tuned,
                 )
-                build_artifact(opts, log=lambda *a: None)
+                build_log: list[str] = []
+                build_artifact(opts, log=build_log.append)
                 with Engine(art) as engine:
                     name = "inferx_edge tuned" if tuned else "inferx_edge untuned (TVM default schedules)"
                     if tuned and not engine.variant.tuned:
@@ -70,6 +83,10 @@ def main() -> None:
                     extra[name] = {"max_abs_diff_vs_onnxruntime": diff}
                     if tuned:
                         extra[name] |= {k: engine.variant.extra["tuning"][k] for k in ("kernels_tuned", "kernels")}
+                        extra[name]["database"] = Path(engine.variant.extra["tuning"]["database"]).name
+                        extra[name]["database_note"] = next(
+                            (line.strip().removeprefix("note: ") for line in build_log if "tuned on" in line), None
+                        )
             stats["onnxruntime CPU"] = time_ort(sess, x, args.seconds)
             ort_p50 = stats["onnxruntime CPU"].p50_ms
             untuned_p50 = stats["inferx_edge untuned (TVM default schedules)"].p50_ms
@@ -101,6 +118,7 @@ def main() -> None:
             "driver": None,
             "versions": versions("inferx_edge", "apache-tvm", "apache-tvm-ffi", "onnxruntime", "numpy"),
             "threads": {"tvm": threads, "onnxruntime": "default (intra-op pool: one thread per core)"},
+            "cpu": {"llvm_name": _llvm_cpu(), "built_for": _built_for()},
             "results": results,
         },
     )

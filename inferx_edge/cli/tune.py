@@ -31,6 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-iter", type=int, default=16, help="candidates per measurement round (default 16)")
     p.add_argument("--rpc", metavar="HOST:PORT", default=None, help="TVM RPC tracker to measure on a device")
     p.add_argument("--key", default=None, help="device key registered with the tracker (with --rpc)")
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="RPC config (target: {tracker, key}); default $INFERX_CONFIG, then ~/.config/inferx_edge/rpc.yaml",
+    )
     p.add_argument("--tuning-logs", type=Path, default=None, help="database root (default: tuning_logs/)")
     p.add_argument(
         "--search",
@@ -65,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         trials_per_task=args.trials_per_task,
         per_iter=args.per_iter,
         rpc=rpc,
+        config=args.config,
         root=args.tuning_logs,
         quant=quantization_options(args),
         search=args.search,

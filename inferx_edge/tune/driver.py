@@ -47,7 +47,9 @@ class TuneOptions:
     minutes : wall-clock limit for this run (None: until ``trials``).
     trials_per_task : cap per task (None: the scheduler decides).
     per_iter : candidates measured per round of a task.
-    rpc : measure on a remote device instead of this machine.
+    rpc : measure on a remote device instead of this machine (default: the RPC config's entry for the
+        target, :func:`inferx_edge.tune.runners.config_paths`).
+    config : the RPC config file to read (default: ``$INFERX_CONFIG``, then ``~/.config/inferx_edge/rpc.yaml``).
     root : directory holding databases (default ``tuning_logs/``).
     search : one of :data:`SEARCHES`; with "tiles", ``trials``/``trials_per_task``/``per_iter``
         do not apply (every candidate tile of every kernel is measured once).
@@ -66,6 +68,7 @@ class TuneOptions:
     seed: int | None = None
     quant: QuantOptions = field(default_factory=QuantOptions)
     search: str = "metaschedule"
+    config: Path | None = None
 
     def __post_init__(self) -> None:
         check_choice("precision", self.precision, PRECISIONS)
@@ -134,7 +137,7 @@ def _tuning_inputs(opts: TuneOptions, log):
     from tvm import relax
 
     spec = get_target(opts.target)
-    rpc = opts.rpc or rpc_from_config(spec.name)
+    rpc = opts.rpc or rpc_from_config(spec.name, opts.config)
     if rpc is not None and rpc.warning():
         print(rpc.warning(), file=sys.stderr)
     if rpc is None:

@@ -50,21 +50,53 @@ class RPCSettings:
         )
 
 
-def rpc_from_config(target: str, config_dir: Path = CONFIG_DIR) -> RPCSettings | None:
-    """``configs/rpc.yaml``: ``{target: {tracker: HOST:PORT, key: KEY}}`` (see configs/rpc.example.yaml)."""
-    path = config_dir / "rpc.yaml"
-    if not path.exists():
+def config_paths(explicit: Path | None = None) -> list[Path]:
+    """Where the RPC config is looked for, first match wins: ``explicit`` (``tune --config``), then
+    ``$INFERX_CONFIG``, ``$XDG_CONFIG_HOME/inferx_edge/rpc.yaml`` (``~/.config/...``), and a source
+    checkout's ``configs/rpc.yaml``."""
+    import os
+
+    if explicit is not None:
+        return [Path(explicit)]
+    paths = []
+    if os.environ.get("INFERX_CONFIG"):
+        paths.append(Path(os.environ["INFERX_CONFIG"]))
+    config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    paths += [Path(config_home) / "inferx_edge" / "rpc.yaml", CONFIG_DIR / "rpc.yaml"]
+    return paths
+
+
+def rpc_from_config(target: str, config: Path | None = None) -> RPCSettings | None:
+    """The RPC settings for ``target`` from the first config file of :func:`config_paths`:
+    ``{target or alias: {tracker: HOST:PORT, key: KEY}}`` (see configs/rpc.example.yaml). Every entry is
+    validated (unknown targets and keys named), not only the one asked for."""
+    from inferx_edge.targets import get_target
+
+    path = next((p for p in config_paths(config) if p.exists()), None)
+    if path is None:
+        if config is not None:
+            raise UsageError(f"config file not found: {config}")
         return None
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise UsageError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a mapping of target name to {{tracker, key}}")
-    entry = data.get(target)
-    if entry is None:
-        return None
-    unknown = set(entry) - {"tracker", "key"}
-    if unknown:
-        raise UsageError(f"{path}: unknown key(s) {sorted(unknown)} under '{target}'; valid: tracker, key")
-    return RPCSettings.parse(str(entry.get("tracker", "")), entry.get("key"))
+    found = None
+    for name, entry in data.items():
+        spec = get_target(str(name))  # an unknown name: did-you-mean with every valid target
+        if not isinstance(entry, dict):
+            raise UsageError(f"{path}: '{name}' must map to {{tracker: HOST:PORT, key: KEY}}")
+        unknown = set(entry) - {"tracker", "key"}
+        if unknown:
+            raise UsageError(f"{path}: unknown key(s) {sorted(unknown)} under '{name}'; valid: tracker, key")
+        settings = RPCSettings.parse(str(entry.get("tracker", "")), entry.get("key"))
+        if spec.name == target:
+            found = settings
+    return found
 
 
 def is_jetson() -> bool:

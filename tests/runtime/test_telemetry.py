@@ -195,3 +195,13 @@ def test_rapl_backend_on_a_fake_powercap_tree_unwraps_its_counters(tmp_path):
     assert second.energy_j - first.energy_j == pytest.approx(4.0) and second.partial
     with pytest.raises(TelemetryError, match="no RAPL package zones"):
         RAPLBackend(tmp_path / "none")
+
+
+def test_jetpack5_gpu_load_path_is_read(tmp_path):
+    """JetPack 5 exposes the GPU load at /sys/devices/17000000.ga10b/load (no bus@0)."""
+    root = make_tree(tmp_path, ORIN_NX)
+    (root / "sys/devices/platform/bus@0/17000000.gpu/load").unlink()
+    jp5 = root / "sys/devices/17000000.ga10b"
+    jp5.mkdir(parents=True)
+    (jp5 / "load").write_text("250\n")
+    assert JetsonSysfsBackend(root).read().gpu_util == pytest.approx(25.0)

@@ -21,7 +21,15 @@ from pathlib import Path
 from inferx_edge.runtime.telemetry.base import Sample, TelemetryError
 
 INA_GLOB = "sys/bus/i2c/drivers/ina3221/*/hwmon/hwmon*/in*_label"
-GPU_LOAD_GLOBS = ("sys/devices/platform/bus@0/*.gpu/load", "sys/devices/platform/*.gpu/load", "sys/devices/gpu.0/load")
+#: the GPU load file (per mille): JetPack 6 (bus@0), JetPack 5 (17000000.ga10b / .gpu), older layouts
+GPU_LOAD_GLOBS = (
+    "sys/devices/platform/bus@0/*.gpu/load",
+    "sys/devices/platform/*.gpu/load",
+    "sys/devices/17000000.ga10b/load",
+    "sys/devices/17000000.gpu/load",
+    "sys/devices/platform/17000000.ga10b/load",
+    "sys/devices/gpu.0/load",
+)
 DEVFREQ_GLOB = "sys/class/devfreq/*"
 
 
