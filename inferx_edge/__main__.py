@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 import threading
@@ -71,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
             return 128 + _signalled[0]
         print(f"inferx_edge {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:  # output piped into head, less...: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print(f"inferx_edge {args.command}: interrupted", file=sys.stderr)
         return 128 + _signalled[0] if _signalled else 130

@@ -8,14 +8,27 @@ import json
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the full registry as JSON")
+    p.add_argument(
+        "--toolkits",
+        action="store_true",
+        help="also find the CUDA compilers on this host (NVRTC per CUDA major, probed; nvcc) and say which builds use",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from inferx_edge.targets import TARGETS
 
+    toolkits = _toolkits() if args.toolkits else None
     if args.json:
-        print(json.dumps({name: spec.summary() for name, spec in TARGETS.items()}, indent=2))
+        body = {name: spec.summary() for name, spec in TARGETS.items()}
+        print(json.dumps(body | ({"cuda_toolkits": toolkits} if toolkits else {}), indent=2))
         return 0
+    if toolkits:
+        for major, t in toolkits.items():
+            print(f"CUDA {major}: {'uses ' + t['chosen'] if t['chosen'] else 'no usable compiler'}")
+            for lib, why in t["rejected"]:
+                print(f"  rejected {lib}: {why}")
+        print()
     rows = [("NAME", "DEVICE", "TVM TARGET", "HOST TRIPLE", "CROSS COMPILER", "CUDA", "MEM GiB", "POWER MODES")]
     for spec in TARGETS.values():
         t = spec.tvm_target
@@ -45,3 +58,22 @@ def run(args: argparse.Namespace) -> int:
         "nvpmodel IDs; on a device the runtime reads /etc/nvpmodel.conf."
     )
     return 0
+
+
+def _toolkits() -> dict:
+    """Per CUDA major a target can need: the compiler builds use, and what was rejected and why."""
+    from inferx_edge.compiler.cuda.toolkit import discover_nvrtc, find_nvcc
+
+    out = {}
+    for major in ("12", "13"):
+        found = discover_nvrtc(int(major))
+        nvcc = find_nvcc(int(major))
+        chosen = (
+            f"NVRTC {found.usable[0].version_str} ({found.usable[0].library})"
+            if found.usable
+            else f"nvcc {nvcc.version_str} ({nvcc.path})"
+            if nvcc
+            else None
+        )
+        out[major] = {"chosen": chosen, "rejected": [list(r) for r in found.rejected]}
+    return out

@@ -38,24 +38,39 @@ def _site_dirs() -> list[Path]:
     return list(dict.fromkeys(d for d in dirs if d.is_dir()))
 
 
-def find_nvrtc(major: int | None) -> Nvrtc:
-    """Find NVRTC of CUDA ``major`` (None: the newest found): PyPI wheels first, then a CUDA install."""
+#: what every generated kernel module includes: a toolkit that cannot compile this compiles nothing
+#: (torch's pip NVRTC ships without the CCCL headers that cuda_fp16.h of CUDA 13 needs)
+PROBE_SOURCE = """#include <cuda_fp16.h>
+#include <mma.h>
+extern "C" __global__ void inferx_probe(half* x) { x[threadIdx.x] = __float2half(1.0f); }
+"""
+_PROBE_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "inferx_edge" / "nvrtc_probe.json"
+
+
+def nvrtc_candidates(
+    site_dirs: list[Path] | None = None, cuda_dirs: list[str] | None = None
+) -> list[tuple[Path, list[Path]]]:
+    """(library, include dirs) of every NVRTC found: PyPI wheels under ``site_dirs`` first, then CUDA
+    installs (``$CUDA_HOME``, ``/usr/local/cuda*``)."""
     candidates: list[tuple[Path, list[Path]]] = []
-    for sp in _site_dirs():
-        nv = sp / "nvidia"
-        for lib in glob.glob(str(nv / "cuda_nvrtc" / "lib" / "libnvrtc.so.*")) + glob.glob(
-            str(nv / "cu*" / "lib" / "libnvrtc.so.*")
+    for sp in _site_dirs() if site_dirs is None else site_dirs:
+        nv = Path(sp) / "nvidia"
+        for lib in sorted(
+            glob.glob(str(nv / "cuda_nvrtc" / "lib" / "libnvrtc.so.*"))
+            + glob.glob(str(nv / "cu*" / "lib" / "libnvrtc.so.*"))
         ):
             root = Path(lib).parent.parent
             # cuda_nvcc holds crt/mma.h, which the tensor-core (wmma) kernels include through mma.h
             incs = [nv / "cuda_runtime" / "include", nv / "cuda_cccl" / "include", nv / "cuda_nvcc" / "include"]
             incs.append(root / "include")
             candidates.append((Path(lib), [p for p in incs if p.is_dir()]))
-    for cuda in [
-        os.environ.get("CUDA_HOME", ""),
-        "/usr/local/cuda",
-        *sorted(glob.glob("/usr/local/cuda-*"), reverse=True),
-    ]:
+    if cuda_dirs is None:
+        cuda_dirs = [
+            os.environ.get("CUDA_HOME", ""),
+            "/usr/local/cuda",
+            *sorted(glob.glob("/usr/local/cuda-*"), reverse=True),
+        ]
+    for cuda in cuda_dirs:
         if cuda and Path(cuda).is_dir():
             for lib in glob.glob(f"{cuda}/lib*/libnvrtc.so.*") + glob.glob(f"{cuda}/targets/*/lib/libnvrtc.so.*"):
                 incs = [
@@ -64,27 +79,85 @@ def find_nvrtc(major: int | None) -> Nvrtc:
                     *map(Path, glob.glob(f"{cuda}/targets/*/include/cccl")),
                 ]
                 candidates.append((Path(lib), [p for p in incs if p.is_dir()]))
-    found = []
-    for lib, incs in candidates:
-        if not re.fullmatch(r"libnvrtc\.so\.\d+(\.\d+)*", lib.name) or "builtins" in lib.name:
+    return [(lib, incs) for lib, incs in candidates if re.fullmatch(r"libnvrtc\.so\.\d+(\.\d+)*", lib.name)]
+
+
+def _probe(nvrtc: Nvrtc) -> str | None:
+    """None when ``nvrtc`` compiles :data:`PROBE_SOURCE`, else why not; cached by library, headers and
+    their modification times."""
+    import json
+
+    key = json.dumps([str(nvrtc.library), [str(d) for d in nvrtc.include_dirs],
+                      [os.path.getmtime(p) for p in (nvrtc.library, *nvrtc.include_dirs)]])  # fmt: skip
+    try:
+        cache = json.loads(_PROBE_CACHE.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if key in cache:
+        return cache[key]
+    try:
+        nvrtc_compile(nvrtc, PROBE_SOURCE, "sm_80", "ptx")
+        result = None
+    except BuildError as exc:
+        result = str(exc).splitlines()[-1].strip()[:300] or "compilation failed"
+    cache[key] = result
+    with contextlib.suppress(OSError):
+        _PROBE_CACHE.parent.mkdir(parents=True, exist_ok=True)
+        _PROBE_CACHE.write_text(json.dumps(cache))
+    return result
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """What :func:`discover_nvrtc` found: the usable toolkits, newest first, and the rejected ones."""
+
+    usable: tuple[Nvrtc, ...]
+    rejected: tuple[tuple[str, str], ...]  # (library, why)
+
+    def describe(self) -> str:
+        lines = [f"  usable: NVRTC {n.version_str} at {n.library}" for n in self.usable]
+        lines += [f"  rejected: {lib}: {why}" for lib, why in self.rejected]
+        return "\n".join(lines) or "  none found"
+
+
+def discover_nvrtc(major: int | None, site_dirs=None, cuda_dirs=None) -> Discovery:
+    """Every NVRTC of CUDA ``major`` (None: any), each checked to load and to compile a probe kernel."""
+    usable, rejected = [], []
+    for lib, incs in nvrtc_candidates(site_dirs, cuda_dirs):
+        if "builtins" in lib.name:
             continue
         try:
             handle = ctypes.CDLL(str(lib))
-        except OSError:
+            mj, mn = ctypes.c_int(), ctypes.c_int()
+            handle.nvrtcVersion(ctypes.byref(mj), ctypes.byref(mn))
+        except (OSError, AttributeError) as exc:
+            rejected.append((str(lib), f"does not load as NVRTC ({exc})"))
             continue
-        mj, mn = ctypes.c_int(), ctypes.c_int()
-        handle.nvrtcVersion(ctypes.byref(mj), ctypes.byref(mn))
-        if major is None or mj.value == major:
-            found.append(Nvrtc(lib, (mj.value, mn.value), tuple(incs)))
-    if not found:
-        want = f"CUDA {major}" if major else "any CUDA"
-        raise BuildError(
-            f"no NVRTC for {want} found to compile device code; install it with "
-            f"pip install 'nvidia-cuda-nvrtc-cu{major or 12}' 'nvidia-cuda-runtime-cu{major or 12}' "
-            f"'nvidia-cuda-cccl-cu{major or 12}' 'nvidia-cuda-nvcc-cu{major or 12}' (or the 'cuda{major or 12}' extra "
-            f"of inferx_edge)"
-        )
-    return max(found, key=lambda n: n.version)
+        if major is not None and mj.value != major:
+            continue  # another CUDA major: not a candidate for this device, not an error
+        nvrtc = Nvrtc(lib, (mj.value, mn.value), tuple(incs))
+        why = _probe(nvrtc)
+        if why is None:
+            usable.append(nvrtc)
+        else:
+            rejected.append((str(lib), f"NVRTC {nvrtc.version_str} cannot compile a kernel with its headers: {why}"))
+    usable.sort(key=lambda n: n.version, reverse=True)
+    return Discovery(tuple(dict.fromkeys(usable)), tuple(rejected))
+
+
+def find_nvrtc(major: int | None, site_dirs=None, cuda_dirs=None) -> Nvrtc:
+    """The NVRTC to compile device code with: of CUDA ``major`` (None: the newest), one that compiles
+    (:func:`discover_nvrtc`); else a :class:`BuildError` listing what was found and why each was rejected."""
+    found = discover_nvrtc(major, site_dirs, cuda_dirs)
+    if found.usable:
+        return found.usable[0]
+    want = f"CUDA {major}" if major else "any CUDA"
+    raise BuildError(
+        f"no usable NVRTC for {want} to compile device code:\n{found.describe()}\ninstall a complete one with "
+        f"pip install 'nvidia-cuda-nvrtc-cu{major or 12}' 'nvidia-cuda-runtime-cu{major or 12}' "
+        f"'nvidia-cuda-cccl-cu{major or 12}' 'nvidia-cuda-nvcc-cu{major or 12}' (or the 'cuda{major or 12}' extra "
+        f"of inferx_edge), or set INFERX_CUDA_COMPILER=nvcc to use nvcc"
+    )
 
 
 def nvrtc_compile(nvrtc: Nvrtc, code: str, arch: str, fmt: str) -> bytes:
