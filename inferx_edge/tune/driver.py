@@ -260,7 +260,7 @@ def _tune_model(opts: TuneOptions, log) -> TuneSummary:
                 database=database,
                 cost_model=cost,
                 measure_callbacks=callbacks,
-                task_scheduler=CommittingScheduler(),
+                task_scheduler=CommittingScheduler(prior=_prior_best(extracted, index, stats)),
             )
         except (TimeLimitReached, RuntimeError):  # TVM's FFI hands the callback's exception back as RuntimeError
             if not progress.stopped_by_time:
@@ -286,6 +286,25 @@ def _tune_model(opts: TuneOptions, log) -> TuneSummary:
             cost,
             progress.stopped_by_time,
         )
+
+
+def _prior_best(extracted, index: dict[str, int], stats: dict) -> dict[int, float]:
+    """Task index -> the best latency (s) the database already holds for it (valid records only)."""
+    out = {}
+    for i, t in enumerate(extracted):
+        s = stats.get(index.get(_shash(t), -1))
+        if s and s["valid"] and not math.isinf(s["best_s"]):
+            out[i] = s["best_s"]
+    return out
+
+
+def _task_flops(task) -> float:
+    try:
+        from tvm.s_tir.analysis import estimate_tir_flops
+
+        return float(estimate_tir_flops(task.dispatched[0]))
+    except Exception:  # noqa: BLE001 - an estimate only: a kernel it cannot analyse counts 0
+        return 0.0
 
 
 def _shash(task) -> str:
@@ -317,20 +336,38 @@ def _summary(work_dir, extracted, index, before, run, valid, seconds, cost, by_t
                 "trials": int(s["trials"]),
                 "valid": int(s["valid"]),
                 "best_us": None if math.isinf(s["best_s"]) else s["best_s"] * 1e6,
+                "flops": _task_flops(t) * int(t.weight),
             }
         )
+    total_flops = sum(t["flops"] for t in tasks) or 1.0
+    total_us = sum((t["best_us"] or 0.0) * t["weight"] for t in tasks) or 1.0
+    for t in tasks:
+        t["flop_share"] = t["flops"] / total_flops
+        t["time_share"] = (t["best_us"] or 0.0) * t["weight"] / total_us if t["best_us"] is not None else None
     return TuneSummary(work_dir, tasks, before, run, valid, seconds, cost, by_time)
 
 
 def print_summary(summary: TuneSummary, out=sys.stdout) -> None:
-    print(f"{'task':40s} {'weight':>6s} {'trials':>6s} {'valid':>6s} {'best':>12s}", file=out)
-    est = 0.0
-    for t in summary.tasks:
+    """The kernels of the model, largest share of the work first: calls per inference, share of the
+    FLOPs, trials, best measured time and its share of the tuned time."""
+    head = f"{'kernel':40s} {'calls':>5s} {'FLOPs':>6s} {'trials':>6s} {'valid':>6s} {'best':>11s} {'time':>6s}"
+    print(head, file=out)
+    est, untuned = 0.0, []
+    for t in sorted(summary.tasks, key=lambda t: -t.get("flop_share", 0.0)):
         best = f"{t['best_us']:.1f} us" if t["best_us"] is not None else "untuned"
+        share = f"{t['time_share'] * 100:.0f} %" if t.get("time_share") is not None else "-"
         est += (t["best_us"] or 0.0) * t["weight"]
-        print(f"{t['task'][:40]:40s} {t['weight']:6d} {t['trials']:6d} {t['valid']:6d} {best:>12s}", file=out)
+        if t["best_us"] is None:
+            untuned.append(t["task"])
+        print(
+            f"{t['task'][:40]:40s} {t['weight']:5d} {t.get('flop_share', 0.0) * 100:5.0f}% {t['trials']:6d} "
+            f"{t['valid']:6d} {best:>11s} {share:>6s}",
+            file=out,
+        )
     print(
-        f"tuned kernels sum: {est / 1e3:.3f} ms per inference (kernels without records use default schedules)", file=out
+        f"tuned kernels: {est / 1e3:.3f} ms per inference"
+        + (f"; {len(untuned)} kernel(s) without a valid record keep default schedules" if untuned else ""),
+        file=out,
     )
     if summary.trials_run:
         print(

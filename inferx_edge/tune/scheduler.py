@@ -32,14 +32,17 @@ def _median_seconds(result) -> float | None:
 @derived_object
 class CommittingScheduler(PyTaskScheduler):
     """:mod:`inferx_edge.tune.scheduler`'s scheduler (see there). ``on_join(task_id, results)`` is
-    called after each batch is committed (progress display)."""
+    called after each batch is committed (progress display); ``prior`` maps task index to the best
+    latency (s) the database already holds for it."""
 
-    def __init__(self, on_join=None) -> None:
+    def __init__(self, on_join=None, prior: dict[int, float] | None = None) -> None:
         super().__init__()
         self.on_join = on_join
-        self.best: dict[int, float] = {}
+        # a resumed run: tasks the database already measured skip the first round, and the budget
+        # goes where the time is right away
+        self.best: dict[int, float] = dict(prior or {})
         self.stale: dict[int, int] = {}
-        self.warmed: set[int] = set()
+        self.warmed: set[int] = set(self.best)
 
     def _tasks(self):
         return self._outer().tasks_  # type: ignore[attr-defined]
