@@ -51,6 +51,8 @@ class BuildOptions:
     sign_key : Ed25519 private key (PEM) to sign the artifact with (:mod:`inferx_edge.package.signing`).
     force : replace an existing artifact at ``output`` that holds another build (other model, target or
         variants); without it that one is kept as ``<name>.<n>.ixa``. A rebuild of the same is replaced.
+    tune_minutes : tune first (MetaSchedule, on this machine), this many minutes in all, shared by the
+        variants, then build with the records (a resumed database only adds to what it holds).
     """
 
     model: Path
@@ -67,6 +69,7 @@ class BuildOptions:
     quant: QuantOptions = field(default_factory=QuantOptions)
     sign_key: Path | None = None
     force: bool = False
+    tune_minutes: float | None = None
 
     def __post_init__(self) -> None:
         from inferx_edge.compiler.cuda import CUDA_CODE_FORMATS
@@ -75,6 +78,10 @@ class BuildOptions:
             raise UsageError(f"no precision given; valid: {', '.join(PRECISIONS)}")
         for p in self.precisions:
             check_choice("precision", p, PRECISIONS)
+        if self.tune_minutes is not None and not self.tune_minutes > 0:
+            raise UsageError(f"--tune-minutes must be positive, got {self.tune_minutes}")
+        if self.tune_minutes is not None and not self.tuning:
+            raise UsageError("--tune-minutes and --no-tuning contradict each other: pick one")
         if any(b <= 0 for b in self.batch_sizes):
             raise UsageError(f"batch sizes must be positive, got {list(self.batch_sizes)}")
         check_choice("CUDA code format", self.cuda_code, CUDA_CODE_FORMATS)
@@ -97,6 +104,26 @@ def _weights_member(files: dict, precision: str, variant: str, names: list[str],
     member = f"weights/{precision}.npz" if f"weights/{precision}.npz" not in files else f"weights/{variant}.npz"
     files[member] = (names, arrays)
     return member
+
+
+def _tune_first(opts: BuildOptions, spec: TargetSpec, base, log) -> None:
+    """``--tune-minutes``: a time-limited MetaSchedule run per variant before the build."""
+    from inferx_edge.tune import TuneOptions, tune_model
+    from inferx_edge.tune.driver import print_summary
+
+    base_batch = base.inputs[0].shape[0] if base.inputs and base.inputs[0].shape else 1
+    grid = opts.variant_grid(base_batch)
+    for precision, batch in grid:
+        shapes = {**opts.input_shapes, **{t.name: (batch, *t.shape[1:]) for t in base.inputs}}
+        log(f"[0/4] tuning {precision} batch {batch} for {opts.tune_minutes / len(grid):g} min")
+        summary = tune_model(
+            TuneOptions(
+                model=opts.model, target=spec.name, input_shapes=shapes, precision=precision,
+                trials=1_000_000, minutes=opts.tune_minutes / len(grid), root=opts.tuning_root, quant=opts.quant,
+            ),
+            log=log,
+        )  # fmt: skip
+        print_summary(summary)
 
 
 def _log_tuning(log, tuning: dict | None, spec: TargetSpec) -> None:
@@ -134,6 +161,8 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
     spec = spec or get_target(opts.target)
     log(f"[1/4] importing {opts.model}")
     base = import_model(opts.model, opts.input_shapes)
+    if opts.tune_minutes:
+        _tune_first(opts, spec, base, log)
     for t in base.inputs:
         log(f"      input  {t.describe()}")
     for t in base.outputs:

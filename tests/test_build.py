@@ -54,3 +54,19 @@ def test_scratch_of_a_dead_process_is_swept(tmp_path):
     assert not stale.exists() and mine.exists()
     assert sweep("build", base=tmp_path) == []  # our own (live) scratch stays
     os.rmdir(mine)
+
+
+def test_tune_minutes_tunes_then_builds_with_the_records(tmp_path):
+    from tests.helpers import cli, make_mlp
+
+    mlp = make_mlp(tmp_path / "mlp.onnx")
+    out = tmp_path / "m.ixa"
+    r = cli("build", "--model", mlp, "--tune-minutes", "0.1", "--tuning-logs", tmp_path / "tl", "-o", out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "tuning fp32 batch 16" in r.stdout and "kernels tuned" in r.stdout
+    from inferx_edge.runtime import Engine
+
+    with Engine(out) as engine:
+        assert engine.variant.tuned
+    r = cli("build", "--model", mlp, "--tune-minutes", "1", "--no-tuning", "-o", out)
+    assert r.returncode == 2 and "contradict" in r.stderr

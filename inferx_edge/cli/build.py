@@ -47,6 +47,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="sign the artifact with this Ed25519 private key (see keygen)",
     )
     p.add_argument("--no-tuning", action="store_true", help="ignore tuning databases: default schedules only")
+    p.add_argument(
+        "--tune-minutes",
+        type=float,
+        default=None,
+        metavar="N",
+        help="tune on this machine for N minutes first (shared by the variants; resumable), then build with it",
+    )
     p.add_argument("--tuning-logs", type=Path, default=None, help="database root (default: tuning_logs/)")
     p.add_argument(
         "--cuda-code",
@@ -97,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
         tuning_root=args.tuning_logs,
         sign_key=args.sign,
         force=args.force,
+        tune_minutes=args.tune_minutes,
     )
     manifest = build_artifact(opts)
     size = output.stat().st_size
