@@ -76,9 +76,12 @@ def cpu_features(target) -> list[str]:
 
 
 def relax_pipeline(spec: TargetSpec, target):
-    """The Relax pipeline for ``spec``: TVM's default, or ours for CUDA (:mod:`inferx_edge.compiler.cuda.pipeline`)."""
+    """The Relax pipeline for ``spec``: ours for CUDA (:mod:`inferx_edge.compiler.cuda.pipeline`) and
+    for CPUs (TVM's default with default schedules for untuned kernels, :mod:`inferx_edge.compiler.cpu`)."""
     if not spec.is_cuda:
-        return "default"
+        from inferx_edge.compiler.cpu import cpu_pipeline
+
+        return cpu_pipeline(target)
     from inferx_edge.compiler.cuda import cuda_pipeline
 
     return cuda_pipeline(target, sm_count=spec.sm_count)

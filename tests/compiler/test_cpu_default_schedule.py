@@ -1,0 +1,48 @@
+"""Default CPU schedules for untuned kernels: parallel and vector loops, the same values as onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from inferx_edge import models
+from tests.helpers import build_quietly, make_convnet
+
+
+def test_untuned_kernels_get_parallel_vector_schedules():
+    import tvm
+
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.cpu.default_schedule import CPUDefaultSchedule
+    from inferx_edge.compiler.variant import prepare_variant, variant_layout
+    from inferx_edge.frontend import import_model
+    from inferx_edge.targets import get_target
+
+    spec = get_target("x86-cpu")
+    im = import_model(models.DEFAULT_MODEL, {"image": (4, 1, 28, 28)})
+    mod = tvm.relax.get_pipeline("zero")(prepare_variant(im, variant_layout(spec, "fp32")).mod)
+    target = resolve_tvm_target(spec)
+    with target:
+        scheduled = {
+            gv.name_hint: CPUDefaultSchedule().apply(f, target, False)
+            for gv, f in mod.functions_items()
+            if isinstance(f, tvm.tirx.PrimFunc)
+        }
+    convs = {n: s for n, s in scheduled.items() if "conv2d" in n}
+    assert len(convs) == 3 and all(s is not None for s in convs.values())
+    for s in convs.values():
+        script = s.mod.script()
+        assert "T.parallel" in script and "T.vectorized" in script and "_init" in script
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_untuned_builds_match_onnxruntime(tmp_path, batch):
+    ort = pytest.importorskip("onnxruntime")
+    from inferx_edge.runtime import Engine
+
+    model = make_convnet(tmp_path / "convnet.onnx")  # conv, BN, pool, stride-2 conv, GAP, Gemm, softmax
+    art = build_quietly(tmp_path / "c.ixa", model=model, input_shapes={"x": (batch, 3, 16, 16)}, tuning=False)
+    x = np.random.default_rng(0).standard_normal((batch, 3, 16, 16)).astype(np.float32)
+    (want,) = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    with Engine(art) as engine:
+        np.testing.assert_allclose(engine.run(x)["prob"], want, rtol=1e-4, atol=1e-5)
