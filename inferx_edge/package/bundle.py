@@ -161,6 +161,16 @@ def _read_small(tar: tarfile.TarFile, member: tarfile.TarInfo, limit: int, what:
     return data
 
 
+def _read_first_manifest(tar: tarfile.TarFile, path: Path, limits: ReadLimits):
+    """(the member iterator, the manifest's bytes, the manifest): the manifest must come first."""
+    members = iter(tar)
+    first = next(members, None)
+    if first is None or first.name != MANIFEST_NAME:
+        raise ArtifactError(f"{path} does not start with {MANIFEST_NAME}: not an inferx_edge artifact")
+    text = _read_small(tar, first, limits.max_manifest_bytes, MANIFEST_NAME, path)
+    return members, text, Manifest.from_json(text)
+
+
 def _stream(path: Path, trust, limits: ReadLimits | None, dest: Path | None) -> tuple[Manifest, Provenance]:
     """Read and verify ``path`` member by member, writing members under ``dest`` (None: hash only)."""
     limits = limits or ReadLimits.from_env()
@@ -168,12 +178,7 @@ def _stream(path: Path, trust, limits: ReadLimits | None, dest: Path | None) -> 
     budget = limits.budget(path.stat().st_size if path.is_file() else 0)
     with _open_stream(path) as tar:
         try:
-            members = iter(tar)
-            first = next(members, None)
-            if first is None or first.name != MANIFEST_NAME:
-                raise ArtifactError(f"{path} does not start with {MANIFEST_NAME}: not an inferx_edge artifact")
-            text = _read_small(tar, first, limits.max_manifest_bytes, MANIFEST_NAME, path)
-            manifest = Manifest.from_json(text)
+            members, text, manifest = _read_first_manifest(tar, path, limits)
             member = next(members, None)
             signature = None
             if member is not None and member.name == SIGNATURE_NAME:
@@ -267,11 +272,7 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
     budget = limits.budget(path.stat().st_size if path.is_file() else 0)
     with _open_stream(path) as tar:
         try:
-            members = iter(tar)
-            first = next(members, None)
-            if first is None or first.name != MANIFEST_NAME:
-                raise ArtifactError(f"{path} does not start with {MANIFEST_NAME}: not an inferx_edge artifact")
-            manifest = Manifest.from_json(_read_small(tar, first, limits.max_manifest_bytes, MANIFEST_NAME, path))
+            members, _, manifest = _read_first_manifest(tar, path, limits)
             total = 0
             for member in members:
                 name = _check_member_name(member.name)
