@@ -9,9 +9,16 @@ import pytest
 from inferx_edge import models
 from inferx_edge.build import BuildOptions, build_artifact
 from inferx_edge.runtime import Engine
-from tests.helpers import GPU_TARGETS, local_gpu, needs_gpu, needs_nvrtc
+from tests.helpers import GPU_TARGETS, local_gpu, needs_gpu
 
-pytestmark = [pytest.mark.gpu, needs_gpu, needs_nvrtc]
+
+def _cuda_compiler() -> bool:
+    from inferx_edge.compiler.cuda.toolkit import discover_nvrtc, find_nvcc
+
+    return bool(discover_nvrtc(None).usable) or find_nvcc(None) is not None
+
+
+pytestmark = [pytest.mark.gpu, needs_gpu, pytest.mark.skipif(not _cuda_compiler(), reason="no CUDA compiler")]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])

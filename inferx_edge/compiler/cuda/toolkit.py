@@ -99,7 +99,9 @@ def _probe(nvrtc: Nvrtc) -> str | None:
         nvrtc_compile(nvrtc, PROBE_SOURCE, "sm_80", "ptx")
         result = None
     except BuildError as exc:
-        result = str(exc).splitlines()[-1].strip()[:300] or "compilation failed"
+        lines = [line.strip() for line in str(exc).splitlines()[1:] if line.strip()]
+        errors = [line for line in lines if "error" in line.lower()]
+        result = ((errors or lines or ["compilation failed"])[0])[:300]
     cache[key] = result
     with contextlib.suppress(OSError):
         _PROBE_CACHE.parent.mkdir(parents=True, exist_ok=True)
@@ -122,10 +124,12 @@ class Discovery:
 
 def discover_nvrtc(major: int | None, site_dirs=None, cuda_dirs=None) -> Discovery:
     """Every NVRTC of CUDA ``major`` (None: any), each checked to load and to compile a probe kernel."""
-    usable, rejected = [], []
+    usable, rejected, seen = [], [], set()
     for lib, incs in nvrtc_candidates(site_dirs, cuda_dirs):
-        if "builtins" in lib.name:
+        real = os.path.realpath(lib)
+        if "builtins" in lib.name or real in seen:  # /usr/local/cuda -> cuda-13.0, .so.13 -> .so.13.0.88
             continue
+        seen.add(real)
         try:
             handle = ctypes.CDLL(str(lib))
             mj, mn = ctypes.c_int(), ctypes.c_int()
