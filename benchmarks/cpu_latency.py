@@ -5,7 +5,7 @@
 "tuned" applies the committed database in tuning_logs/x86-cpu/ (made with ``python -m inferx_edge tune
 --target x86-cpu --input-shape image:Bx1x28x28 --trials N --minutes 10-14`` in resumed chunks, then
 ``--prune``: 546 trials at batch 1, 1,574 at batch 64; xgboost, two threads); "untuned" is TVM's default
-schedules. Both run the convolutions in NHWC with HWIO weights (``compiler.variant.variant_layout``). Each
+schedules (inferx_edge.compiler.cpu: parallel + vector loops). Both run the convolutions in NHWC with HWIO weights (``compiler.variant.variant_layout``). Each
 system runs warm-up then timed synchronous runs for at least ``--seconds``; we report p50/p90 and
 ratios of p50s measured in this run.
 """
@@ -74,7 +74,7 @@ def main() -> None:
                 build_log: list[str] = []
                 build_artifact(opts, log=build_log.append)
                 with Engine(art) as engine:
-                    name = "inferx_edge tuned" if tuned else "inferx_edge untuned (TVM default schedules)"
+                    name = "inferx_edge tuned" if tuned else "inferx_edge untuned (default schedules, compiler/cpu)"
                     if tuned and not engine.variant.tuned:
                         print(f"batch {batch}: no tuning database in tuning_logs/; skipping the tuned system")
                         continue
@@ -89,7 +89,7 @@ def main() -> None:
                         )
             stats["onnxruntime CPU"] = time_ort(sess, x, args.seconds)
             ort_p50 = stats["onnxruntime CPU"].p50_ms
-            untuned_p50 = stats["inferx_edge untuned (TVM default schedules)"].p50_ms
+            untuned_p50 = stats["inferx_edge untuned (default schedules, compiler/cpu)"].p50_ms
             for system, s in stats.items():
                 results.append(
                     {

@@ -46,3 +46,26 @@ def test_untuned_builds_match_onnxruntime(tmp_path, batch):
     (want,) = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     with Engine(art) as engine:
         np.testing.assert_allclose(engine.run(x)["prob"], want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_cpu_pipeline_gives_convolutions_this_schedule():
+    """Our rule comes before dlight's general reduction rule, which also claims convolutions (and made
+    them an order of magnitude slower)."""
+    import tvm
+
+    from inferx_edge.compiler.compile import relax_pipeline, resolve_tvm_target
+    from inferx_edge.compiler.variant import prepare_variant, variant_layout
+    from inferx_edge.frontend import import_model
+    from inferx_edge.targets import get_target
+
+    spec = get_target("x86-cpu")
+    im = import_model(models.DEFAULT_MODEL, {"image": (2, 1, 28, 28)})
+    target = resolve_tvm_target(spec)
+    mod = relax_pipeline(spec, target)(prepare_variant(im, variant_layout(spec, "fp32")).mod)
+    convs = [
+        f.script() for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and "conv2d" in gv.name_hint
+    ]
+    assert len(convs) == 3
+    for script in convs:
+        update = script[script.index('sblock("conv2d_nhwc_update")') - 300 :]
+        assert "T.vectorized" in update[:300] and "T.parallel" in script
