@@ -4,7 +4,7 @@
 
 "tuned" applies the committed database in tuning_logs/x86-cpu/ (made with ``python -m inferx_edge tune
 --target x86-cpu --input-shape image:Bx1x28x28 --trials N --minutes 10-14`` in resumed chunks, then
-``--prune``: 546 trials at batch 1, 1,574 at batch 64; xgboost, two threads); "untuned" is TVM's default
+``--prune``: 546 trials at batch 1, 1,574 at batch 64; xgboost, two threads); "untuned" is the default
 schedules (inferx_edge.compiler.cpu: parallel + vector loops). Both run the convolutions in NHWC with HWIO weights (``compiler.variant.variant_layout``). Each
 system runs warm-up then timed synchronous runs for at least ``--seconds``; we report p50/p90 and
 ratios of p50s measured in this run.
