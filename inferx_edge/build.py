@@ -106,15 +106,33 @@ def _weights_member(files: dict, precision: str, variant: str, names: list[str],
     return member
 
 
+def default_output(model: Path, target: str, precisions=("fp32",), batch_sizes=()) -> Path:
+    """Where ``build`` and ``evaluate`` write an artifact unless told: model, target, precisions (and
+    batch sizes when several), so builds of one model for different precisions do not collide."""
+    name = f"{model.stem}-{target}-{'+'.join(precisions)}"
+    if batch_sizes:
+        name += "-b" + "+".join(str(b) for b in batch_sizes)
+    return Path("build") / f"{name}.ixa"
+
+
+def _model_batch(base) -> int:
+    """The batch the imported model was pinned to (its first input's leading dimension)."""
+    return base.inputs[0].shape[0] if base.inputs and base.inputs[0].shape else 1
+
+
+def _shapes_at(opts: BuildOptions, base, batch: int) -> dict[str, tuple[int, ...]]:
+    """The pinned input shapes with every input's batch dimension set to ``batch``."""
+    return {**opts.input_shapes, **{t.name: (batch, *t.shape[1:]) for t in base.inputs}}
+
+
 def _tune_first(opts: BuildOptions, spec: TargetSpec, base, log) -> None:
     """``--tune-minutes``: a time-limited MetaSchedule run per variant before the build."""
     from inferx_edge.tune import TuneOptions, tune_model
     from inferx_edge.tune.driver import print_summary
 
-    base_batch = base.inputs[0].shape[0] if base.inputs and base.inputs[0].shape else 1
-    grid = opts.variant_grid(base_batch)
+    grid = opts.variant_grid(_model_batch(base))
     for precision, batch in grid:
-        shapes = {**opts.input_shapes, **{t.name: (batch, *t.shape[1:]) for t in base.inputs}}
+        shapes = _shapes_at(opts, base, batch)
         log(f"[0/4] tuning {precision} batch {batch} for {opts.tune_minutes / len(grid):g} min")
         summary = tune_model(
             TuneOptions(
@@ -170,7 +188,7 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
 
     variants, members, infos = [], {}, []
     weight_files: dict[str, tuple[list[str], list[np.ndarray]]] = {}  # member -> (names, arrays)
-    base_batch = base.inputs[0].shape[0] if base.inputs and base.inputs[0].shape else 1
+    base_batch = _model_batch(base)
     grid = opts.variant_grid(base_batch)
     quantizers = {}
     for precision in dict.fromkeys(p for p, _ in grid if p in QUANTIZED):
@@ -182,8 +200,7 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
         for i, (precision, batch) in enumerate(grid, 1):
             imported = base
             if batch != base_batch:
-                shapes = {**opts.input_shapes, **{t.name: (batch, *t.shape[1:]) for t in base.inputs}}
-                imported = import_model(opts.model, shapes)
+                imported = import_model(opts.model, _shapes_at(opts, base, batch))
             layout = variant_layout(spec, precision)
             t0 = time.perf_counter()
             # keyed by the source model's hash, pinned shapes and precision (quantizing keeps all three)

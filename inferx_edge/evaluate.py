@@ -85,15 +85,6 @@ def _onnxruntime_reference(model: Path, x: np.ndarray, input_name: str, batch: i
     return logits, stats
 
 
-def default_output(model: Path, target: str, precisions=("fp32",), batch_sizes=()) -> Path:
-    """Where ``build`` and ``evaluate`` write an artifact unless told: model, target, precisions (and
-    batch sizes when several), so builds of one model for different precisions do not collide."""
-    name = f"{model.stem}-{target}-{'+'.join(precisions)}"
-    if batch_sizes:
-        name += "-b" + "+".join(str(b) for b in batch_sizes)
-    return Path("build") / f"{name}.ixa"
-
-
 def evaluate(opts: EvaluateOptions, log=print) -> dict:
     """Build (unless ``opts.artifact``), run on the labelled set, and return the report (JSON-ready)."""
     from inferx_edge.runtime import Engine
@@ -102,7 +93,7 @@ def evaluate(opts: EvaluateOptions, log=print) -> dict:
     x, y, data_desc = load_holdout(opts.data)
     artifact = opts.artifact
     if artifact is None:
-        from inferx_edge.build import BuildOptions, build_artifact
+        from inferx_edge.build import BuildOptions, build_artifact, default_output
         from inferx_edge.targets import get_target, host_target_name
 
         spec = get_target(opts.target or host_target_name())
@@ -146,9 +137,8 @@ def evaluate(opts: EvaluateOptions, log=print) -> dict:
             "latency_ms": {"p50": stats.p50_ms, "p90": stats.p90_ms, "p99": stats.p99_ms, "runs": stats.count},
             "throughput_samples_s": float(len(y) / wall),
         }
-        tuning = [v.extra.get("tuning") for v in engine.manifest.variants if v.name == engine.variant.name][0]
         report["tuned"] = bool(engine.variant.tuned)
-        report["tuning"] = tuning
+        report["tuning"] = engine.variant.extra.get("tuning")
         if not engine.variant.tuned:
             shape = "x".join(str(d) for d in spec.shape)
             report["note"] = (

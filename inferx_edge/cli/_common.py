@@ -33,12 +33,6 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def default_output(model: Path, target: str, precisions=("fp32",), batch_sizes=()) -> Path:
-    from inferx_edge.evaluate import default_output as stage_default
-
-    return stage_default(model, target, precisions, batch_sizes)
-
-
 def add_quantization_arguments(p: argparse.ArgumentParser, plan: bool = True) -> None:
     """Calibration and accuracy-budget flags shared by quantize, build and evaluate."""
     p.add_argument(

@@ -8,7 +8,6 @@ from pathlib import Path
 from inferx_edge.cli._common import (
     add_model_arguments,
     add_quantization_arguments,
-    default_output,
     quantization_options,
 )
 from inferx_edge.compiler.cuda import CUDA_CODE_FORMATS
@@ -81,7 +80,7 @@ def _batch_sizes(value: str | None) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from inferx_edge.build import BuildOptions, build_artifact
+    from inferx_edge.build import BuildOptions, build_artifact, default_output
     from inferx_edge.frontend import parse_input_shapes
     from inferx_edge.targets import get_target, host_target_name
 

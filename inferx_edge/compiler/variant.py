@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inferx_edge.errors import BuildError
+from inferx_edge.errors import BuildError, check_choice
 from inferx_edge.targets import TargetSpec
 
 #: Precisions ``build`` accepts. fp16: Relax ToMixedPrecision (fp16 compute and accumulation, the
@@ -38,8 +38,6 @@ class VariantLayout:
     quant_kernel: str = "OIHW"
 
     def __post_init__(self) -> None:
-        from inferx_edge.errors import check_choice
-
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("conv layout", self.conv, ("NCHW", "NHWC"))
         check_choice("kernel layout", self.kernel, ("OHWI", "HWIO"))
@@ -92,6 +90,7 @@ class PreparedVariant:
     weight_names : what ``main`` takes after the inputs.
     weight_arrays : their values after the build-time weight transforms (only with ``bake``; else None).
     quantization : the quantizer's report for int8/mixed variants, else None.
+    model : the imported model the module was made from (the quantized one for int8/mixed).
     """
 
     mod: Any

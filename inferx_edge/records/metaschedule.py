@@ -61,12 +61,20 @@ def host_cpu_of(spec) -> str | None:
     return str(tvm.target.codegen.llvm_get_system_cpu())
 
 
-def model_database_dir(spec, imported, precision: str, root: Path | None = None) -> Path:
+_THIS_CPU = object()
+
+
+def model_database_dir(spec, imported, precision: str, root: Path | None = None, cpu=_THIS_CPU) -> Path:
     """Where the database for ``imported`` (an :class:`~inferx_edge.frontend.ImportedModel` with its
-    shapes pinned) at ``precision`` on target ``spec`` lives."""
+    shapes pinned) at ``precision`` on target ``spec`` lives; ``cpu``: the microarchitecture it was
+    tuned on (default: this host's, :func:`host_cpu_of`)."""
     shapes = {t.name: t.shape for t in imported.inputs}
-    fp = fingerprint(imported.sha256, shapes, precision, host_cpu_of(spec))
+    fp = fingerprint(imported.sha256, shapes, precision, host_cpu_of(spec) if cpu is _THIS_CPU else cpu)
     return database_dir(spec.name, imported.name, fp, root)
+
+
+def _holds_records(work_dir: Path) -> bool:
+    return has_database(work_dir) or has_tiles(work_dir)
 
 
 def locate_database(spec, imported, precision: str, root: Path | None = None) -> tuple[Path | None, str | None]:
@@ -76,16 +84,17 @@ def locate_database(spec, imported, precision: str, root: Path | None = None) ->
     for the build host's CPU with none, a database tuned on another CPU of the same ISA level
     (:data:`inferx_edge.targets.cpu.SAME_LEVEL`): its schedules were measured elsewhere but use only
     instructions this CPU has."""
-    exact = find_database(spec, imported, precision, root)
     cpu = host_cpu_of(spec)
-    if exact is not None or cpu is None:
+    exact = model_database_dir(spec, imported, precision, root, cpu)
+    if _holds_records(exact):
         return exact, None
+    if cpu is None:
+        return None, None
     from inferx_edge.targets.cpu import same_level_cpus
 
-    shapes = {t.name: t.shape for t in imported.inputs}
     for other in same_level_cpus(cpu):
-        work_dir = database_dir(spec.name, imported.name, fingerprint(imported.sha256, shapes, precision, other), root)
-        if has_database(work_dir) or has_tiles(work_dir):
+        work_dir = model_database_dir(spec, imported, precision, root, other)
+        if _holds_records(work_dir):
             return work_dir, (
                 f"no tuning database for this CPU ({cpu}); applied the one tuned on {other}, a CPU of the same "
                 f"ISA level (tune here for this CPU's own: python -m inferx_edge tune --target {spec.name})"
@@ -97,7 +106,7 @@ def find_database(spec, imported, precision: str, root: Path | None = None) -> P
     """The database :func:`model_database_dir` names, when it holds MetaSchedule records or int8 tile
     records (:mod:`inferx_edge.records.tiles`) (else None)."""
     work_dir = model_database_dir(spec, imported, precision, root)
-    return work_dir if has_database(work_dir) or has_tiles(work_dir) else None
+    return work_dir if _holds_records(work_dir) else None
 
 
 def has_database(work_dir: Path) -> bool:

@@ -2,9 +2,9 @@
 
 TVM 0.27 leaves untuned CPU kernels as the naive loop nests legalization writes (one thread, scalar
 code; dlight's CPU rules cover only GEMV and reductions), so an untuned build ran tens of times slower
-than onnxruntime. This rule gives every kernel a generic, always-valid schedule (measured on the
-embedded model, 2 cores: 12x and 19x the naive nests at batch 1 and 64, 2.7x and 5.7x onnxruntime's
-time; ``tune`` or ``build --tune-minutes`` remain the way to full speed):
+than onnxruntime. This rule gives every kernel a generic, always-valid schedule (measured in
+``benchmarks/results/cpu_latency_x86-cpu_rocketlake_default_schedules.json``; ``tune`` or
+``build --tune-minutes`` remain the way to full speed):
 
 - the one reduction block (a convolution, matmul, pooling window): the innermost output axis split by
   the vector width and vectorized, the reduction loops moved inside the output tile so each vector of
