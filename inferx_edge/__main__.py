@@ -29,6 +29,8 @@ COMMANDS = {
     "report": "render a profile: Pareto PNG, HTML page, Markdown/CSV tables, policy picks",
     "deploy": "install an artifact on a device atomically (dir, ssh://, rpc://), self-test, roll back",
     "keygen": "make an Ed25519 key pair to sign artifacts and to trust them on devices",
+    "serve": "serve artifacts over HTTP (KServe v2): dynamic batching, the governor live, Prometheus metrics",
+    "loadgen": "load a running server like MLPerf LoadGen (single-stream, server, offline): latency, throughput, J/inference",
 }
 
 

@@ -182,7 +182,7 @@ class Engine:
         arrays = [_check_one(spec, np.asarray(inputs[spec.name])) for spec in specs]
         if not self.allow_nonfinite:
             for spec, a in zip(specs, arrays):
-                _check_finite(spec.name, a)
+                check_finite(spec.name, a)
         return arrays
 
     def run(self, inputs: np.ndarray | Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -191,6 +191,20 @@ class Engine:
             arrays = self.check_inputs(inputs)
             out = self._invoke([self._tvm.runtime.tensor(a, self.device) for a in arrays])
             return self._outputs(out)
+
+    def run_arrays(self, variant: str, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """Run ``variant`` on ``arrays`` already matched to its inputs (in order, right dtype and shape,
+        finite: a server validates each request before it joins a batch) without making it current;
+        returns the outputs in the manifest's order. Loads the variant on first use."""
+        with self._lock:
+            loaded = self._load(variant)
+            out = loaded.main(*[self._tvm.runtime.tensor(a, self.device) for a in arrays], *loaded.params)
+            results = list(out) if not hasattr(out, "numpy") else [out]
+            if len(results) != len(loaded.variant.outputs):
+                raise ArtifactError(
+                    f"library returned {len(results)} outputs, manifest lists {len(loaded.variant.outputs)}"
+                )
+            return [r.numpy() for r in results]
 
     def _invoke(self, tensors: list):
         return self._current.main(*tensors, *self._current.params)
@@ -223,7 +237,7 @@ class Engine:
         self.close()
 
 
-def _check_finite(name: str, array: np.ndarray) -> None:
+def check_finite(name: str, array: np.ndarray) -> None:
     """Refuse NaN/Inf in a float input, with the count (one float64 sum decides; counted only when bad)."""
     if array.dtype.kind != "f" or array.size == 0:
         return

@@ -1,0 +1,412 @@
+"""The governor live inside the server: every window it reads telemetry, the arrival rate, queue and
+request latency, and picks the operating point (precision x target batch size) the batcher forms
+batches for; per batch it routes to the device whose measured latency/energy is best under the policy.
+
+Operating points are the compiled (precision, batch) pairs. A point is judged *at the live load* by a
+small queueing model fed only by measurements (so a point that is not running can be compared with the
+one that is):
+
+- a batch closes when it holds B rows or its oldest request waited ``max_queue_delay`` d:
+  wait w = min(d, (B-1)/lambda), rows per run r = min(B, 1 + lambda*w); it runs on the smallest compiled
+  variant holding r rows (latency L_c, measured);
+- utilisation u = lambda*L_c/r (u >= 1: batches fill to B; still >= 1: the point cannot keep up);
+- p99 ~ w + L_c + 2*L_c*u/(1-u) (an M/D/1-style queueing term, doubled for the tail);
+- power = P_idle + u*(P_active(c) - P_idle) (both measured per device and variant), J/frame =
+  power/lambda. Without a power sensor a device's "watts" are its busy fraction (P_idle 0, P_active 1):
+  J/frame is then device-seconds per frame, and the decision log says so.
+
+The running point's p99 and J/frame are replaced by the measured window when the window has enough
+requests. The FPS floor of ``min-energy`` is compared with the live demand: a point must sustain
+min(floor, 1.2*lambda). Points are re-probed every ``reprobe_s`` (a short back-to-back run on an idle
+worker; its time and energy are counted in metrics), so a profile never goes stale for long.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from inferx_edge.runtime.governor import (
+    Governor,
+    LatencySLO,
+    MaxThroughputUnderPowerCap,
+    MinEnergyAboveFps,
+    VariantStats,
+    make_policy,
+)
+from inferx_edge.runtime.telemetry.base import MAX_PLAUSIBLE_W, EnergyMeter
+from inferx_edge.serve.batcher import DeviceSlot
+
+
+@dataclass(frozen=True)
+class GovernorOptions:
+    """``policy`` with its limit (``power_cap_w`` / ``fps_floor`` / ``p99_ms``); ``window_s`` between
+    decisions; ``dwell_s`` and ``hysteresis`` against flapping; ``probe_s`` of back-to-back runs per
+    probe; ``reprobe_s`` between re-probes of a variant (0: never); ``fixed``: pin one operating point
+    (name), the governor then only measures."""
+
+    policy: str = "max-throughput"
+    power_cap_w: float | None = None
+    fps_floor: float | None = None
+    p99_ms: float | None = None
+    window_s: float = 1.0
+    dwell_s: float = 5.0
+    hysteresis: float = 0.05
+    probe_s: float = 0.3
+    reprobe_s: float = 120.0
+    fixed: str | None = None
+
+    def limit(self) -> float:
+        value = {"max-throughput": self.power_cap_w, "min-energy": self.fps_floor, "latency-slo": self.p99_ms}[
+            self.policy
+        ]
+        if value is None:
+            if self.policy == "max-throughput":
+                return MAX_PLAUSIBLE_W  # no cap
+            flag = {"min-energy": "--fps-floor", "latency-slo": "--p99"}[self.policy]
+            from inferx_edge.errors import UsageError
+
+            raise UsageError(f"--policy {self.policy} needs {flag}")
+        return value
+
+
+@dataclass(frozen=True)
+class Point:
+    name: str
+    precision: str
+    batch: int
+
+
+class LiveGovernor:
+    """Plan, route and decide for one model version's device slots."""
+
+    def __init__(self, slots: list[DeviceSlot], options: GovernorOptions, max_queue_delay_s: float, log=None):
+        self.slots = slots
+        self.options = options
+        self.delay = max_queue_delay_s
+        self.policy_name = options.policy
+        self.limit = options.limit()
+        seen: dict[tuple[str, int], Point] = {}
+        for s in slots:
+            for v in sorted(s.variants.values(), key=lambda v: (v.precision, v.batch)):
+                seen.setdefault((v.precision, v.batch), Point(v.name, v.precision, v.batch))
+        self.points = {p.name: p for p in seen.values()}
+        if options.fixed is not None:
+            from inferx_edge.errors import check_choice
+
+            check_choice("variant", options.fixed, sorted(self.points))
+        self._log = log
+        self.lock = threading.Lock()
+        self.current = options.fixed or next(iter(self.points))
+        self.gov: Governor | None = None
+        self.switches = 0
+        self.probe_s_total = 0.0
+        self.probe_j_total = 0.0
+        self.energy_note = ""
+        # window accumulators (reset every tick)
+        self._latencies: list[float] = []
+        self._frames = 0
+        self._window_start = time.monotonic()
+        self._meters: dict[str, EnergyMeter] = {}
+        self._busy_mark = {s.label: 0.0 for s in slots}
+        self._variant_busy: dict[tuple[str, str], float] = {}
+        self.last: dict = {}
+
+    # -- measurements ---------------------------------------------------------------------------------
+    def probe_all(self, batcher) -> None:
+        """Startup: idle power per device, then every variant on every device (blocking)."""
+        for s in self.slots:
+            s.idle_w = self._idle_power(s)
+        for s in self.slots:
+            for v in s.variants.values():
+                self._probe(s, v.name)
+
+    def _idle_power(self, slot: DeviceSlot) -> float | None:
+        if slot.telemetry is None:
+            return None
+        m = EnergyMeter(slot.telemetry, interval_s=0.05)
+        m.start()
+        time.sleep(max(0.2, self.options.probe_s))
+        w = m.stop()
+        return w["avg_w"]
+
+    def _probe(self, slot: DeviceSlot, name: str) -> None:
+        v = slot.variants[name]
+        arrays = [np.zeros(tuple(d or 1 for d in spec.shape), dtype=spec.dtype) for spec in v.inputs]
+        slot.engine.run_arrays(name, arrays)  # warm (first run loads and may capture a CUDA graph)
+        meter = EnergyMeter(slot.telemetry, interval_s=0.02) if slot.telemetry is not None else None
+        if meter:
+            meter.start()
+        t0 = time.perf_counter()
+        n = 0
+        while n < 3 or time.perf_counter() - t0 < self.options.probe_s:
+            slot.engine.run_arrays(name, arrays)
+            n += 1
+        elapsed = time.perf_counter() - t0
+        t = slot.timing[name]
+        t.seconds, t.runs, t.measured_at = elapsed / n, t.runs + n, time.monotonic()
+        if meter:
+            w = meter.stop()
+            if w["avg_w"] is not None:
+                t.active_w = w["avg_w"]
+                self.probe_j_total += w["energy_j"]
+        self.probe_s_total += elapsed
+
+    def observe_batch(self, slot: DeviceSlot, variant, rows: int, seconds: float | None, slices) -> None:
+        if seconds is None:
+            return
+        with self.lock:
+            key = (slot.label, variant.name)
+            self._variant_busy[key] = self._variant_busy.get(key, 0.0) + seconds
+
+    def observe_request(self, latency_s: float, rows: int) -> None:
+        with self.lock:
+            self._latencies.append(latency_s)
+            self._frames += rows
+
+    # -- the batcher's questions ----------------------------------------------------------------------
+    def plan(self) -> tuple[str, int]:
+        p = self.points[self.current]
+        return p.precision, p.batch
+
+    def route(self, rows: int, precision: str):
+        now = time.monotonic()
+        options = [(s, s.variant_for(precision, rows)) for s in self.slots]
+        options = [(s, v) for s, v in options if v is not None]
+        if not options:  # no device has this precision at this size: any precision that fits
+            options = [
+                (s, min((v for v in s.variants.values() if v.batch >= rows), key=lambda v: v.batch))
+                for s in self.slots
+                if any(v.batch >= rows for v in s.variants.values())
+            ]
+        if len(options) == 1:
+            slot, v = options[0]
+            slot.busy_until = max(now, slot.busy_until) + (slot.timing[v.name].seconds or 0.0)
+            return options[0]
+        scored = []
+        for s, v in options:
+            lat = s.timing[v.name].seconds or math.inf
+            finish = max(now, s.busy_until) + lat
+            scored.append((finish, self._batch_energy(s, v.name), s, v))
+        soonest = min(x[0] for x in scored)
+        if self.policy_name == "max-throughput":
+            pick = min(scored, key=lambda x: (x[0], x[1]))
+        else:
+            slack = self.limit / 2e3 if self.policy_name == "latency-slo" else max(4 * (soonest - now), self.delay)
+            ok = [x for x in scored if x[0] - now <= slack]
+            pick = min(ok, key=lambda x: (x[1], x[0])) if ok else min(scored, key=lambda x: x[0])
+        finish, _, slot, v = pick
+        slot.busy_until = finish
+        return slot, v
+
+    def _power(self, slot: DeviceSlot, name: str) -> tuple[float, float]:
+        """(idle, active) watts of a variant on a device; the busy-fraction proxy without telemetry."""
+        t = slot.timing[name]
+        if slot.idle_w is None or t.active_w is None:
+            return 0.0, 1.0
+        return slot.idle_w, max(t.active_w, slot.idle_w)
+
+    def _batch_energy(self, slot: DeviceSlot, name: str) -> float:
+        idle, active = self._power(slot, name)
+        return (active - idle) * (slot.timing[name].seconds or math.inf)
+
+    # -- the model of a point at the live load ----------------------------------------------------------
+    def predict(self, point: Point, lam: float) -> VariantStats | None:
+        best = None
+        for s in self.slots:
+            full = s.variant_for(point.precision, point.batch)
+            if full is None or full.batch != point.batch or s.timing[full.name].seconds is None:
+                continue
+            if best is None or s.timing[full.name].seconds < best[0].timing[best[1].name].seconds:
+                best = (s, full)
+        if best is None:
+            return None
+        slot, full = best
+        lam = max(lam, 1e-3)
+        b = point.batch
+        l_full = slot.timing[full.name].seconds
+        w = min(self.delay, (b - 1) / lam)
+        r = min(float(b), 1.0 + lam * w)
+        c = slot.variant_for(point.precision, math.ceil(r)) or full
+        l_c = slot.timing[c.name].seconds or l_full
+        u = lam * l_c / r
+        if u >= 1.0:  # saturated: batches fill up
+            r, c, l_c = float(b), full, l_full
+            w = (b - 1) / lam
+            u = lam * l_c / r
+        p99 = math.inf if u >= 1.0 else w + l_c + 2 * l_c * u / (1 - u)
+        idle, active = self._power(slot, c.name)
+        watts = idle + min(u, 1.0) * (active - idle)
+        return VariantStats(
+            name=point.name,
+            fps=b / l_full,
+            watts=watts,
+            j_per_frame=watts / lam,
+            p99_ms=min(p99 * 1e3, 1e12),
+            batch=b,
+            precision=point.precision,
+        )
+
+    # -- one window ----------------------------------------------------------------------------------
+    def start_window(self) -> None:
+        self._window_start = time.monotonic()
+        for s in self.slots:
+            self._busy_mark[s.label] = s.busy_s
+            if s.telemetry is not None:
+                m = EnergyMeter(s.telemetry, interval_s=0.05)
+                m.start()
+                self._meters[s.label] = m
+
+    def tick(self, arrived_rows: int) -> dict:
+        """Close the window (``arrived_rows`` came in during it), decide, open the next; returns the
+        window's measurements (the server exports them as metrics)."""
+        now = time.monotonic()
+        dt = max(now - self._window_start, 1e-6)
+        with self.lock:
+            latencies, frames, vbusy = self._latencies, self._frames, self._variant_busy
+            self._latencies, self._frames, self._variant_busy = [], 0, {}
+        lam = arrived_rows / dt
+        devices = {}
+        for s in self.slots:
+            busy = s.busy_s - self._busy_mark[s.label]
+            meter = self._meters.pop(s.label, None)
+            w = meter.stop() if meter else None
+            devices[s.label] = {
+                "busy_fraction": min(busy / dt, 1.0),
+                "watts": w["avg_w"] if w else None,
+                "energy_j": w["energy_j"] if w else None,
+                "telemetry": (w["invalid"] or w["method"]) if w else "none",
+            }
+            self._learn_power(s, devices[s.label], vbusy, dt)
+        measured_p99 = float(np.percentile(latencies, 99) * 1e3) if len(latencies) >= 20 else None
+        energies = [d["energy_j"] for d in devices.values()]
+        joules = sum(energies) if energies and all(e is not None for e in energies) else None
+        window = {
+            "seconds": dt,
+            "arrival_fps": lam,
+            "served_fps": frames / dt,
+            "p99_ms": measured_p99,
+            "requests": len(latencies),
+            "energy_j": joules,
+            "j_per_frame": joules / frames if joules is not None and frames else None,
+            "devices": devices,
+        }
+        self.last = window
+        self._decide(now, lam, window)
+        self.start_window()
+        return window
+
+    def _learn_power(self, s: DeviceSlot, dev: dict, vbusy: dict, dt: float) -> None:
+        """Refit idle/active power from a window where one variant did nearly all the work."""
+        watts, u = dev["watts"], dev["busy_fraction"]
+        if watts is None:
+            return
+        if u < 0.02:
+            s.idle_w = watts if s.idle_w is None else 0.7 * s.idle_w + 0.3 * watts
+            return
+        mine = {name: b for (label, name), b in vbusy.items() if label == s.label}
+        if not mine or s.idle_w is None or u < 0.2:
+            return
+        name, b = max(mine.items(), key=lambda kv: kv[1])
+        if b >= 0.8 * sum(mine.values()):
+            active = s.idle_w + (watts - s.idle_w) / u
+            t = s.timing[name]
+            t.active_w = active if t.active_w is None else 0.7 * t.active_w + 0.3 * active
+
+    def _policy(self, lam: float):
+        if self.policy_name == "min-energy":
+            return MinEnergyAboveFps(max(min(self.limit, 1.2 * lam), 1e-6))
+        if self.policy_name == "latency-slo":
+            return LatencySLO(self.limit)
+        return MaxThroughputUnderPowerCap(self.limit)
+
+    def _decide(self, now: float, lam: float, window: dict) -> None:
+        table = {}
+        for p in self.points.values():
+            stats = self.predict(p, lam)
+            if stats is not None:
+                table[p.name] = stats
+        if not table:
+            return
+        cur = table.get(self.current)
+        if cur is not None and window["requests"]:
+            p99 = window["p99_ms"] if window["p99_ms"] is not None else cur.p99_ms
+            jpf = window["j_per_frame"] if window["j_per_frame"] is not None else cur.j_per_frame
+            table[self.current] = VariantStats(cur.name, cur.fps, cur.watts, jpf, p99, cur.batch, cur.precision)
+        no_power = [s.label for s in self.slots if s.idle_w is None]
+        self.energy_note = (
+            f"energy proxy on {', '.join(no_power)}: device-busy seconds per frame (no power telemetry)"
+            if no_power
+            else ""
+        )
+        if self.options.fixed:
+            self._emit(now, self.current, "fixed operating point (--variant)", table, window)
+            return
+        policy = self._policy(lam)
+        if self.gov is None:
+            self.gov = Governor(
+                make_policy(self.policy_name, self.limit),
+                table,
+                start=self.current if self.current in table else None,
+                hysteresis=self.options.hysteresis,
+                min_dwell_s=self.options.dwell_s,
+                log=lambda d: None,
+            )
+        gov = self.gov
+        gov.policy = policy
+        for stats in table.values():
+            gov.variants.add(stats.name)
+            gov.observe(stats)
+        before = self.current
+        decisions: list[dict] = []
+        gov._log = decisions.append
+        choice = gov.decide(now)
+        with self.lock:
+            self.current = choice
+            if choice != before:
+                self.switches += 1
+        reason = decisions[-1]["reason"] if decisions else ""
+        self._emit(now, choice, reason, table, window, before)
+
+    def _emit(self, now, choice, reason, table, window, before=None) -> None:
+        if self._log is None:
+            return
+        self._log(
+            {
+                "t": time.time(),
+                "policy": self.policy_name,
+                "limit": self.limit,
+                "from": before if before is not None else choice,
+                "choice": choice,
+                "reason": reason,
+                "energy_note": self.energy_note,
+                "window": window,
+                "points": {k: _round(v.__dict__) for k, v in table.items()},
+            }
+        )
+
+    def reprobe_due(self) -> list[tuple[DeviceSlot, str]]:
+        """Variants whose last measurement is older than ``reprobe_s`` (not the ones running now)."""
+        if not self.options.reprobe_s:
+            return []
+        now = time.monotonic()
+        due = [
+            (s, name)
+            for s in self.slots
+            for name, t in s.timing.items()
+            if now - t.measured_at > self.options.reprobe_s
+        ]
+        due.sort(key=lambda x: x[0].timing[x[1]].measured_at)
+        return due[:1]
+
+    def probe_later(self, batcher, slot: DeviceSlot, name: str) -> None:
+        slot.timing[name].measured_at = time.monotonic()  # not asked again while queued
+        batcher.run_on_worker(slot, lambda: self._probe(slot, name))
+
+
+def _round(d: dict) -> dict:
+    return {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in d.items()}
