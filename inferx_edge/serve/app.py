@@ -208,7 +208,6 @@ def make_app(state: AppState, auth_token: str | None = None) -> Starlette:
             return fail(503, str(exc), "REJECTED", {"Retry-After": str(max(1, round(exc.retry_after_s)))})
         except Unavailable as exc:
             return fail(503, str(exc), "REJECTED", {"Retry-After": "1"})
-        del body, chunks
         try:
             done = await asyncio.wait_for(asyncio.shield(fut), mv.options.batch.timeout_s)
         except asyncio.TimeoutError:
