@@ -26,6 +26,9 @@ TRITON_METRICS = (
     "nv_inference_compute_infer_duration_us",
 )
 
+#: ``reason`` label of nv_inference_request_failure (Triton's values)
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+
 #: request latency buckets (seconds): 50 us .. ~52 s, factor 2
 LATENCY_BUCKETS = tuple(50e-6 * 2**i for i in range(21))
 
@@ -70,6 +73,16 @@ class ServerMetrics:
     def set(self, name: str, labels: tuple, value: float) -> None:
         with self._lock:
             self._gauges[name][labels] = value
+
+    def start_series(self, model: str, version: str) -> None:
+        """Zero every per-version counter, as Triton does, so rates exist before the first failure."""
+        labels = (model, version)
+        for name in TRITON_METRICS:
+            if name == "nv_inference_request_failure":
+                for reason in FAILURE_REASONS:
+                    self.add(name, (*labels, reason), 0.0)
+            else:
+                self.add(name, labels, 0.0)
 
     def forget(self, model: str, version: str) -> None:
         """Drop an unloaded version's gauges (its counters stay: they are cumulative)."""

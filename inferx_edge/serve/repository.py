@@ -191,6 +191,7 @@ class ModelVersion:
         self._thread = threading.Thread(target=self._govern, name=f"inferx-governor-{name}", daemon=True)
         self._thread.start()
         self.state = "ready"
+        metrics.start_series(name, self.version)
         metrics.set("inferx_model_ready", (name, self.version), 1)
 
     @property
