@@ -63,4 +63,6 @@ def test_tune_build_run_on_the_base_install(base_python, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     r = _run(base_python, "run", tmp_path / "m.ixa", "--repeat", "2", cwd=tmp_path)
     assert r.returncode == 0 and "latency over 2 runs" in r.stdout, r.stderr[-2000:]
+    r = _run(base_python, "serve", tmp_path / "m.ixa", cwd=tmp_path)  # the HTTP stack is an extra
+    assert r.returncode == 2 and "pip install 'inferx_edge[serve]'" in r.stderr, r.stderr[-2000:]
     assert sys.executable != str(base_python)

@@ -123,7 +123,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _require_serve_extra() -> None:
+    import importlib.util
+
+    missing = [m for m in ("starlette", "uvicorn", "prometheus_client") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(f"serve needs {', '.join(missing)}, from the serve extra: pip install 'inferx_edge[serve]'")
+
+
 def run(args: argparse.Namespace) -> int:
+    _require_serve_extra()
     from inferx_edge.serve.batcher import BatchOptions
     from inferx_edge.serve.live import GovernorOptions
     from inferx_edge.serve.repository import ServeOptions

@@ -17,6 +17,7 @@ import http.client
 import json
 import math
 import queue
+import re
 import socket
 import sys
 import threading
@@ -106,21 +107,33 @@ class Client:
         raise AssertionError("unreachable")
 
 
-def scrape(client: Client, model: str) -> dict:
-    """Energy (J, all devices) and inference count of ``model`` from the server's /metrics."""
-    from prometheus_client.parser import text_string_to_metric_families
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
-    status, data, _ = client.request("GET", "/metrics")
+
+def scrape(client: Client, model: str) -> dict:
+    """Energy (J, all devices) and inference count of ``model`` from the server's /metrics (the text
+    exposition format: only two series are needed, so no Prometheus client library)."""
+    try:
+        status, data, _ = client.request("GET", "/metrics")
+    except OSError:
+        return {"energy_j": None, "count": None}
     if status != 200:
         return {"energy_j": None, "count": None}
     energy, count, has_energy = 0.0, 0.0, False
-    for fam in text_string_to_metric_families(data.decode()):
-        for s in fam.samples:
-            if s.name == "inferx_energy_joules_total":
-                energy += s.value
-                has_energy = True
-            elif s.name == "nv_inference_count" and s.labels.get("model") == model:
-                count += s.value
+    for line in data.decode(errors="replace").splitlines():
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        name, labels, value = m.groups()
+        try:
+            v = float(value)
+        except ValueError:
+            continue
+        if name == "inferx_energy_joules_total":
+            energy += v
+            has_energy = True
+        elif name == "nv_inference_count" and f'model="{model}"' in (labels or ""):
+            count += v
     return {"energy_j": energy if has_energy else None, "count": count}
 
 

@@ -59,7 +59,9 @@ def serve_options(**kw):
     batch = {k: kw.pop(k) for k in list(kw) if k in BatchOptions.__dataclass_fields__}
     gov = {k: kw.pop(k) for k in list(kw) if k in GovernorOptions.__dataclass_fields__}
     gov.setdefault("probe_s", 0.05)
-    return ServeOptions(batch=BatchOptions(**batch), governor=GovernorOptions(**gov), telemetry=kw.pop("telemetry", "none"), **kw)
+    return ServeOptions(
+        batch=BatchOptions(**batch), governor=GovernorOptions(**gov), telemetry=kw.pop("telemetry", "none"), **kw
+    )
 
 
 @contextlib.contextmanager

@@ -64,19 +64,51 @@ BAD = [
     (_json([1, 2]), None, "JSON object"),
     (_json({"inputs": []}), None, "non-empty 'inputs'"),
     (_json({"inputs": [{"datatype": "FP32", "shape": [1], "data": [1]}]}), None, "string 'name'"),
-    (_json({"inputs": [{"name": "x", "datatype": "FLOAT", "shape": [1], "data": [1]}]}), None, "datatype 'FLOAT' is not supported; valid: BOOL"),
-    (_json({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, "a"], "data": [1]}]}), None, "'shape' must be a list of integers"),
+    (
+        _json({"inputs": [{"name": "x", "datatype": "FLOAT", "shape": [1], "data": [1]}]}),
+        None,
+        "datatype 'FLOAT' is not supported; valid: BOOL",
+    ),
+    (
+        _json({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, "a"], "data": [1]}]}),
+        None,
+        "'shape' must be a list of integers",
+    ),
     (_json({"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1], "data": [1]}]}), None, "negative dimension"),
-    (_json({"inputs": [{"name": "x", "datatype": "FP32", "shape": [3], "data": [1, 2]}]}), None, "holds 2 elements, shape [3] needs 3"),
+    (
+        _json({"inputs": [{"name": "x", "datatype": "FP32", "shape": [3], "data": [1, 2]}]}),
+        None,
+        "holds 2 elements, shape [3] needs 3",
+    ),
     (_json({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [[1], [2, 3]]}]}), None, "input 'x'"),
     (_json({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": ["a"]}]}), None, "must hold numbers"),
-    (_json({"inputs": [{"name": "x", "datatype": "INT8", "shape": [1], "data": [1.5]}]}), None, "INT8 data must be integers"),
-    (_json({"inputs": [{"name": "x", "datatype": "INT8", "shape": [1], "data": [300]}]}), None, "out of range for INT8"),
+    (
+        _json({"inputs": [{"name": "x", "datatype": "INT8", "shape": [1], "data": [1.5]}]}),
+        None,
+        "INT8 data must be integers",
+    ),
+    (
+        _json({"inputs": [{"name": "x", "datatype": "INT8", "shape": [1], "data": [300]}]}),
+        None,
+        "out of range for INT8",
+    ),
     (_json({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1]}]}), None, "neither 'data' nor"),
     (_json({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}] * 2}), None, "given twice"),
-    (_json({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "parameters": {"binary_data_size": 4}}]}), "9999", "outside the body"),
-    (_json({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}], "outputs": "y"}), None, "'outputs' must be a list"),
-    (_json({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}], "id": 5}), None, "'id' must be a string"),
+    (
+        _json({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "parameters": {"binary_data_size": 4}}]}),
+        "9999",
+        "outside the body",
+    ),
+    (
+        _json({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}], "outputs": "y"}),
+        None,
+        "'outputs' must be a list",
+    ),
+    (
+        _json({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}], "id": 5}),
+        None,
+        "'id' must be a string",
+    ),
 ]
 
 
@@ -127,7 +159,12 @@ def test_any_bytes_are_a_request_or_a_protocol_error(body, hl):
 @given(
     st.recursive(
         st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=5)),
-        lambda c: st.one_of(st.lists(c, max_size=4), st.dictionaries(st.sampled_from(["name", "datatype", "shape", "data", "parameters", "binary_data_size"]), c, max_size=5)),
+        lambda c: st.one_of(
+            st.lists(c, max_size=4),
+            st.dictionaries(
+                st.sampled_from(["name", "datatype", "shape", "data", "parameters", "binary_data_size"]), c, max_size=5
+            ),
+        ),
         max_leaves=20,
     )
 )

@@ -9,7 +9,6 @@ import threading
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -103,12 +102,57 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(served_artif
 
 BAD_REQUESTS = [
     (b"{oops", {}, 400, "not valid JSON"),
-    (json.dumps({"inputs": [{"name": "img", "datatype": "FP32", "shape": [1, 1, 28, 28], "data": [0] * 784}]}).encode(), {}, 400, "missing ['image'], unknown ['img']"),
-    (json.dumps({"inputs": [{"name": "image", "datatype": "FP64", "shape": [1, 1, 28, 28], "data": [0] * 784}]}).encode(), {}, 400, "input 'image' must be FP32, got FP64"),
-    (json.dumps({"inputs": [{"name": "image", "datatype": "FP32", "shape": [1, 28, 28], "data": [0] * 784}]}).encode(), {}, 400, "input 'image' must have shape image: FP32[-1, 1, 28, 28], got [1, 28, 28]"),
-    (json.dumps({"inputs": [{"name": "image", "datatype": "FP32", "shape": [1, 1, 28, 28], "data": [float("nan")] * 784}]}).replace("NaN", "NaN").encode(), {}, 400, "input 'image' holds 784 NaN/Inf"),
-    (json.dumps({"inputs": [{"name": "image", "datatype": "FP32", "shape": [0, 1, 28, 28], "data": []}]}).encode(), {}, 400, "0 rows"),
-    (json.dumps({"inputs": [{"name": "image", "datatype": "FP32", "shape": [1, 1, 28, 28], "data": [0] * 784}], "outputs": [{"name": "probs"}]}).encode(), {}, 400, "unknown output 'probs'"),
+    (
+        json.dumps(
+            {"inputs": [{"name": "img", "datatype": "FP32", "shape": [1, 1, 28, 28], "data": [0] * 784}]}
+        ).encode(),
+        {},
+        400,
+        "missing ['image'], unknown ['img']",
+    ),
+    (
+        json.dumps(
+            {"inputs": [{"name": "image", "datatype": "FP64", "shape": [1, 1, 28, 28], "data": [0] * 784}]}
+        ).encode(),
+        {},
+        400,
+        "input 'image' must be FP32, got FP64",
+    ),
+    (
+        json.dumps(
+            {"inputs": [{"name": "image", "datatype": "FP32", "shape": [1, 28, 28], "data": [0] * 784}]}
+        ).encode(),
+        {},
+        400,
+        "input 'image' must have shape image: FP32[-1, 1, 28, 28], got [1, 28, 28]",
+    ),
+    (
+        json.dumps(
+            {"inputs": [{"name": "image", "datatype": "FP32", "shape": [1, 1, 28, 28], "data": [float("nan")] * 784}]}
+        )
+        .replace("NaN", "NaN")
+        .encode(),
+        {},
+        400,
+        "input 'image' holds 784 NaN/Inf",
+    ),
+    (
+        json.dumps({"inputs": [{"name": "image", "datatype": "FP32", "shape": [0, 1, 28, 28], "data": []}]}).encode(),
+        {},
+        400,
+        "0 rows",
+    ),
+    (
+        json.dumps(
+            {
+                "inputs": [{"name": "image", "datatype": "FP32", "shape": [1, 1, 28, 28], "data": [0] * 784}],
+                "outputs": [{"name": "probs"}],
+            }
+        ).encode(),
+        {},
+        400,
+        "unknown output 'probs'",
+    ),
 ]
 
 
@@ -332,10 +376,29 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(served_artifact, tmp_path
     from tests.helpers import free_port
 
     port = free_port()
-    cmd = [sys.executable, "-m", "inferx_edge", "serve", str(served_artifact), "--port", str(port),
-           "--variant", "fp32-b4", "--max-queue-delay-us", "1500000", "--telemetry", "none"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    cmd = [
+        sys.executable,
+        "-m",
+        "inferx_edge",
+        "serve",
+        str(served_artifact),
+        "--port",
+        str(port),
+        "--variant",
+        "fp32-b4",
+        "--max-queue-delay-us",
+        "1500000",
+        "--telemetry",
+        "none",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     server = type("S", (), {"port": port})()
     try:
         for _ in range(300):
