@@ -1,6 +1,8 @@
 """The governor live inside the server: every window it reads telemetry, the arrival rate, queue and
 request latency, and picks the operating point (precision x target batch size) the batcher forms
-batches for; per batch it routes to the device whose measured latency/energy is best under the policy.
+batches for; per batch it routes to the device whose measured latency/energy is best under the policy
+(finish time alone when a device has no power sensor). A pinned variant (``--variant``) runs every
+batch, padded: the static baseline the governor is measured against.
 
 Operating points are the compiled (precision, batch) pairs. A point is judged *at the live load* by a
 small queueing model fed only by measurements (so a point that is not running can be compared with the
@@ -175,6 +177,11 @@ class LiveGovernor:
 
     def route(self, rows: int, precision: str):
         now = time.monotonic()
+        if self.options.fixed:  # a pinned variant runs every batch, padded (the static baseline)
+            for s in self.slots:
+                if self.options.fixed in s.variants:
+                    s.busy_until = max(now, s.busy_until) + (s.timing[self.options.fixed].seconds or 0.0)
+                    return s, s.variants[self.options.fixed]
         options = [(s, s.variant_for(precision, rows)) for s in self.slots]
         options = [(s, v) for s, v in options if v is not None]
         if not options:  # no device has this precision at this size: any precision that fits
@@ -193,7 +200,8 @@ class LiveGovernor:
             finish = max(now, s.busy_until) + lat
             scored.append((finish, self._batch_energy(s, v.name), s, v))
         soonest = min(x[0] for x in scored)
-        if self.policy_name == "max-throughput":
+        if self.policy_name == "max-throughput" or any(x[1] is None for x in scored):
+            # (a device without a power sensor: energies cannot be compared across devices)
             pick = min(scored, key=lambda x: (x[0], x[1]))
         else:
             slack = self.limit / 2e3 if self.policy_name == "latency-slo" else max(4 * (soonest - now), self.delay)
@@ -210,7 +218,10 @@ class LiveGovernor:
             return 0.0, 1.0
         return slot.idle_w, max(t.active_w, slot.idle_w)
 
-    def _batch_energy(self, slot: DeviceSlot, name: str) -> float:
+    def _batch_energy(self, slot: DeviceSlot, name: str) -> float | None:
+        """Joules a batch adds on this device above idle (None without its power measured)."""
+        if slot.idle_w is None or slot.timing[name].active_w is None:
+            return None
         idle, active = self._power(slot, name)
         return (active - idle) * (slot.timing[name].seconds or math.inf)
 

@@ -53,6 +53,7 @@ class LoadgenOptions:
     timeout_s: float = 60.0
     seed: int = 0
     shapes: dict[str, list[int]] = field(default_factory=dict)
+    slo_ms: float | None = None  # count requests slower than this
 
 
 def read_trace(path) -> list[Phase]:
@@ -82,6 +83,7 @@ class Client:
         self.host, self.port, self.timeout_s = host, port, timeout_s
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.conn: http.client.HTTPConnection | None = None
+        self.retries = 0  # requests resent once after the connection dropped (counted in the record)
 
     def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
         for attempt in (0, 1):
@@ -104,6 +106,7 @@ class Client:
                 self.conn = None
                 if attempt:
                     raise
+                self.retries += 1
         raise AssertionError("unreachable")
 
 
@@ -138,7 +141,9 @@ def scrape(client: Client, model: str) -> dict:
 
 
 class _Stats:
-    def __init__(self) -> None:
+    def __init__(self, slo_ms: float | None = None) -> None:
+        self.slo_s = slo_ms / 1e3 if slo_ms else None
+        self.retries = 0
         self.lock = threading.Lock()
         self.latencies: list[float] = []
         self.errors: dict[str, int] = {}
@@ -158,9 +163,13 @@ class _Stats:
         with self.lock:
             lat = np.asarray(self.latencies) * 1e3
             pct = np.percentile(lat, [50, 90, 99, 99.9]) if lat.size else [None] * 4
+            slow = int((lat > self.slo_s * 1e3).sum()) if self.slo_s is not None and lat.size else None
             return {
                 "seconds": seconds,
                 "requests": self.sent,
+                "retried": self.retries,
+                "slo_violations": slow,
+                "slo_violation_share": slow / lat.size if slow is not None else None,
                 "ok": len(self.latencies),
                 "errors": dict(self.errors),
                 "error_count": sum(self.errors.values()),
@@ -223,7 +232,7 @@ def run_loadgen(opts: LoadgenOptions, progress=None) -> dict:
     results = []
     for i, phase in enumerate(phases):
         before = scrape(probe, opts.model)
-        stats = _Stats()
+        stats = _Stats(opts.slo_ms)
         t0 = time.monotonic()
         _run_phase(opts, phase, host, port, path, body, headers, stats, progress, f"phase {i + 1}/{len(phases)}")
         seconds = time.monotonic() - t0
@@ -265,17 +274,21 @@ def _run_phase(opts, phase, host, port, path, body, headers, stats: _Stats, prog
         client = Client(host, port, opts.token, opts.timeout_s)
         while time.monotonic() < end and not stop.is_set():
             send(client, time.monotonic())
+        with stats.lock:
+            stats.retries += client.retries
 
     def open_loop():
         client = Client(host, port, opts.token, opts.timeout_s)
         while True:
             t = arrivals.get()
             if t is None:
-                return
+                break
             delay = t - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
             send(client, t)
+        with stats.lock:
+            stats.retries += client.retries
 
     def schedule():
         rng = np.random.default_rng(opts.seed + 1)
