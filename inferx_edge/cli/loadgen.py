@@ -33,6 +33,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--auth-token-file", type=Path, default=None, help="bearer token for a server started with one")
     p.add_argument("--timeout-s", type=float, default=60.0, help="client timeout per request (default 60)")
     p.add_argument("--seed", type=int, default=0, help="seed of the input data and the arrival process")
+    p.add_argument(
+        "--shared-memory",
+        action="store_true",
+        help="pass tensors in POSIX shared memory (server started with --shared-memory, same host)",
+    )
+    p.add_argument("--slo-ms", type=float, default=None, help="also count requests slower than this")
     p.add_argument("--output", "-o", type=Path, default=None, help="write the JSON record here")
 
 
@@ -68,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout_s,
         seed=args.seed,
         shapes=shapes,
+        slo_ms=args.slo_ms,
+        shared_memory=args.shared_memory,
     )
     record = run_loadgen(opts, progress=lambda line: print(line, file=sys.stderr, flush=True))
     print_summary(record)

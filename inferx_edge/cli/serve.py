@@ -117,6 +117,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="how often deployments' 'current' is checked (default 2)",
     )
     b.add_argument("--device-id", type=int, default=0, help="GPU index for CUDA artifacts")
+    b.add_argument(
+        "--shared-memory",
+        action="store_true",
+        help="enable Triton's system shared memory extension for clients on this host (tensors in /dev/shm "
+        "instead of the HTTP body; off by default: the server then reads and writes shm objects clients name)",
+    )
     add_trust_argument(p)
     p.add_argument(
         "--allow-nonfinite", action="store_true", help="accept NaN/Inf in float inputs (refused with 400 by default)"
@@ -190,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
         max_request_bytes=args.max_request_bytes,
         reload_interval_s=args.reload_interval_s,
         decision_log=args.decision_log,
+        shared_memory=args.shared_memory,
     )
     print(
         f"serving on http://{args.host}:{server.port} (KServe v2; /metrics; Ctrl-C or SIGTERM drains and stops)",

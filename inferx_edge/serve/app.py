@@ -38,6 +38,7 @@ from inferx_edge.serve.protocol import (
     parse_infer_request,
 )
 from inferx_edge.serve.repository import Repository
+from inferx_edge.serve.shm import SharedMemoryError, SharedMemoryRegistry
 
 #: v2 protocol extensions this server implements (reported by ``GET /v2``)
 EXTENSIONS = ["binary_tensor_data", "model_configuration"]
@@ -49,6 +50,7 @@ class AppState:
     metrics: ServerMetrics
     max_request_bytes: int = 256 << 20
     draining: bool = False
+    shm: SharedMemoryRegistry | None = None  # system shared memory (serve --shared-memory)
 
 
 def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
@@ -79,7 +81,8 @@ def make_app(state: AppState, auth_token: str | None = None) -> Starlette:
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
     async def server_metadata(request):
-        return JSONResponse({"name": "inferx_edge", "version": __version__, "extensions": EXTENSIONS})
+        extensions = EXTENSIONS + (["system_shared_memory"] if state.shm is not None else [])
+        return JSONResponse({"name": "inferx_edge", "version": __version__, "extensions": extensions})
 
     async def model_metadata(request):
         mv, err = _model_or_404(state, request)
@@ -190,7 +193,7 @@ def make_app(state: AppState, auth_token: str | None = None) -> Starlette:
 
         def decode_and_submit():
             raw = decompress(body, request.headers.get("content-encoding"), limit)
-            req = parse_infer_request(raw, request.headers.get(HEADER_LENGTH.lower()))
+            req = parse_infer_request(raw, request.headers.get(HEADER_LENGTH.lower()), state.shm)
             names = {s.name for s in mv.signature.outputs}
             for o in req.outputs or []:
                 if o.name not in names:
@@ -224,7 +227,10 @@ def make_app(state: AppState, auth_token: str | None = None) -> Starlette:
             status = 500 if isinstance(e, EngineFailure) else 500
             return fail(status, str(e), "BACKEND")
         outputs = {s.name: a for s, a in zip(mv.signature.outputs, done.outputs)}
-        payload, header_len = encode_infer_response(mv.name, mv.version, parsed, outputs)
+        try:
+            payload, header_len = encode_infer_response(mv.name, mv.version, parsed, outputs, state.shm)
+        except ProtocolError as exc:
+            return fail(400, str(exc), "REJECTED")
         headers = {HEADER_LENGTH: str(header_len)} if header_len is not None else None
         media = "application/octet-stream" if header_len is not None else "application/json"
         total = time.monotonic() - t0
@@ -237,6 +243,51 @@ def make_app(state: AppState, auth_token: str | None = None) -> Starlette:
         metrics.latency.labels(*labels, size_label(done.rows)).observe(total)
         mv.governor.observe_request(total, done.rows)
         return Response(payload, media_type=media, headers=headers)
+
+    def _shm_or_error(request):
+        if state.shm is None:
+            return _error(400, "system shared memory is not enabled on this server (serve --shared-memory)")
+        host = request.client.host if request.client else ""
+        if not _loopback(host):
+            return _error(403, f"shared memory is for clients on this host; {host} is not")
+        return None
+
+    async def shm_register(request):
+        err = _shm_or_error(request)
+        if err:
+            return err
+        try:
+            doc = json.loads(await request.body())
+            if not isinstance(doc, dict):
+                raise ValueError("expected a JSON object")
+        except ValueError as exc:
+            return _error(400, f'register body must be {{"key", "offset", "byte_size"}} JSON ({exc})')
+        try:
+            state.shm.register(
+                request.path_params["region"], doc.get("key"), doc.get("offset", 0), doc.get("byte_size")
+            )
+        except SharedMemoryError as exc:
+            return _error(400, str(exc))
+        return JSONResponse({})
+
+    async def shm_unregister(request):
+        err = _shm_or_error(request)
+        if err:
+            return err
+        try:
+            state.shm.unregister(request.path_params.get("region"))
+        except SharedMemoryError as exc:
+            return _error(400, str(exc))
+        return JSONResponse({})
+
+    async def shm_status(request):
+        err = _shm_or_error(request)
+        if err:
+            return err
+        try:
+            return JSONResponse(state.shm.status(request.path_params.get("region")))
+        except SharedMemoryError as exc:
+            return _error(400, str(exc))
 
     async def prometheus(request):
         for m in state.repository.models.values():
@@ -258,6 +309,9 @@ def make_app(state: AppState, auth_token: str | None = None) -> Starlette:
         "infer": infer,
         "metrics": prometheus,
         "openapi": openapi,
+        "shm_register": shm_register,
+        "shm_unregister": shm_unregister,
+        "shm_status": shm_status,
     }
     from inferx_edge.serve.openapi import ROUTES
 
@@ -302,6 +356,15 @@ class BearerAuth:
                 await send({"type": "http.response.body", "body": body})
                 return
         await self.app(scope, receive, send)
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host in ("localhost", "testclient")
 
 
 def _v2(dtype: str) -> str:

@@ -54,6 +54,7 @@ class LoadgenOptions:
     seed: int = 0
     shapes: dict[str, list[int]] = field(default_factory=dict)
     slo_ms: float | None = None  # count requests slower than this
+    shared_memory: bool = False  # tensors in POSIX shm regions (the server's --shared-memory)
 
 
 def read_trace(path) -> list[Phase]:
@@ -225,8 +226,14 @@ def run_loadgen(opts: LoadgenOptions, progress=None) -> dict:
     if status != 200:
         raise UsageError(f"{opts.url}: model '{opts.model}' answered {status}: {data[:300].decode(errors='replace')}")
     meta = json.loads(data)
-    body, hl = encode_binary_request(_inputs(meta, opts))
-    headers = {HEADER_LENGTH: str(hl), "Content-Type": "application/octet-stream"}
+    inputs = _inputs(meta, opts)
+    if opts.shared_memory:
+        body = headers = None
+        shm = _ShmRequests(probe, meta, inputs, opts)
+    else:
+        body, hl = encode_binary_request(inputs)
+        headers = {HEADER_LENGTH: str(hl), "Content-Type": "application/octet-stream"}
+        shm = None
     path = f"/v2/models/{opts.model}/infer"
     phases = opts.phases or [Phase(opts.duration_s, opts.qps if opts.scenario == "server" else None)]
     results = []
@@ -234,7 +241,14 @@ def run_loadgen(opts: LoadgenOptions, progress=None) -> dict:
         before = scrape(probe, opts.model)
         stats = _Stats(opts.slo_ms)
         t0 = time.monotonic()
-        _run_phase(opts, phase, host, port, path, body, headers, stats, progress, f"phase {i + 1}/{len(phases)}")
+        try:
+            _run_phase(
+                opts, phase, host, port, path, body, headers, stats, progress, f"phase {i + 1}/{len(phases)}", shm
+            )
+        except BaseException:
+            if shm:
+                shm.close()
+            raise
         seconds = time.monotonic() - t0
         after = scrape(probe, opts.model)
         s = stats.summary(seconds)
@@ -243,8 +257,11 @@ def run_loadgen(opts: LoadgenOptions, progress=None) -> dict:
         s["energy_j"] = e1 - e0 if e0 is not None and e1 is not None else None
         s["joules_per_inference"] = s["energy_j"] / (c1 - c0) if s["energy_j"] is not None and c1 and c1 > c0 else None
         results.append(s)
+    if shm:
+        shm.close()
     total_s = sum(r["seconds"] for r in results)
     return {
+        "shared_memory": opts.shared_memory,
         "url": opts.url,
         "model": opts.model,
         "scenario": opts.scenario,
@@ -257,15 +274,103 @@ def run_loadgen(opts: LoadgenOptions, progress=None) -> dict:
     }
 
 
-def _run_phase(opts, phase, host, port, path, body, headers, stats: _Stats, progress, label) -> None:
+class _ShmRequests:
+    """One shm region per client connection (input + output bytes), registered with the server; the
+    request body then only names them."""
+
+    def __init__(self, client: Client, meta: dict, inputs: dict[str, np.ndarray], opts: LoadgenOptions) -> None:
+        from multiprocessing import shared_memory
+
+        self._shm_mod = shared_memory
+        self.client, self.meta, self.inputs, self.opts = client, meta, inputs, opts
+        self.in_bytes = sum(a.nbytes for a in inputs.values())
+        self.outputs = []
+        for o in meta["outputs"]:
+            shape = [opts.rows if d == -1 else d for d in o["shape"]]
+            self.outputs.append((o["name"], math.prod(shape) * DATATYPES[o["datatype"]].itemsize))
+        self.regions: list = []
+        self.lock = threading.Lock()
+
+    def make(self) -> tuple[bytes, dict]:
+        with self.lock:
+            i = len(self.regions)
+            size = self.in_bytes + sum(n for _, n in self.outputs)
+            seg = self._shm_mod.SharedMemory(create=True, size=size)
+            self.regions.append(seg)
+        at, entries = 0, []
+        for name, arr in self.inputs.items():
+            raw = np.ascontiguousarray(arr).tobytes()
+            seg.buf[at : at + len(raw)] = raw
+            entries.append(
+                {
+                    "name": name,
+                    "datatype": _v2name(arr.dtype),
+                    "shape": list(arr.shape),
+                    "parameters": {
+                        "shared_memory_region": f"lg{i}-{seg.name}",
+                        "shared_memory_byte_size": len(raw),
+                        "shared_memory_offset": at,
+                    },
+                }
+            )
+            at += len(raw)
+        outs = []
+        for name, n in self.outputs:
+            outs.append(
+                {
+                    "name": name,
+                    "parameters": {
+                        "shared_memory_region": f"lg{i}-{seg.name}",
+                        "shared_memory_byte_size": n,
+                        "shared_memory_offset": at,
+                    },
+                }
+            )
+            at += n
+        status, data, _ = self.client.request(
+            "POST",
+            f"/v2/systemsharedmemory/region/lg{i}-{seg.name}/register",
+            json.dumps({"key": f"/{seg.name}", "offset": 0, "byte_size": size}).encode(),
+        )
+        if status != 200:
+            raise UsageError(
+                f"the server refused the shared memory region ({status}): {data[:300].decode(errors='replace')}"
+            )
+        return json.dumps({"inputs": entries, "outputs": outs}).encode(), {"Content-Type": "application/json"}
+
+    def close(self) -> None:
+        for i, seg in enumerate(self.regions):
+            try:
+                self.client.request("POST", f"/v2/systemsharedmemory/region/lg{i}-{seg.name}/unregister")
+            except OSError:
+                pass
+            seg.close()
+            seg.unlink()
+        self.regions = []
+
+
+def _v2name(dtype) -> str:
+    from inferx_edge.serve.protocol import datatype_of
+
+    return datatype_of(dtype)
+
+
+def _run_phase(opts, phase, host, port, path, body, headers, stats: _Stats, progress, label, shm=None) -> None:
     end = time.monotonic() + phase.seconds
     workers = 1 if opts.scenario == "single-stream" else opts.concurrency
     arrivals: queue.Queue = queue.Queue()
     stop = threading.Event()
 
+    local = threading.local()
+
     def send(client: Client, scheduled: float) -> None:
+        b, h = body, headers
+        if shm is not None:
+            if not hasattr(local, "req"):
+                local.req = shm.make()
+            b, h = local.req
         try:
-            status, _, _ = client.request("POST", path, body, headers)
+            status, _, _ = client.request("POST", path, b, h)
         except OSError as exc:
             status = type(exc).__name__
         stats.add(status, time.monotonic() - scheduled, opts.rows)

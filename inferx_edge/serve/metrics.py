@@ -59,7 +59,42 @@ class ServerMetrics:
             buckets=tuple(2**i for i in range(13)),
             registry=self.registry,
         )
+        # device -> (owner, read_counter or None): one model version reports each device's energy
+        self._energy_owner: dict[str, tuple[object, object]] = {}
+        self._energy_base: dict[str, float] = {}
         self.registry.register(self)
+
+    def claim_energy(self, device: str, owner, read_counter=None) -> bool:
+        """Make ``owner`` the one reporting ``device``'s energy unless another already does. With
+        ``read_counter`` (the hardware's cumulative joules, e.g. NVML's) the metric is read live at each
+        scrape; without, the owner adds each window's integrated energy."""
+        with self._lock:
+            if device in self._energy_owner:
+                return self._energy_owner[device][0] is owner
+            self._energy_owner[device] = (owner, read_counter)
+            if read_counter is not None and device not in self._energy_base:
+                try:
+                    self._energy_base[device] = float(read_counter())
+                except Exception:  # noqa: BLE001 - a sensor that fails now is treated as window-based
+                    self._energy_owner[device] = (owner, None)
+            self._counters["inferx_energy_joules_total"][(device,)] += 0.0
+            return True
+
+    def release_energy(self, owner) -> None:
+        with self._lock:
+            for d in [d for d, (o, _) in self._energy_owner.items() if o is owner]:
+                _, counter = self._energy_owner.pop(d)
+                if counter is not None and d in self._energy_base:  # freeze the total at its last value
+                    try:
+                        self._counters["inferx_energy_joules_total"][(d,)] = float(counter()) - self._energy_base.pop(d)
+                    except Exception:  # noqa: BLE001
+                        pass
+
+    def counts_windows(self, device: str, owner) -> bool:
+        """Whether ``owner`` adds window energy for ``device`` (it owns it and it has no live counter)."""
+        with self._lock:
+            o = self._energy_owner.get(device)
+            return o is not None and o[0] is owner and o[1] is None
 
     def add(self, name: str, labels: tuple, value: float = 1.0) -> None:
         with self._lock:
@@ -141,6 +176,16 @@ class ServerMetrics:
     }
 
     def collect(self):
+        with self._lock:
+            live = [(d, c) for d, (_, c) in self._energy_owner.items() if c is not None and d in self._energy_base]
+        for device, counter in live:
+            try:
+                total = float(counter()) - self._energy_base[device]
+            except Exception:  # noqa: BLE001 - keep the last total when a read fails
+                continue
+            with self._lock:
+                if total >= self._counters["inferx_energy_joules_total"][(device,)]:  # monotonic
+                    self._counters["inferx_energy_joules_total"][(device,)] = total
         with self._lock:
             counters = {k: dict(v) for k, v in self._counters.items()}
             gauges = {k: dict(v) for k, v in self._gauges.items()}

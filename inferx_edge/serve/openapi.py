@@ -24,6 +24,7 @@ class RouteSpec:
 
 _M = "/v2/models/{model}"
 _V = "/v2/models/{model}/versions/{version}"
+_SHM = "/v2/systemsharedmemory/region/{region}"
 
 ROUTES = (
     RouteSpec("GET", "/v2/health/live", "live", "stable", "Server liveness"),
@@ -45,6 +46,34 @@ ROUTES = (
     ),
     RouteSpec("GET", "/metrics", "metrics", "stable", "Prometheus metrics (Triton names plus inferx_*)"),
     RouteSpec("GET", "/openapi.json", "openapi", "preview", "This document"),
+    RouteSpec(
+        "GET",
+        "/v2/systemsharedmemory/status",
+        "shm_status",
+        "preview",
+        "Registered shared memory regions",
+        (200, 400, 403),
+    ),
+    RouteSpec("GET", f"{_SHM}/status", "shm_status", "preview", "One shared memory region", (200, 400, 403)),
+    RouteSpec(
+        "POST",
+        f"{_SHM}/register",
+        "shm_register",
+        "preview",
+        "Register a POSIX shared memory region (serve --shared-memory)",
+        (200, 400, 403),
+    ),
+    RouteSpec(
+        "POST", f"{_SHM}/unregister", "shm_unregister", "preview", "Unregister a shared memory region", (200, 400, 403)
+    ),
+    RouteSpec(
+        "POST",
+        "/v2/systemsharedmemory/unregister",
+        "shm_unregister",
+        "preview",
+        "Unregister every shared memory region",
+        (200, 400, 403),
+    ),
 )
 
 _ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
@@ -78,6 +107,7 @@ _INFER_REQUEST = {
 _DESCRIPTIONS = {
     200: "OK",
     400: "Malformed request, or tensors that do not match the model",
+    403: "Shared memory asked for by a client on another host",
     404: "Unknown model or version",
     500: "The device failed the batch the request ran in",
     503: "Not ready, draining, or the queue is full (Retry-After)",
@@ -104,7 +134,7 @@ def openapi_document() -> dict:
                 for code in r.responses
             },
         }
-        params = [name for name in ("model", "version") if "{" + name + "}" in r.path]
+        params = [name for name in ("model", "version", "region") if "{" + name + "}" in r.path]
         if params:
             op["parameters"] = [
                 {"name": n, "in": "path", "required": True, "schema": {"type": "string"}} for n in params

@@ -53,6 +53,7 @@ def datatype_of(dtype) -> str:
 class RequestedOutput:
     name: str
     binary: bool
+    shm: tuple[str, int, int] | None = None  # (region, offset, byte_size): written there, not sent
 
 
 @dataclass
@@ -110,8 +111,27 @@ def _from_json_data(name: str, data, dtype: np.dtype, shape: tuple[int, ...]) ->
     return arr.reshape(-1).astype(dtype).reshape(shape)
 
 
-def parse_infer_request(body: bytes, header_length: str | int | None) -> InferRequest:
-    """Decode an ``/infer`` body (JSON only, or JSON header + binary tensor data)."""
+def _shm_input(name: str, tparams: dict, dtype: np.dtype, shape: tuple[int, ...], shm) -> np.ndarray:
+    if shm is None:
+        raise ProtocolError(
+            f"input '{name}' uses shared memory, which this server does not enable (serve --shared-memory)"
+        )
+    size = tparams.get("shared_memory_byte_size")
+    want = math.prod(shape) * dtype.itemsize
+    if size != want:
+        raise ProtocolError(
+            f"input '{name}': shared_memory_byte_size {size!r} does not match {list(shape)} ({want} bytes)"
+        )
+    try:
+        view = shm.view(tparams["shared_memory_region"], tparams.get("shared_memory_offset", 0), size)
+    except ValueError as exc:
+        raise ProtocolError(f"input '{name}': {exc}") from exc
+    return np.frombuffer(view, dtype=dtype).reshape(shape)
+
+
+def parse_infer_request(body: bytes, header_length: str | int | None, shm=None) -> InferRequest:
+    """Decode an ``/infer`` body (JSON only, or JSON header + binary tensor data); ``shm`` resolves
+    shared-memory tensors (a :class:`~inferx_edge.serve.shm.SharedMemoryRegistry`, None: refused)."""
     if header_length is not None:
         try:
             hl = int(header_length)
@@ -153,7 +173,9 @@ def parse_infer_request(body: bytes, header_length: str | int | None) -> InferRe
         if not isinstance(tparams, dict):
             raise ProtocolError(f"input '{name}': 'parameters' must be a JSON object")
         size = tparams.get("binary_data_size")
-        if size is not None:
+        if "shared_memory_region" in tparams:
+            arr = _shm_input(name, tparams, dtype, shape, shm)
+        elif size is not None:
             if "data" in t:
                 raise ProtocolError(f"input '{name}' has both 'data' and binary_data_size")
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -185,7 +207,21 @@ def parse_infer_request(body: bytes, header_length: str | int | None) -> InferRe
             if not isinstance(o, dict) or not isinstance(o.get("name"), str):
                 raise ProtocolError(f"outputs[{i}] must be an object with a string 'name'")
             op = o.get("parameters") or {}
-            outputs.append(RequestedOutput(o["name"], bool(op.get("binary_data", params.get("binary_data_output")))))
+            if not isinstance(op, dict):
+                raise ProtocolError(f"output '{o['name']}': 'parameters' must be a JSON object")
+            region = None
+            if "shared_memory_region" in op:
+                if shm is None:
+                    raise ProtocolError(f"output '{o['name']}' uses shared memory, which this server does not enable")
+                region = (
+                    op["shared_memory_region"],
+                    op.get("shared_memory_offset", 0),
+                    op.get("shared_memory_byte_size"),
+                )
+                if not isinstance(region[2], int) or isinstance(region[2], bool) or region[2] <= 0:
+                    raise ProtocolError(f"output '{o['name']}': shared_memory_byte_size must be a positive integer")
+            binary = bool(op.get("binary_data", params.get("binary_data_output")))
+            outputs.append(RequestedOutput(o["name"], binary, region))
     rid = doc.get("id")
     if rid is not None and not isinstance(rid, str):
         raise ProtocolError("'id' must be a string")
@@ -193,15 +229,30 @@ def parse_infer_request(body: bytes, header_length: str | int | None) -> InferRe
 
 
 def encode_infer_response(
-    model: str, version: str, request: InferRequest, outputs: dict[str, np.ndarray]
+    model: str, version: str, request: InferRequest, outputs: dict[str, np.ndarray], shm=None
 ) -> tuple[bytes, int | None]:
-    """The response body and, when any output is binary, the JSON header's length."""
+    """The response body and, when any output is binary, the JSON header's length. Outputs requested
+    into shared memory are written there (``shm``: the registry) and only described in the body."""
     wanted = request.outputs or [RequestedOutput(n, request.binary_output) for n in outputs]
     entries, chunks = [], []
     for w in wanted:
         arr = np.ascontiguousarray(outputs[w.name])
         entry: dict[str, Any] = {"name": w.name, "datatype": datatype_of(arr.dtype), "shape": list(arr.shape)}
-        if w.binary:
+        if w.shm is not None:
+            region, offset, size = w.shm
+            raw = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+            if len(raw) > size:
+                raise ProtocolError(f"output '{w.name}' needs {len(raw)} bytes; its shared memory holds {size}")
+            try:
+                view = shm.view(region, offset, len(raw))
+            except ValueError as exc:
+                raise ProtocolError(f"output '{w.name}': {exc}") from exc
+            view[:] = raw
+            view.release()
+            entry["parameters"] = {"shared_memory_region": region, "shared_memory_byte_size": len(raw)}
+            if offset:
+                entry["parameters"]["shared_memory_offset"] = offset
+        elif w.binary:
             raw = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)

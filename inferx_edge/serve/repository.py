@@ -190,6 +190,9 @@ class ModelVersion:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._govern, name=f"inferx-governor-{name}", daemon=True)
         self._thread.start()
+        for s in self.slots:
+            if s.telemetry is not None:
+                metrics.claim_energy(s.label, self, _energy_counter(s.telemetry))
         self.state = "ready"
         metrics.start_series(name, self.version)
         metrics.set("inferx_model_ready", (name, self.version), 1)
@@ -217,7 +220,7 @@ class ModelVersion:
     def _export(self, window: dict) -> None:
         m, labels = self.metrics, self.labels
         for dev, d in window["devices"].items():
-            if d["energy_j"] is not None:
+            if d["energy_j"] is not None and m.counts_windows(dev, self):
                 m.add("inferx_energy_joules_total", (dev,), d["energy_j"])
             if d["watts"] is not None:
                 m.set("inferx_power_watts", (dev,), d["watts"])
@@ -254,8 +257,26 @@ class ModelVersion:
                 except Exception:  # noqa: BLE001
                     pass
         self.state = "unloaded"
+        self.metrics.release_energy(self)
         self.metrics.forget(*self.labels)
         return ok
+
+
+def _energy_counter(backend):
+    """A reader of the backend's cumulative energy counter (NVML has one), or None."""
+    try:
+        if backend.read().energy_j is None:
+            return None
+    except Exception:  # noqa: BLE001
+        return None
+
+    def read() -> float:
+        e = backend.read().energy_j
+        if e is None:
+            raise ValueError("energy counter unavailable")
+        return e
+
+    return read
 
 
 def _empty_window() -> dict:

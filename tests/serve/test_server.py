@@ -423,3 +423,61 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(served_artifact, tmp_path
     assert [r[0] for r in results] == [200, 200], results
     assert proc.returncode == 0, err
     assert "every accepted request answered" in out
+
+
+def test_system_shared_memory_with_tritons_client(served_artifact):
+    httpclient = pytest.importorskip("tritonclient.http")
+    shm = pytest.importorskip("tritonclient.utils.shared_memory")
+    x = _images(3)
+    out_bytes = 3 * 10 * 4
+    with running_server([served_artifact], serve_options(fixed="fp32-b4", probe=False), shared_memory=True) as server:
+        c = httpclient.InferenceServerClient(f"127.0.0.1:{server.port}")
+        assert "system_shared_memory" in c.get_server_metadata()["extensions"]
+        ih = shm.create_shared_memory_region("in0", "/inferx_test_in0", x.nbytes)
+        oh = shm.create_shared_memory_region("out0", "/inferx_test_out0", out_bytes)
+        try:
+            shm.set_shared_memory_region(ih, [x])
+            c.register_system_shared_memory("in0", "/inferx_test_in0", x.nbytes)
+            c.register_system_shared_memory("out0", "/inferx_test_out0", out_bytes)
+            assert {r["name"] for r in c.get_system_shared_memory_status()} == {"in0", "out0"}
+            inp = httpclient.InferInput("image", list(x.shape), "FP32")
+            inp.set_shared_memory("in0", x.nbytes)
+            out = httpclient.InferRequestedOutput("logits", binary_data=True)
+            out.set_shared_memory("out0", out_bytes)
+            r = c.infer(MODEL, [inp], outputs=[out])
+            assert r.get_output("logits")["parameters"]["shared_memory_region"] == "out0"
+            got = shm.get_contents_as_numpy(oh, np.float32, [3, 10])
+            np.testing.assert_allclose(got, _reference(served_artifact, x), rtol=1e-5, atol=1e-5)
+            with pytest.raises(Exception, match="already registered"):
+                c.register_system_shared_memory("in0", "/inferx_test_in0", x.nbytes)
+            with pytest.raises(Exception, match="exceed the"):
+                c.register_system_shared_memory("big", "/inferx_test_in0", x.nbytes * 10)
+            with pytest.raises(Exception, match="must be a POSIX shm name"):
+                c.register_system_shared_memory("evil", "/../etc/passwd", 4)
+            bad = httpclient.InferInput("image", list(x.shape), "FP32")
+            bad.set_shared_memory("in0", x.nbytes - 4)
+            with pytest.raises(Exception, match="shared_memory_byte_size"):
+                c.infer(MODEL, [bad])
+            c.unregister_system_shared_memory()
+            assert c.get_system_shared_memory_status() == []
+        finally:
+            shm.destroy_shared_memory_region(ih)
+            shm.destroy_shared_memory_region(oh)
+        from inferx_edge.serve.loadgen import LoadgenOptions, run_loadgen
+
+        rec = run_loadgen(
+            LoadgenOptions(
+                f"http://127.0.0.1:{server.port}",
+                MODEL,
+                "offline",
+                duration_s=0.5,
+                concurrency=2,
+                rows=4,
+                shared_memory=True,
+            )
+        )
+        assert rec["errors"] == 0 and rec["phases"][0]["ok"] > 0 and rec["shared_memory"]
+        assert _http(server, "/v2/systemsharedmemory/status")[1] == b"[]"  # loadgen cleaned up
+    with running_server([served_artifact], serve_options(probe=False)) as server:  # off by default
+        status, data, _ = _http(server, "/v2/systemsharedmemory/status")
+        assert status == 400 and "--shared-memory" in json.loads(data)["error"]
