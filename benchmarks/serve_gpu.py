@@ -291,6 +291,18 @@ def main() -> None:
                     b64 = load(srv.url, model, "offline", duration_s=8, concurrency=4, rows=big.batch)
                 finally:
                     srv.stop()
+                srv = ServerProcess(
+                    [art],
+                    port,
+                    ["--variant", big.name, "--telemetry", tele, "--shared-memory"],
+                    args.out / "serve-shm.log",
+                )
+                try:
+                    shm = load(
+                        srv.url, model, "offline", duration_s=8, concurrency=4, rows=big.batch, shared_memory=True
+                    )
+                finally:
+                    srv.stop()
                 srv = ServerProcess([art], port, ["--telemetry", tele], args.out / "serve-offline1.log")
                 try:
                     one = load(srv.url, model, "offline", duration_s=8, concurrency=64, rows=args.rows)
@@ -298,8 +310,15 @@ def main() -> None:
                     srv.stop()
                 d = record["steps"].get("direct", {}).get("rows", [])
                 direct64 = next((r for r in d if r["batch"] == big.batch), None)
-                result = {"largest_batch_requests": b64, "single_image_requests": one}
+                result = {
+                    "largest_batch_requests": b64,
+                    "largest_batch_shm_requests": shm,
+                    "single_image_requests": one,
+                }
                 if direct64:
+                    result["served_shm_vs_engine_host_arrays_largest_batch"] = (
+                        shm["throughput_inf_s"] / direct64["host_arrays_inf_s"]
+                    )
                     result["served_vs_engine_host_arrays_largest_batch"] = (
                         b64["throughput_inf_s"] / direct64["host_arrays_inf_s"]
                     )
