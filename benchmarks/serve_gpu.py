@@ -243,6 +243,7 @@ def main() -> None:
     ap.add_argument("--name", default=None)
     ap.add_argument("--artifact", type=Path, default=None, help="serve this artifact instead of building ResNet-50")
     ap.add_argument("--telemetry", default="nvml")
+    ap.add_argument("--batches", default="1,8,64", help="ResNet-50 batch variants to build")
     args = ap.parse_args()
     steps = args.steps.split(",")
     bad = sorted(set(steps) - set(STEPS))
@@ -277,7 +278,7 @@ def main() -> None:
         t0 = time.time()
         try:
             if step == "build":
-                art = build_resnet(args.out, args.target, (1, 8, 64))
+                art = build_resnet(args.out, args.target, tuple(int(b) for b in args.batches.split(",")))
                 result = {"artifact_mb": art.stat().st_size / 2**20}
             elif step == "direct":
                 result = {"rows": direct(art, 3.0)}

@@ -291,7 +291,8 @@ class _ShmRequests:
         self.regions: list = []
         self.lock = threading.Lock()
 
-    def make(self) -> tuple[bytes, dict]:
+    def make(self, client: Client) -> tuple[bytes, dict]:
+        """A region for the connection ``client`` (registered over it: connections are per thread)."""
         with self.lock:
             i = len(self.regions)
             size = self.in_bytes + sum(n for _, n in self.outputs)
@@ -327,7 +328,7 @@ class _ShmRequests:
                 }
             )
             at += n
-        status, data, _ = self.client.request(
+        status, data, _ = client.request(
             "POST",
             f"/v2/systemsharedmemory/region/lg{i}-{seg.name}/register",
             json.dumps({"key": f"/{seg.name}", "offset": 0, "byte_size": size}).encode(),
@@ -367,7 +368,7 @@ def _run_phase(opts, phase, host, port, path, body, headers, stats: _Stats, prog
         b, h = body, headers
         if shm is not None:
             if not hasattr(local, "req"):
-                local.req = shm.make()
+                local.req = shm.make(client)
             b, h = local.req
         try:
             status, _, _ = client.request("POST", path, b, h)
