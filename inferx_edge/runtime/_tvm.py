@@ -76,30 +76,144 @@ def tvm_lib_dir():
     return Path(_LOADED_LIBS["tvm_runtime"]._name).resolve().parent
 
 
+#: CUDA runtime major the apache-tvm wheel's libtvm_runtime_cuda.so links (0.27 wheels: libcudart.so.13)
+WHEEL_CUDART_MAJOR = 13
+#: a libtvm_runtime_cuda.so to use instead of the wheel's ("wheel": always the wheel's)
+CUDA_RUNTIME_ENV = "INFERX_CUDA_RUNTIME"
+#: directory searched for ``<arch>/libtvm_runtime_cuda.so`` built for CUDA 12 (deploy installs it there)
+CUDA_RUNTIME_DIR_ENV = "INFERX_CUDA_RUNTIME_DIR"
+
+#: which CUDA runtime library this process loaded and why (None until a CUDA backend is loaded)
+cuda_runtime_choice: dict | None = None
+
+
+def cuda_runtime_dirs() -> list[Path]:
+    dirs = []
+    if os.environ.get(CUDA_RUNTIME_DIR_ENV):
+        dirs.append(Path(os.environ[CUDA_RUNTIME_DIR_ENV]))
+    dirs.append(
+        Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "inferx_edge" / "cuda12-runtime"
+    )
+    return dirs
+
+
+def driver_cuda_version() -> int | None:
+    """The CUDA version the installed driver supports (``cuDriverGetVersion``, e.g. 12060), or None
+    without a driver."""
+    import ctypes
+
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+        version = ctypes.c_int(0)
+        if libcuda.cuDriverGetVersion(ctypes.byref(version)) != 0:
+            return None
+        return version.value or None
+    except (OSError, AttributeError):
+        return None
+
+
+def choose_cuda_runtime() -> dict:
+    """Which ``libtvm_runtime_cuda.so`` to load: ``{"path": None (the wheel's) or a Path, "why": ...}``.
+
+    ``INFERX_CUDA_RUNTIME=PATH`` (or ``wheel``) decides; otherwise a driver older than the wheel's CUDA
+    (JetPack 6: CUDA 12) selects the CUDA 12 build found under :func:`cuda_runtime_dirs`, and its
+    absence is an error saying how to get it."""
+    from inferx_edge.errors import TargetMismatchError
+
+    forced = os.environ.get(CUDA_RUNTIME_ENV)
+    if forced == "wheel":
+        return {"path": None, "why": f"the wheel's ({CUDA_RUNTIME_ENV}=wheel)"}
+    if forced:
+        path = Path(forced)
+        if not path.is_file():
+            raise TargetMismatchError(f"{CUDA_RUNTIME_ENV}={forced}: no such file")
+        return {"path": path, "why": f"{CUDA_RUNTIME_ENV}"}
+    driver = driver_cuda_version()
+    if driver is None or driver // 1000 >= WHEEL_CUDART_MAJOR:
+        return {"path": None, "why": "the wheel's" + (f" (driver CUDA {_v(driver)})" if driver else "")}
+    arch = os.uname().machine
+    for d in cuda_runtime_dirs():
+        candidate = d / arch / "libtvm_runtime_cuda.so"
+        if candidate.is_file():
+            return {
+                "path": candidate,
+                "why": f"driver CUDA {_v(driver)} is older than the wheel's CUDA {WHEEL_CUDART_MAJOR}",
+            }
+    raise TargetMismatchError(
+        f"this device's driver supports CUDA {_v(driver)}, but TVM's CUDA runtime from the wheel needs CUDA "
+        f"{WHEEL_CUDART_MAJOR} (libcudart.so.{WHEEL_CUDART_MAJOR}); install the CUDA 12 runtime "
+        f"(python scripts/build_cuda12_runtime.py, then copy <out>/{arch}/ to "
+        f"{cuda_runtime_dirs()[-1]}/{arch}/, or set {CUDA_RUNTIME_ENV}=PATH)"
+    )
+
+
+def _v(version: int | None) -> str:
+    return "?" if version is None else f"{version // 1000}.{version % 1000 // 10}"
+
+
+def _preload_cudart12(plugin: Path) -> str:
+    """Load ``libcudart.so.12`` globally before the plugin: next to it, the system's, or PyPI's wheel."""
+    import ctypes
+
+    candidates = [plugin.parent / "libcudart.so.12", "libcudart.so.12"]
+    try:
+        import nvidia.cuda_runtime
+
+        candidates.append(Path(list(nvidia.cuda_runtime.__path__)[0]) / "lib" / "libcudart.so.12")
+    except ImportError:
+        pass
+    errors = []
+    for c in candidates:
+        if isinstance(c, Path) and not c.exists():
+            continue
+        try:
+            ctypes.CDLL(str(c), mode=ctypes.RTLD_GLOBAL)
+            return str(c)
+        except OSError as exc:
+            errors.append(str(exc))
+    raise OSError(f"libcudart.so.12 not found (JetPack's CUDA, or pip install nvidia-cuda-runtime-cu12): {errors}")
+
+
 def load_tvm_cuda_library() -> None:
-    """Load ``libtvm_runtime_cuda.so`` if it is not loaded yet; raises OSError/RuntimeError if it cannot."""
+    """Load ``libtvm_runtime_cuda.so`` if it is not loaded yet (the wheel's, or the CUDA 12 build
+    :func:`choose_cuda_runtime` picks); raises OSError/RuntimeError if it cannot."""
+    import ctypes
+
+    global cuda_runtime_choice
     from tvm.base import _LOADED_LIBS
     from tvm_ffi.libinfo import load_lib_ctypes
 
-    if "tvm_runtime_cuda" not in _LOADED_LIBS:
+    if "tvm_runtime_cuda" in _LOADED_LIBS:
+        return
+    choice = choose_cuda_runtime()
+    if choice["path"] is None:
         _LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes(
             package="tvm", target_name="tvm_runtime_cuda", extra_lib_paths=[tvm_lib_dir()], mode="RTLD_LOCAL"
         )
+        choice["library"] = str(tvm_lib_dir() / "libtvm_runtime_cuda.so")
+    else:
+        choice["cudart"] = _preload_cudart12(choice["path"])
+        _LOADED_LIBS["tvm_runtime_cuda"] = ctypes.CDLL(str(choice["path"]), mode=ctypes.RTLD_LOCAL)
+        choice["library"] = str(choice["path"])
+    cuda_runtime_choice = choice
 
 
 def load_cuda_backend(tvm) -> None:
     """Load TVM's CUDA runtime (``libtvm_runtime_cuda.so``), which runtime-only mode leaves out.
 
-    It links the NVIDIA driver (``libcuda.so.1``) and the CUDA runtime TVM was built with (apache-tvm
-    0.27 wheels: ``libcudart.so.13``); when either is missing CUDA artifacts cannot run here.
+    It links the NVIDIA driver (``libcuda.so.1``) and a CUDA runtime: the wheel's links
+    ``libcudart.so.13``; on a CUDA 12 driver (JetPack 6) the CUDA 12 build is chosen
+    (:func:`choose_cuda_runtime`). When either is missing CUDA artifacts cannot run here.
     """
     from inferx_edge.errors import TargetMismatchError
 
     try:
         load_tvm_cuda_library()
+    except TargetMismatchError:
+        raise
     except (OSError, RuntimeError) as exc:
         raise TargetMismatchError(
             f"this artifact runs on a CUDA GPU, but TVM's CUDA runtime cannot be loaded here ({exc}): it needs "
-            f"the NVIDIA driver (libcuda.so.1) and the CUDA runtime apache-tvm {tvm.__version__} links "
-            f"(libcudart.so.13)"
+            f"the NVIDIA driver (libcuda.so.1) and the CUDA runtime it was built for (the apache-tvm "
+            f"{tvm.__version__} wheel's: libcudart.so.{WHEEL_CUDART_MAJOR}; the CUDA 12 build: libcudart.so.12)"
         ) from exc
