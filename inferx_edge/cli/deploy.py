@@ -27,6 +27,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--keep", type=int, default=3, help="releases kept on the device for rollback, current included (default 3)"
     )
+    p.add_argument(
+        "--cuda-runtime",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="Jetson artifacts: the CUDA 12 TVM runtime to install with it (the --out of "
+        "scripts/build_cuda12_runtime.py; default build/cuda12-runtime when it exists)",
+    )
     add_trust_argument(p)
     p.add_argument(
         "--ssh-option",
@@ -53,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         if args.artifact is None:
             raise UsageError("deploy needs an artifact (or --rollback)")
-        result = deploy(args.artifact, args.to, trust=args.trust, keep=args.keep, **common)
+        result = deploy(
+            args.artifact, args.to, trust=args.trust, keep=args.keep, cuda_runtime=args.cuda_runtime, **common
+        )
         verb = "uploaded and loaded" if result.destination.startswith("rpc://") else "installed"
         print(
             f"{verb} {result.installed} at {result.destination}"

@@ -34,6 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device-id", type=int, default=0, help="GPU index for CUDA artifacts")
     p.add_argument("--warmup", type=int, default=5, help="untimed runs before timing (default 5)")
     p.add_argument("--repeat", type=int, default=50, help="timed runs (default 50); 0 skips timing")
+    p.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="say which TVM runtime and CUDA runtime library were loaded, and why",
+    )
     add_trust_argument(p)
     p.add_argument(
         "--allow-nonfinite", action="store_true", help="accept NaN/Inf in float inputs (refused by default: exit 6)"
@@ -107,6 +113,9 @@ def run(args: argparse.Namespace) -> int:
         allow_nonfinite=args.allow_nonfinite,
     ) as engine:
         print(f"{args.artifact.name}: {engine.provenance.line()}")
+        if args.verbose:
+            for line in engine.runtime_lines():
+                print(f"  {line}")
         specs = engine.variant.inputs
         if args.input:
             inputs = _read_inputs(args.input, [s.name for s in specs])

@@ -96,8 +96,12 @@ def deploy(
     ssh_options: list[str] | None = None,
     trust=None,
     keep: int = DEFAULT_KEEP,
+    cuda_runtime: Path | None = None,
     log=print,
 ) -> DeployResult:
+    """Install ``artifact`` at ``dest`` (see the module docstring). ``cuda_runtime``: the output
+    directory of ``scripts/build_cuda12_runtime.py``; for a Jetson artifact its library for the
+    device's CPU is installed too (default: ``build/cuda12-runtime`` when it exists)."""
     if keep < 2:
         raise UsageError(f"--keep must be at least 2 (current and one to roll back to), got {keep}")
     transport = parse_destination(dest, ssh_options)
@@ -133,6 +137,9 @@ def deploy(
     except BaseException:
         transport.remove(part)
         raise
+    notes = []
+    if manifest.target.get("device") == "cuda" and manifest.target.get("min_jetpack"):
+        notes += install_cuda_runtime(transport, manifest.target, cuda_runtime, log)
     log("[4/5] switching current")
     current = transport.root / "current"
     old = transport.readlink(current)
@@ -161,9 +168,61 @@ def deploy(
         transport.remove(transport.root / release)
     previous = kept[1] if len(kept) > 1 else None
     result = DeployResult(transport.describe, target, previous, sha, result_selftest)
+    result.notes += notes
     if dropped:
         result.notes.append(f"removed {len(dropped)} release(s) beyond the last {keep}: {', '.join(dropped)}")
     return result
+
+
+#: where ``scripts/build_cuda12_runtime.py`` writes by default, relative to the working directory
+DEFAULT_CUDA_RUNTIME = Path("build") / "cuda12-runtime"
+
+
+def install_cuda_runtime(transport, target: dict, runtime_dir: Path | None, log) -> list[str]:
+    """Install the CUDA 12 build of TVM's CUDA runtime as ``ROOT/cuda12-runtime/<arch>/`` (where the
+    device's runtime looks for it next to the release). Uploaded as ``.part``, its sha256 computed on
+    the device and compared with the build record, then renamed into place; an identical copy already
+    there is left alone. Returns notes for the deploy result."""
+    arch = target["host_triple"].split("-")[0]
+    explicit = runtime_dir is not None
+    runtime_dir = Path(runtime_dir) if explicit else DEFAULT_CUDA_RUNTIME
+    lib, record_path = runtime_dir / arch / "libtvm_runtime_cuda.so", runtime_dir / arch / "build.json"
+    if not lib.is_file() or not record_path.is_file():
+        if explicit:
+            raise UsageError(f"--cuda-runtime {runtime_dir}: no {arch}/libtvm_runtime_cuda.so with its build.json")
+        return [
+            f"no CUDA 12 runtime for {arch} at {runtime_dir} (python scripts/build_cuda12_runtime.py --arch {arch}): "
+            "the device needs one unless its TVM runtime already works with its driver"
+        ]
+    try:
+        record = json.loads(record_path.read_text())
+        want = record["sha256"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise DeployError(f"{record_path} is not a build record of scripts/build_cuda12_runtime.py ({exc})") from exc
+    if sha256_file(lib) != want:
+        raise DeployError(f"{lib} does not match the sha256 in {record_path}: rebuild it")
+    dest_dir = transport.root / "cuda12-runtime" / arch
+    final, part = dest_dir / "libtvm_runtime_cuda.so", dest_dir / ".libtvm_runtime_cuda.so.part"
+    transport.mkdir(dest_dir)
+    try:
+        there = transport.sha256(final)
+    except (OSError, DeployError):  # not installed yet
+        there = ""
+    if there == want:
+        log(f"      CUDA 12 runtime for {arch} already on the device ({want[:12]})")
+        return []
+    log(f"      installing the CUDA 12 runtime for {arch} ({want[:12]}, CUDA {record.get('cuda_version')})")
+    try:
+        transport.put(lib, part)
+        got = transport.sha256(part)
+        if got != want:
+            raise DeployError(f"CUDA runtime checksum mismatch after upload: {want[:16]}... vs {got[:16] or '?'}...")
+        transport.rename(part, final)
+    except BaseException:
+        transport.remove(part)
+        raise
+    transport.write_text(dest_dir / "build.json", record_path.read_text())
+    return [f"installed the CUDA 12 runtime for {arch} as {final}"]
 
 
 def rollback(

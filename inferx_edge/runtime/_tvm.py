@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+from inferx_edge.runtime.compat import driver_cuda_version
+
 
 def cpu_thread_budget() -> int:
     """Physical cores this process may run on: CPUs in its affinity mask, counted once per core
@@ -87,32 +89,23 @@ CUDA_RUNTIME_DIR_ENV = "INFERX_CUDA_RUNTIME_DIR"
 cuda_runtime_choice: dict | None = None
 
 
-def cuda_runtime_dirs() -> list[Path]:
+def cuda_runtime_dirs(near: Path | None = None) -> list[Path]:
+    """Where a CUDA 12 ``<arch>/libtvm_runtime_cuda.so`` is looked for: ``$INFERX_CUDA_RUNTIME_DIR``, the
+    deployment the artifact ``near`` belongs to (``deploy`` installs it as ``ROOT/cuda12-runtime``),
+    then ``~/.local/share/inferx_edge/cuda12-runtime``."""
     dirs = []
     if os.environ.get(CUDA_RUNTIME_DIR_ENV):
         dirs.append(Path(os.environ[CUDA_RUNTIME_DIR_ENV]))
+    if near is not None:
+        release = Path(near).resolve().parent  # ROOT/releases/x.ixa (current resolved) or ROOT/x.ixa
+        dirs += [release.parent / "cuda12-runtime", release / "cuda12-runtime"]
     dirs.append(
         Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "inferx_edge" / "cuda12-runtime"
     )
     return dirs
 
 
-def driver_cuda_version() -> int | None:
-    """The CUDA version the installed driver supports (``cuDriverGetVersion``, e.g. 12060), or None
-    without a driver."""
-    import ctypes
-
-    try:
-        libcuda = ctypes.CDLL("libcuda.so.1")
-        version = ctypes.c_int(0)
-        if libcuda.cuDriverGetVersion(ctypes.byref(version)) != 0:
-            return None
-        return version.value or None
-    except (OSError, AttributeError):
-        return None
-
-
-def choose_cuda_runtime() -> dict:
+def choose_cuda_runtime(near: Path | None = None) -> dict:
     """Which ``libtvm_runtime_cuda.so`` to load: ``{"path": None (the wheel's) or a Path, "why": ...}``.
 
     ``INFERX_CUDA_RUNTIME=PATH`` (or ``wheel``) decides; otherwise a driver older than the wheel's CUDA
@@ -129,10 +122,10 @@ def choose_cuda_runtime() -> dict:
             raise TargetMismatchError(f"{CUDA_RUNTIME_ENV}={forced}: no such file")
         return {"path": path, "why": f"{CUDA_RUNTIME_ENV}"}
     driver = driver_cuda_version()
-    if driver is None or driver // 1000 >= WHEEL_CUDART_MAJOR:
+    if driver is None or driver[0] >= WHEEL_CUDART_MAJOR:
         return {"path": None, "why": "the wheel's" + (f" (driver CUDA {_v(driver)})" if driver else "")}
     arch = os.uname().machine
-    for d in cuda_runtime_dirs():
+    for d in cuda_runtime_dirs(near):
         candidate = d / arch / "libtvm_runtime_cuda.so"
         if candidate.is_file():
             return {
@@ -147,8 +140,8 @@ def choose_cuda_runtime() -> dict:
     )
 
 
-def _v(version: int | None) -> str:
-    return "?" if version is None else f"{version // 1000}.{version % 1000 // 10}"
+def _v(version: tuple[int, int] | None) -> str:
+    return "?" if version is None else f"{version[0]}.{version[1]}"
 
 
 def _preload_cudart12(plugin: Path) -> str:
@@ -174,7 +167,7 @@ def _preload_cudart12(plugin: Path) -> str:
     raise OSError(f"libcudart.so.12 not found (JetPack's CUDA, or pip install nvidia-cuda-runtime-cu12): {errors}")
 
 
-def load_tvm_cuda_library() -> None:
+def load_tvm_cuda_library(near: Path | None = None) -> None:
     """Load ``libtvm_runtime_cuda.so`` if it is not loaded yet (the wheel's, or the CUDA 12 build
     :func:`choose_cuda_runtime` picks); raises OSError/RuntimeError if it cannot."""
     import ctypes
@@ -185,7 +178,7 @@ def load_tvm_cuda_library() -> None:
 
     if "tvm_runtime_cuda" in _LOADED_LIBS:
         return
-    choice = choose_cuda_runtime()
+    choice = choose_cuda_runtime(near)
     if choice["path"] is None:
         _LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes(
             package="tvm", target_name="tvm_runtime_cuda", extra_lib_paths=[tvm_lib_dir()], mode="RTLD_LOCAL"
@@ -198,7 +191,7 @@ def load_tvm_cuda_library() -> None:
     cuda_runtime_choice = choice
 
 
-def load_cuda_backend(tvm) -> None:
+def load_cuda_backend(tvm, near: Path | None = None) -> None:
     """Load TVM's CUDA runtime (``libtvm_runtime_cuda.so``), which runtime-only mode leaves out.
 
     It links the NVIDIA driver (``libcuda.so.1``) and a CUDA runtime: the wheel's links
@@ -208,7 +201,7 @@ def load_cuda_backend(tvm) -> None:
     from inferx_edge.errors import TargetMismatchError
 
     try:
-        load_tvm_cuda_library()
+        load_tvm_cuda_library(near)
     except TargetMismatchError:
         raise
     except (OSError, RuntimeError) as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import weakref
@@ -121,7 +122,7 @@ class Engine:
             target = manifest.target
             if target["device"] == "cuda":
                 compat.check_host(target, self._extracted.member(manifest.variant(variant).library))
-                load_cuda_backend(self._tvm)
+                load_cuda_backend(self._tvm, near=self.path)
                 compat.check_cuda_device(self._tvm, target, device_id)
                 self.device = self._tvm.cuda(device_id)
             else:
@@ -142,6 +143,20 @@ class Engine:
     @property
     def variant(self) -> Variant:
         return self._current.variant
+
+    def runtime_lines(self) -> list[str]:
+        """What this process loaded to run the artifact: the TVM runtime, and for CUDA artifacts which
+        ``libtvm_runtime_cuda.so`` (the wheel's or the CUDA 12 build) and why."""
+        from inferx_edge.runtime import _tvm
+
+        mode = "runtime only" if "tvm.relax" not in sys.modules else "with its compiler"
+        lines = [f"TVM {self._tvm.__version__} ({mode}) from {_tvm.tvm_lib_dir()}"]
+        choice = _tvm.cuda_runtime_choice
+        if self.manifest.target["device"] == "cuda" and choice:
+            lines.append(f"CUDA runtime {choice['library']}: {choice['why']}")
+            if choice.get("cudart"):
+                lines.append(f"CUDA 12 runtime library {choice['cudart']}")
+        return lines
 
     @property
     def provenance(self):

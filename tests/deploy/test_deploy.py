@@ -16,6 +16,7 @@ import pytest
 
 from inferx_edge.deploy import deploy, rollback
 from inferx_edge.deploy.transports import DeployError, LocalTransport, SSHTransport
+from inferx_edge.errors import UsageError
 from tests.helpers import REPO, cli, free_port
 
 QUIET = {"log": lambda *a: None}
@@ -215,3 +216,43 @@ def test_ssh_paths_with_spaces_and_hash_install_where_asked(sshd, default_artifa
     r = deploy(default_artifact, dest, python=sys.executable, repeat=1, ssh_options=sshd["opts"], **QUIET)
     assert "latency over 1 runs" in r.selftest
     assert _state(root)[0] == r.installed and (root / r.installed).exists()
+
+
+def test_jetson_deploy_installs_the_cuda12_runtime_once(default_artifact, tmp_path):
+    import json as _json
+
+    from inferx_edge.package.bundle import sha256_file
+    from tests.runtime.test_engine import _retarget
+
+    orin = _retarget(
+        default_artifact,
+        tmp_path / "orin.ixa",
+        name="jetson-agx-orin-64gb",
+        device="cuda",
+        cuda_arch="sm_87",
+        min_jetpack="6.0",
+        host_triple="aarch64-linux-gnu",
+    )
+    runtime = tmp_path / "cuda12-runtime"
+    (runtime / "aarch64").mkdir(parents=True)
+    lib = runtime / "aarch64" / "libtvm_runtime_cuda.so"
+    lib.write_bytes(b"\x7fELF stand-in for the CUDA 12 build")
+    (runtime / "aarch64" / "build.json").write_text(_json.dumps({"sha256": sha256_file(lib), "cuda_version": 12060}))
+    root = tmp_path / "orin-dev"
+    r1 = deploy(orin, str(root), selftest=False, cuda_runtime=runtime, **QUIET)
+    installed = root / "cuda12-runtime" / "aarch64" / "libtvm_runtime_cuda.so"
+    assert installed.read_bytes() == lib.read_bytes() and any("installed the CUDA 12 runtime" in n for n in r1.notes)
+    assert not list((root / "cuda12-runtime" / "aarch64").glob(".*.part"))
+    r2 = deploy(orin, str(root), selftest=False, cuda_runtime=runtime, **QUIET)
+    assert not any("CUDA 12" in n for n in r2.notes)  # identical copy there: left alone
+    # the device's runtime finds it next to the release
+    from inferx_edge.runtime import _tvm
+
+    assert root / "cuda12-runtime" in _tvm.cuda_runtime_dirs(near=root / "current")
+    lib.write_bytes(b"tampered")
+    with pytest.raises(DeployError, match="does not match the sha256"):
+        deploy(orin, str(root), selftest=False, cuda_runtime=runtime, **QUIET)
+    with pytest.raises(UsageError, match="no aarch64/libtvm_runtime_cuda.so"):
+        deploy(orin, str(root), selftest=False, cuda_runtime=tmp_path / "none", **QUIET)
+    r3 = deploy(orin, str(tmp_path / "other"), selftest=False, **QUIET)  # no build/cuda12-runtime here
+    assert any("no CUDA 12 runtime for aarch64" in n for n in r3.notes) or (REPO / "build" / "cuda12-runtime").exists()

@@ -103,9 +103,9 @@ def test_choice_follows_the_driver(monkeypatch, tmp_path):
     monkeypatch.delenv(_tvm.CUDA_RUNTIME_ENV, raising=False)
     monkeypatch.setenv(_tvm.CUDA_RUNTIME_DIR_ENV, str(tmp_path))
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
-    monkeypatch.setattr(_tvm, "driver_cuda_version", lambda: 13000)
+    monkeypatch.setattr(_tvm, "driver_cuda_version", lambda: (13, 0))
     assert _tvm.choose_cuda_runtime()["path"] is None
-    monkeypatch.setattr(_tvm, "driver_cuda_version", lambda: 12060)
+    monkeypatch.setattr(_tvm, "driver_cuda_version", lambda: (12, 6))
     with pytest.raises(TargetMismatchError, match=r"supports CUDA 12\.6.*build_cuda12_runtime\.py"):
         _tvm.choose_cuda_runtime()
     plugin = tmp_path / os.uname().machine / "libtvm_runtime_cuda.so"
