@@ -61,3 +61,93 @@ print(json.dumps({{"machine": platform.machine(), "compiler": "tvm.relax" in sys
     with Engine(default_artifact) as e:
         ref = np.concatenate([e.run(x[i : i + 1])["logits"] for i in range(len(x))])
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), ref, atol=1e-4, rtol=0)
+
+
+def test_cuda12_runtime_for_jetson_loads_under_qemu(sysroot, arm64_artifact, tmp_path):
+    """The aarch64 CUDA 12 build of TVM's CUDA runtime, in the aarch64 TVM runtime: it loads, registers
+    its device API, and a Jetson artifact's loading path ends in a clean "no CUDA GPU" error (a libcuda
+    stub that reports no device), not an unresolved symbol or a CUDA version error."""
+    import re
+    import sys
+    import zipfile
+
+    from tests.runtime.test_engine import _retarget
+
+    if shutil.which("aarch64-linux-gnu-gcc") is None:
+        pytest.skip("no aarch64 cross compiler")
+    out = tmp_path / "rt"
+    cache = Path.home() / ".cache" / "inferx_edge" / "wheels"
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "build_cuda12_runtime.py"),
+            "--arch",
+            "aarch64",
+            "--out",
+            str(out),
+            "--cache",
+            str(cache),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    plugin = out / "aarch64" / "libtvm_runtime_cuda.so"
+    wheel = next(cache.glob("nvidia_cuda_runtime_cu12-*aarch64*.whl"))
+    with zipfile.ZipFile(wheel) as z:
+        (out / "aarch64" / "libcudart.so.12").write_bytes(z.read("nvidia/cuda_runtime/lib/libcudart.so.12"))
+    nm = subprocess.run(
+        ["aarch64-linux-gnu-nm", "-D", "--undefined-only", str(plugin)], capture_output=True, text=True, check=True
+    )
+    names = sorted({ln.split()[-1].split("@")[0] for ln in nm.stdout.splitlines() if re.search(r"\bcu[A-Z]\w*", ln)})
+    (tmp_path / "stub.c").write_text("".join(f"int {n}(void) {{ return 100; }}\n" for n in names))
+    stub = tmp_path / "libcuda.so.1"
+    subprocess.run(
+        [
+            "aarch64-linux-gnu-gcc",
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libcuda.so.1",
+            "-o",
+            str(stub),
+            str(tmp_path / "stub.c"),
+        ],
+        check=True,
+    )
+    orin = _retarget(
+        arm64_artifact,
+        tmp_path / "orin.ixa",
+        name="jetson-agx-orin-64gb",
+        device="cuda",
+        cuda_arch="sm_87",
+        min_jetpack="6.0",
+    )
+    code = f"""
+import ctypes, json
+ctypes.CDLL({str(stub)!r}, mode=ctypes.RTLD_GLOBAL)
+from inferx_edge.errors import TargetMismatchError
+from inferx_edge.runtime import Engine, _tvm
+try:
+    Engine({str(orin)!r})
+    outcome = "loaded"
+except TargetMismatchError as exc:
+    outcome = str(exc)
+import tvm_ffi
+print(json.dumps({{"outcome": outcome, "device_api": tvm_ffi.get_global_func("device_api.cuda", allow_missing=True) is not None,
+                  "library": _tvm.cuda_runtime_choice and _tvm.cuda_runtime_choice["library"],
+                  "cudart": _tvm.cuda_runtime_choice and _tvm.cuda_runtime_choice.get("cudart")}}))
+"""
+    env = dict(os.environ, PYTHONPATH=f"{sysroot / 'site'}:{REPO}", INFERX_CUDA_RUNTIME=str(plugin))
+    r = subprocess.run(
+        ["qemu-aarch64-static", "-L", str(sysroot), str(sysroot / "usr/bin/python3.11"), "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["library"] == str(plugin) and got["cudart"].endswith("libcudart.so.12")
+    assert got["device_api"]
+    assert "no CUDA GPU 0 is visible" in got["outcome"], got
