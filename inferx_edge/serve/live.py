@@ -42,6 +42,7 @@ from inferx_edge.runtime.governor import (
 )
 from inferx_edge.runtime.telemetry.base import MAX_PLAUSIBLE_W, EnergyMeter
 from inferx_edge.serve.batcher import DeviceSlot
+from inferx_edge.serve.queueing import Point, predict
 
 
 @dataclass(frozen=True)
@@ -74,13 +75,6 @@ class GovernorOptions:
 
             raise UsageError(f"--policy {self.policy} needs {flag}")
         return value
-
-
-@dataclass(frozen=True)
-class Point:
-    name: str
-    precision: str
-    batch: int
 
 
 class LiveGovernor:
@@ -227,40 +221,8 @@ class LiveGovernor:
 
     # -- the model of a point at the live load ----------------------------------------------------------
     def predict(self, point: Point, lam: float) -> VariantStats | None:
-        best = None
-        for s in self.slots:
-            full = s.variant_for(point.precision, point.batch)
-            if full is None or full.batch != point.batch or s.timing[full.name].seconds is None:
-                continue
-            if best is None or s.timing[full.name].seconds < best[0].timing[best[1].name].seconds:
-                best = (s, full)
-        if best is None:
-            return None
-        slot, full = best
-        lam = max(lam, 1e-3)
-        b = point.batch
-        l_full = slot.timing[full.name].seconds
-        w = min(self.delay, (b - 1) / lam)
-        r = min(float(b), 1.0 + lam * w)
-        c = slot.variant_for(point.precision, math.ceil(r)) or full
-        l_c = slot.timing[c.name].seconds or l_full
-        u = lam * l_c / r
-        if u >= 1.0:  # saturated: batches fill up
-            r, c, l_c = float(b), full, l_full
-            w = (b - 1) / lam
-            u = lam * l_c / r
-        p99 = math.inf if u >= 1.0 else w + l_c + 2 * l_c * u / (1 - u)
-        idle, active = self._power(slot, c.name)
-        watts = idle + min(u, 1.0) * (active - idle)
-        return VariantStats(
-            name=point.name,
-            fps=b / l_full,
-            watts=watts,
-            j_per_frame=watts / lam,
-            p99_ms=min(p99 * 1e3, 1e12),
-            batch=b,
-            precision=point.precision,
-        )
+        """The point's stats at arrival rate ``lam`` (:func:`~inferx_edge.serve.queueing.predict`)."""
+        return predict(point, lam, self.slots, self.delay, self._power)
 
     # -- one window ----------------------------------------------------------------------------------
     def start_window(self) -> None:

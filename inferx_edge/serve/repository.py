@@ -24,9 +24,10 @@ from pathlib import Path
 
 from inferx_edge.errors import ArtifactError, UsageError
 from inferx_edge.package import read_manifest
-from inferx_edge.serve.batcher import Batcher, BatchOptions, DeviceSlot, Signature
+from inferx_edge.serve.batcher import Batcher, BatchOptions, DeviceSlot
 from inferx_edge.serve.live import GovernorOptions, LiveGovernor
 from inferx_edge.serve.metrics import ServerMetrics
+from inferx_edge.serve.signature import Signature
 
 
 @dataclass(frozen=True)
