@@ -3,8 +3,8 @@
 (Jetson Orin, JetPack 6), next to the apache-tvm wheel's ``libtvm_runtime.so`` / ``libtvm_ffi.so``.
 
 The apache-tvm 0.27 wheels link ``libcudart.so.13``; JetPack 6 is CUDA 12. Only this one library is
-rebuilt, from the three sources TVM's ``cmake/modules/CUDA.cmake`` compiles into it (the copy under
-``../shared/tvm-src`` or ``--tvm-src``), with the wheel's own headers first:
+rebuilt, from the three sources TVM's ``cmake/modules/CUDA.cmake`` compiles into it (the Apache-2.0
+copy in ``scripts/tvm_cuda_runtime_src/``, or ``--tvm-src``), with the wheel's own headers first:
 
     python scripts/build_cuda12_runtime.py --arch x86_64 --out build/cuda12-runtime
     python scripts/build_cuda12_runtime.py --arch aarch64 --out build/cuda12-runtime   # cross, for Jetson
@@ -320,8 +320,8 @@ def main() -> int:
     ap.add_argument(
         "--tvm-src",
         type=Path,
-        default=REPO.parent / "shared" / "tvm-src",
-        help="TVM sources of the three files (default ../shared/tvm-src)",
+        default=REPO / "scripts" / "tvm_cuda_runtime_src",
+        help="TVM sources of the three files (default scripts/tvm_cuda_runtime_src)",
     )
     ap.add_argument(
         "--cache",

@@ -16,11 +16,9 @@ import pytest
 from tests.helpers import REPO
 
 SCRIPT = REPO / "scripts" / "build_cuda12_runtime.py"
-TVM_SRC = REPO.parent / "shared" / "tvm-src"
+TVM_SRC = REPO / "scripts" / "tvm_cuda_runtime_src"
 
-needs_sources = pytest.mark.skipif(
-    not (TVM_SRC / "src").exists(), reason="TVM runtime sources (../shared/tvm-src) absent"
-)
+needs_sources = pytest.mark.skipif(not (TVM_SRC / "src").exists(), reason="TVM runtime sources absent")
 
 
 def _cuda12_headers() -> bool:
