@@ -135,6 +135,11 @@ def open_telemetry(spec: str, device: str, device_id: int):
             return probe("rapl")
         except Exception:  # noqa: BLE001
             return None
+    # a named sensor belongs to one kind of device: a GPU's sensor on a CPU engine (or RAPL on a GPU
+    # engine) would attribute another device's power to it
+    gpu_sensors = ("nvml", "jetson-sysfs", "jtop")
+    if (spec in gpu_sensors) != (device == "cuda"):
+        return None
     return probe(spec, **({"index": device_id} if spec == "nvml" else {}))
 
 

@@ -132,3 +132,11 @@ def test_server_runs_the_governor_on_replay_telemetry(served_artifact, tmp_path)
     assert any(d["window"].get("requests") for d in lines)
     assert sum(v for k, v in gauges.items()) == 1.0  # exactly one operating point runs
     assert np.isfinite([d["points"][d["choice"]]["p99_ms"] for d in lines]).all()
+
+
+def test_a_named_sensor_only_measures_its_own_kind_of_device():
+    from inferx_edge.serve.repository import open_telemetry
+
+    assert open_telemetry("nvml", "cpu", 0) is None  # never the GPU's power for a CPU engine
+    assert open_telemetry("rapl", "cuda", 0) is None
+    assert open_telemetry("none", "cuda", 0) is None
