@@ -32,7 +32,7 @@ from inferx_edge.serve.protocol import (
     DATATYPES,
     HEADER_LENGTH,
     ProtocolError,
-    datatype_of,
+    datatype_name,
     decompress,
     encode_infer_response,
     parse_infer_request,
@@ -94,7 +94,7 @@ def make_app(state: AppState, auth_token: str | None = None) -> Starlette:
             out = []
             for s in specs:
                 dims = [-1 if sig.batchable else s.shape[0]] + [d if d is not None else -1 for d in s.shape[1:]]
-                out.append({"name": s.name, "datatype": _v2(s.dtype), "shape": dims})
+                out.append({"name": s.name, "datatype": datatype_name(s.dtype), "shape": dims})
             return out
 
         return JSONResponse(
@@ -125,7 +125,7 @@ def make_app(state: AppState, auth_token: str | None = None) -> Starlette:
             return [
                 {
                     "name": s.name,
-                    "data_type": f"TYPE_{_v2(s.dtype)}",
+                    "data_type": f"TYPE_{datatype_name(s.dtype)}",
                     "dims": [d if d is not None else -1 for d in (s.shape[1:] if sig.batchable else s.shape)],
                 }
                 for s in specs
@@ -251,7 +251,7 @@ def make_app(state: AppState, auth_token: str | None = None) -> Starlette:
         if state.shm is None:
             return _error(400, "system shared memory is not enabled on this server (serve --shared-memory)")
         host = request.client.host if request.client else ""
-        if not _loopback(host):
+        if not is_loopback(host):
             return _error(403, f"shared memory is for clients on this host; {host} is not")
         return None
 
@@ -361,20 +361,16 @@ class BearerAuth:
         await self.app(scope, receive, send)
 
 
-def _loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address) is this machine."""
     import ipaddress
 
+    if host == "localhost":
+        return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
-        return host in ("localhost", "testclient")
-
-
-def _v2(dtype: str) -> str:
-    try:
-        return datatype_of(dtype)
-    except ProtocolError:
-        return dtype.upper()
+        return False
 
 
 __all__ = ["AppState", "make_app", "EXTENSIONS", "DATATYPES"]

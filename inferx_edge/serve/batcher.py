@@ -85,12 +85,10 @@ class VariantTiming:
 
     seconds: float | None = None
     active_w: float | None = None
-    runs: int = 0
     measured_at: float = -math.inf  # monotonic time of the last probe or run
 
     def update(self, seconds: float, now: float, alpha: float = 0.2) -> None:
         self.seconds = seconds if self.seconds is None else (1 - alpha) * self.seconds + alpha * seconds
-        self.runs += 1
         self.measured_at = now
 
 
@@ -106,13 +104,13 @@ class DeviceSlot:
         self.idle_w: float | None = None
         self.busy_until = 0.0
         self.busy_s = 0.0  # seconds spent running batches (the governor reads and resets deltas)
-        self.inflight = 0
         self.workers = workers
         self.lock = threading.Lock()
 
-    def variant_for(self, precision: str, rows: int) -> Variant | None:
-        """The smallest compiled variant of ``precision`` holding ``rows`` rows (None if there is none)."""
-        fits = [v for v in self.variants.values() if v.precision == precision and v.batch >= rows]
+    def variant_for(self, precision: str | None, rows: int) -> Variant | None:
+        """The smallest compiled variant of ``precision`` (None: any) holding ``rows`` rows (None if there
+        is none)."""
+        fits = [v for v in self.variants.values() if precision in (None, v.precision) and v.batch >= rows]
         return min(fits, key=lambda v: v.batch) if fits else None
 
 
@@ -134,7 +132,7 @@ class Batcher:
 
     ``plan()`` (from the governor) says which precision and target batch size to form now;
     ``route(rows, precision)`` picks the device slot and variant for a formed batch; ``observer``
-    receives ``(slot, variant, rows, seconds, slices)`` after every batch (metrics, governor).
+    receives ``(slot, variant, rows, seconds)`` after every batch (seconds None: it failed).
     """
 
     def __init__(self, signature: Signature, slots: list[DeviceSlot], options: BatchOptions, plan, route, observer):
@@ -186,13 +184,7 @@ class Batcher:
     def _retry_after(self) -> float:
         rows = sum(r.rows - r.taken for r in self._queue)
         per_row = min(
-            (
-                t.seconds / v.batch
-                for s in self.slots
-                for n, t in s.timing.items()
-                if t.seconds
-                for v in [s.variants[n]]
-            ),
+            (t.seconds / s.variants[n].batch for s in self.slots for n, t in s.timing.items() if t.seconds),
             default=0.01,
         )
         return max(1.0, rows * per_row)
@@ -264,7 +256,7 @@ class Batcher:
         rows = sum(s.stop - s.start for s in slices)
         slot, variant = self.route(rows, precision)
         with self._slot_cv:
-            self._inboxes[slot.label].append((variant, slices))
+            self._inboxes[slot.label].append((variant, slices, rows))
             self._slot_cv.notify_all()
 
     # -- execution ------------------------------------------------------------------------------------
@@ -276,43 +268,39 @@ class Batcher:
                     self._slot_cv.wait(0.05)
                 if not inbox:
                     return
-                variant, slices = inbox.popleft()
+                variant, slices, rows = inbox.popleft()
                 self._slot_cv.notify_all()
             if callable(variant):  # a probe (the governor measuring a variant not in use)
                 variant()
                 continue
-            self._run(slot, variant, slices)
+            self._run(slot, variant, slices, rows)
 
     def _idle_scheduler(self) -> bool:
         return not self._threads[0].is_alive()
 
-    def _run(self, slot: DeviceSlot, variant: Variant, slices: list[Slice]) -> None:
-        rows = sum(s.stop - s.start for s in slices)
+    def _run(self, slot: DeviceSlot, variant: Variant, slices: list[Slice], rows: int) -> None:
         t_start = time.monotonic()
         for s in slices:
             if s.request.started is None:
                 s.request.started = t_start
         try:
             arrays = self._assemble(slices, variant, rows)
-            with slot.lock:
-                slot.inflight += 1
             t0 = time.perf_counter()
             try:
                 outs = slot.engine.run_arrays(variant.name, arrays)
             finally:
                 seconds = time.perf_counter() - t0
                 with slot.lock:
-                    slot.inflight -= 1
                     slot.busy_s += seconds
         except Exception as exc:  # noqa: BLE001 - a device/engine error fails this batch only
             err = EngineFailure(f"{slot.label} failed running variant '{variant.name}': {exc}")
             for s in slices:
                 s.request.fail(err)
-            self.observer(slot, variant, rows, None, slices)
+            self.observer(slot, variant, rows, None)
             return
         slot.timing[variant.name].update(seconds, time.monotonic())
         self._scatter(slices, outs, seconds / max(len(slices), 1))
-        self.observer(slot, variant, rows, seconds, slices)
+        self.observer(slot, variant, rows, seconds)
 
     def _assemble(self, slices: list[Slice], variant: Variant, rows: int) -> list[np.ndarray]:
         if not self.signature.batchable:
@@ -360,7 +348,7 @@ class Batcher:
     def run_on_worker(self, slot: DeviceSlot, fn: Callable[[], None]) -> None:
         """Queue ``fn`` to run on one of ``slot``'s workers between batches (a governor probe)."""
         with self._slot_cv:
-            self._inboxes[slot.label].append((fn, []))
+            self._inboxes[slot.label].append((fn, [], 0))
             self._slot_cv.notify_all()
 
     def stop_accepting(self) -> None:

@@ -99,9 +99,9 @@ class LiveGovernor:
         self.lock = threading.Lock()
         self.current = options.fixed or next(iter(self.points))
         self.gov: Governor | None = None
+        self._gov_decisions: list[dict] = []  # what self.gov decided, read after each decide()
         self.switches = 0
         self.probe_s_total = 0.0
-        self.probe_j_total = 0.0
         self.energy_note = ""
         # window accumulators (reset every tick)
         self._latencies: list[float] = []
@@ -110,10 +110,9 @@ class LiveGovernor:
         self._meters: dict[str, EnergyMeter] = {}
         self._busy_mark = {s.label: 0.0 for s in slots}
         self._variant_busy: dict[tuple[str, str], float] = {}
-        self.last: dict = {}
 
     # -- measurements ---------------------------------------------------------------------------------
-    def probe_all(self, batcher) -> None:
+    def probe_all(self) -> None:
         """Startup: idle power per device, then every variant on every device (blocking)."""
         for s in self.slots:
             s.idle_w = self._idle_power(s)
@@ -144,15 +143,14 @@ class LiveGovernor:
             n += 1
         elapsed = time.perf_counter() - t0
         t = slot.timing[name]
-        t.seconds, t.runs, t.measured_at = elapsed / n, t.runs + n, time.monotonic()
+        t.seconds, t.measured_at = elapsed / n, time.monotonic()
         if meter:
             w = meter.stop()
             if w["avg_w"] is not None:
                 t.active_w = w["avg_w"]
-                self.probe_j_total += w["energy_j"]
         self.probe_s_total += elapsed
 
-    def observe_batch(self, slot: DeviceSlot, variant, rows: int, seconds: float | None, slices) -> None:
+    def observe_batch(self, slot: DeviceSlot, variant, seconds: float | None) -> None:
         if seconds is None:
             return
         with self.lock:
@@ -171,22 +169,18 @@ class LiveGovernor:
 
     def route(self, rows: int, precision: str):
         now = time.monotonic()
+        slot, v = self._pick(rows, precision, now)
+        slot.busy_until = max(now, slot.busy_until) + (slot.timing[v.name].seconds or 0.0)
+        return slot, v
+
+    def _pick(self, rows: int, precision: str, now: float):
         if self.options.fixed:  # a pinned variant runs every batch, padded (the static baseline)
-            for s in self.slots:
-                if self.options.fixed in s.variants:
-                    s.busy_until = max(now, s.busy_until) + (s.timing[self.options.fixed].seconds or 0.0)
-                    return s, s.variants[self.options.fixed]
+            return next((s, s.variants[self.options.fixed]) for s in self.slots if self.options.fixed in s.variants)
         options = [(s, s.variant_for(precision, rows)) for s in self.slots]
         options = [(s, v) for s, v in options if v is not None]
         if not options:  # no device has this precision at this size: any precision that fits
-            options = [
-                (s, min((v for v in s.variants.values() if v.batch >= rows), key=lambda v: v.batch))
-                for s in self.slots
-                if any(v.batch >= rows for v in s.variants.values())
-            ]
+            options = [(s, v) for s in self.slots if (v := s.variant_for(None, rows)) is not None]
         if len(options) == 1:
-            slot, v = options[0]
-            slot.busy_until = max(now, slot.busy_until) + (slot.timing[v.name].seconds or 0.0)
             return options[0]
         scored = []
         for s, v in options:
@@ -201,9 +195,7 @@ class LiveGovernor:
             slack = self.limit / 2e3 if self.policy_name == "latency-slo" else max(4 * (soonest - now), self.delay)
             ok = [x for x in scored if x[0] - now <= slack]
             pick = min(ok, key=lambda x: (x[1], x[0])) if ok else min(scored, key=lambda x: x[0])
-        finish, _, slot, v = pick
-        slot.busy_until = finish
-        return slot, v
+        return pick[2], pick[3]
 
     def _power(self, slot: DeviceSlot, name: str) -> tuple[float, float]:
         """(idle, active) watts of a variant on a device; the busy-fraction proxy without telemetry."""
@@ -268,8 +260,7 @@ class LiveGovernor:
             "j_per_frame": joules / frames if joules is not None and frames else None,
             "devices": devices,
         }
-        self.last = window
-        self._decide(now, lam, window)
+        self.decide(now, lam, window)
         self.start_window()
         return window
 
@@ -297,7 +288,9 @@ class LiveGovernor:
             return LatencySLO(self.limit)
         return MaxThroughputUnderPowerCap(self.limit)
 
-    def _decide(self, now: float, lam: float, window: dict) -> None:
+    def decide(self, now: float, lam: float, window: dict) -> None:
+        """Judge every point at arrival rate ``lam`` and pick one (logged); ``window``: the measurements
+        that replace the running point's predictions."""
         table = {}
         for p in self.points.values():
             stats = self.predict(p, lam)
@@ -327,22 +320,21 @@ class LiveGovernor:
                 start=self.current if self.current in table else None,
                 hysteresis=self.options.hysteresis,
                 min_dwell_s=self.options.dwell_s,
-                log=lambda d: None,
+                log=self._gov_decisions.append,
             )
         gov = self.gov
-        gov.policy = policy
+        gov.policy = policy  # the min-energy floor follows the live demand
         for stats in table.values():
             gov.variants.add(stats.name)
             gov.observe(stats)
         before = self.current
-        decisions: list[dict] = []
-        gov._log = decisions.append
+        self._gov_decisions.clear()
         choice = gov.decide(now)
         with self.lock:
             self.current = choice
             if choice != before:
                 self.switches += 1
-        reason = decisions[-1]["reason"] if decisions else ""
+        reason = self._gov_decisions[-1]["reason"] if self._gov_decisions else ""
         self._emit(now, choice, reason, table, window, before)
 
     def _emit(self, now, choice, reason, table, window, before=None) -> None:

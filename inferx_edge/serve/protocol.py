@@ -49,6 +49,14 @@ def datatype_of(dtype) -> str:
     return _BY_NUMPY[key]
 
 
+def datatype_name(dtype) -> str:
+    """``datatype_of`` for messages and metadata: a dtype without a v2 datatype keeps its own name."""
+    try:
+        return datatype_of(dtype)
+    except ProtocolError:
+        return str(dtype).upper()
+
+
 @dataclass
 class RequestedOutput:
     name: str

@@ -15,7 +15,6 @@ sha256 (the name ``deploy`` gives releases), so a version names exactly one buil
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -110,7 +109,6 @@ class ServeOptions:
     trust: object = None
     device_id: int = 0
     workers_per_gpu: int = 2
-    decision_log: Path | None = None
     probe: bool = True
 
 
@@ -150,12 +148,10 @@ class ModelVersion:
         from inferx_edge.runtime import Engine
 
         self.name = name
-        self.paths = paths
         self.version = artifact_version(paths)
         self.metrics = metrics
         self.options = options
         self.state = "loading"
-        self.loaded_at = time.time()
         self.engines = []
         try:
             slots = []
@@ -179,12 +175,12 @@ class ModelVersion:
             self.slots = slots
             self.governor = LiveGovernor(slots, options.governor, options.batch.max_queue_delay_s, log=log)
             if options.probe:
-                self.governor.probe_all(None)
+                self.governor.probe_all()
             else:
                 for s in slots:
                     for t in s.timing.values():
                         t.seconds = t.seconds or 1e-3
-            self.governor._decide(time.monotonic(), 0.0, _empty_window())
+            self.governor.decide(time.monotonic(), 0.0, _empty_window())
             self.batcher = Batcher(
                 self.signature, slots, options.batch, self.governor.plan, self.governor.route, self._observe
             )
@@ -207,8 +203,8 @@ class ModelVersion:
     def labels(self) -> tuple[str, str]:
         return self.name, self.version
 
-    def _observe(self, slot, variant, rows, seconds, slices) -> None:
-        self.governor.observe_batch(slot, variant, rows, seconds, slices)
+    def _observe(self, slot, variant, rows, seconds) -> None:
+        self.governor.observe_batch(slot, variant, seconds)
         if seconds is not None:
             self.metrics.add("nv_inference_exec_count", self.labels)
             self.metrics.batch_rows.labels(self.name, self.version, slot.label).observe(rows)
@@ -301,7 +297,6 @@ class Repository:
         self.lock = threading.Lock()
         self.models: dict[str, ModelVersion] = {}
         self.draining: list[ModelVersion] = []
-        self.reload_errors: dict[str, str] = {}
         self._seen: dict[str, tuple[Path, ...]] = {}
         for name, src in sources.items():
             paths = src.resolve()
@@ -342,8 +337,7 @@ class Repository:
                 continue
             try:
                 paths = src.resolve()
-            except ArtifactError as exc:
-                self.reload_errors[name] = str(exc)
+            except ArtifactError:  # 'current' missing for a moment (or removed): keep serving what runs
                 continue
             if paths == self._seen.get(name):
                 continue
@@ -351,11 +345,9 @@ class Repository:
             try:
                 new = ModelVersion(name, paths, self.options, self.metrics, self._logger(name))
             except Exception as exc:  # noqa: BLE001 - a bad release must not take the served one down
-                self.reload_errors[name] = f"{paths[0]}: {exc}"
                 if self._log:
                     self._log({"model": name, "event": "reload failed", "error": str(exc)})
                 continue
-            self.reload_errors.pop(name, None)
             with self.lock:
                 old = self.models.get(name)
                 self.models[name] = new
@@ -369,7 +361,6 @@ class Repository:
         return done
 
     def _retire(self, old: ModelVersion) -> None:
-        old.batcher.stop_accepting()
         old.drain(self.options.batch.timeout_s + 5)
         with self.lock:
             if old in self.draining:
@@ -383,7 +374,3 @@ class Repository:
         for m in [*self.models.values(), *self.draining]:
             ok = m.drain(timeout_s) and ok
         return ok
-
-
-def path_list(values: list[str | os.PathLike]) -> list[Path]:
-    return [Path(v) for v in values]

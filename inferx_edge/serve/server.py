@@ -8,7 +8,6 @@ has finished), then every model version drains and unloads.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import socket
 import sys
@@ -16,7 +15,7 @@ import threading
 from pathlib import Path
 
 from inferx_edge.errors import UsageError
-from inferx_edge.serve.app import AppState, make_app
+from inferx_edge.serve.app import AppState, is_loopback, make_app
 from inferx_edge.serve.metrics import ServerMetrics
 from inferx_edge.serve.repository import Repository, ServeOptions, discover
 
@@ -43,15 +42,6 @@ class DecisionLog:
     def close(self) -> None:
         if self._file:
             self._file.close()
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def read_token(path: Path) -> str:

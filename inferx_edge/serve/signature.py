@@ -7,6 +7,7 @@ import numpy as np
 
 from inferx_edge.package import TensorSpec, Variant
 from inferx_edge.runtime.engine import check_finite
+from inferx_edge.serve.protocol import datatype_name
 
 
 class Signature:
@@ -46,7 +47,9 @@ class Signature:
         for spec in self.inputs:
             a = arrays[spec.name]
             if str(a.dtype) != spec.dtype:
-                raise ValueError(f"input '{spec.name}' must be {_v2(spec.dtype)}, got {_v2(str(a.dtype))}")
+                raise ValueError(
+                    f"input '{spec.name}' must be {datatype_name(spec.dtype)}, got {datatype_name(str(a.dtype))}"
+                )
             fixed = spec.shape[1:] if self.batchable else spec.shape
             got = a.shape[1:] if self.batchable else a.shape
             ok = len(got) == len(fixed) and all(d is None or d == g for d, g in zip(fixed, got))
@@ -70,13 +73,4 @@ class Signature:
     def describe(self, spec: TensorSpec) -> str:
         dims = ["-1"] if self.batchable else []
         dims += [str(d) if d is not None else "-1" for d in (spec.shape[1:] if self.batchable else spec.shape)]
-        return f"{spec.name}: {_v2(spec.dtype)}[{', '.join(dims)}]"
-
-
-def _v2(dtype: str) -> str:
-    from inferx_edge.serve.protocol import datatype_of
-
-    try:
-        return datatype_of(dtype)
-    except ValueError:
-        return dtype
+        return f"{spec.name}: {datatype_name(spec.dtype)}[{', '.join(dims)}]"

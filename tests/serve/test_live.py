@@ -58,7 +58,7 @@ def test_latency_slo_picks_batch_1_at_low_load_and_a_batch_when_1_cannot_keep_up
     picks = []
     for lam in (50, 50, 3000, 3000, 50, 50):
         t += 1
-        gov._decide(t, lam, _window(lam))
+        gov.decide(t, lam, _window(lam))
         picks.append(gov.current)
     assert picks == ["fp32-b1", "fp32-b1", "fp32-b8", "fp32-b8", "fp32-b1", "fp32-b1"]
     low = gov.predict(gov.points["fp32-b8"], 50)
@@ -71,9 +71,9 @@ def test_min_energy_floor_is_compared_with_live_demand():
     # b8 is cheaper per frame when full, b1 when load is light; capacity b1 = 1000/s, b8 = 4000/s
     slot = _slot("gpu", {"fp32-b1": (0.001, 150.0), "fp32-b8": (0.002, 150.0)})
     gov, _ = _governor([slot], policy="min-energy", fps_floor=3000.0)
-    gov._decide(1.0, 20.0, _window(20.0))
+    gov.decide(1.0, 20.0, _window(20.0))
     assert gov.current == "fp32-b1"  # demand 20/s: the floor of 3000/s is not what b1 must sustain
-    gov._decide(2.0, 2900.0, _window(2900.0))
+    gov.decide(2.0, 2900.0, _window(2900.0))
     assert gov.current == "fp32-b8"  # now it is
 
 
@@ -94,7 +94,7 @@ def test_routing_prefers_the_device_that_finishes_first_or_costs_less():
 def test_without_power_telemetry_energy_is_device_time_and_the_log_says_so():
     slot = _slot("cpu", {"fp32-b1": (0.001, None), "fp32-b8": (0.002, None)}, idle_w=None)
     gov, log = _governor([slot], policy="min-energy", fps_floor=100.0)
-    gov._decide(1.0, 2000.0, _window(2000.0))
+    gov.decide(1.0, 2000.0, _window(2000.0))
     assert "no power telemetry" in log[-1]["energy_note"]
     assert gov.current == "fp32-b8"  # fewer device-seconds per frame when batches fill
 
