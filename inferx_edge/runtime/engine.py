@@ -214,22 +214,13 @@ class Engine:
         with self._lock:
             loaded = self._load(variant)
             out = loaded.main(*[self._tvm.runtime.tensor(a, self.device) for a in arrays], *loaded.params)
-            results = list(out) if not hasattr(out, "numpy") else [out]
-            if len(results) != len(loaded.variant.outputs):
-                raise ArtifactError(
-                    f"library returned {len(results)} outputs, manifest lists {len(loaded.variant.outputs)}"
-                )
-            return [r.numpy() for r in results]
+            return _results(out, loaded.variant)
 
     def _invoke(self, tensors: list):
         return self._current.main(*tensors, *self._current.params)
 
     def _outputs(self, out) -> dict[str, np.ndarray]:
-        results = list(out) if not hasattr(out, "numpy") else [out]
-        specs = self.variant.outputs
-        if len(results) != len(specs):
-            raise ArtifactError(f"library returned {len(results)} outputs, manifest lists {len(specs)}")
-        return {spec.name: r.numpy() for spec, r in zip(specs, results)}
+        return {spec.name: r for spec, r in zip(self.variant.outputs, _results(out, self.variant))}
 
     def benchmark(
         self, inputs: np.ndarray | Mapping[str, np.ndarray], warmup: int = 5, repeat: int = 50, min_seconds: float = 0.0
@@ -250,6 +241,14 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _results(out, variant: Variant) -> list[np.ndarray]:
+    """A VM call's result (one tensor or a tuple) as numpy arrays, as many as the manifest lists."""
+    results = list(out) if not hasattr(out, "numpy") else [out]
+    if len(results) != len(variant.outputs):
+        raise ArtifactError(f"library returned {len(results)} outputs, manifest lists {len(variant.outputs)}")
+    return [r.numpy() for r in results]
 
 
 def check_finite(name: str, array: np.ndarray) -> None:
