@@ -167,9 +167,10 @@ def _preload_cudart12(plugin: Path) -> str:
     raise OSError(f"libcudart.so.12 not found (JetPack's CUDA, or pip install nvidia-cuda-runtime-cu12): {errors}")
 
 
-def load_tvm_cuda_library(near: Path | None = None) -> None:
-    """Load ``libtvm_runtime_cuda.so`` if it is not loaded yet (the wheel's, or the CUDA 12 build
-    :func:`choose_cuda_runtime` picks); raises OSError/RuntimeError if it cannot."""
+def load_tvm_cuda_library(choice: dict | None = None) -> None:
+    """Load ``libtvm_runtime_cuda.so`` if it is not loaded yet: the wheel's, or the library ``choice``
+    (from :func:`choose_cuda_runtime`) names; raises OSError/RuntimeError if it cannot. A build loads the
+    wheel's for code generation whatever the driver: only running artifacts needs a matching CUDA."""
     import ctypes
 
     global cuda_runtime_choice
@@ -178,7 +179,7 @@ def load_tvm_cuda_library(near: Path | None = None) -> None:
 
     if "tvm_runtime_cuda" in _LOADED_LIBS:
         return
-    choice = choose_cuda_runtime(near)
+    choice = choice or {"path": None, "why": "the wheel's"}
     if choice["path"] is None:
         _LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes(
             package="tvm", target_name="tvm_runtime_cuda", extra_lib_paths=[tvm_lib_dir()], mode="RTLD_LOCAL"
@@ -201,7 +202,7 @@ def load_cuda_backend(tvm, near: Path | None = None) -> None:
     from inferx_edge.errors import TargetMismatchError
 
     try:
-        load_tvm_cuda_library(near)
+        load_tvm_cuda_library(choose_cuda_runtime(near))
     except TargetMismatchError:
         raise
     except (OSError, RuntimeError) as exc:

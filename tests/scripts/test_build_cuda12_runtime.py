@@ -80,7 +80,7 @@ tvm = _tvm.import_tvm_runtime()
 import tvm as full
 from inferx_edge.compiler.cuda.stub import _build_stub
 ctypes.CDLL(str(_build_stub(_tvm.tvm_lib_dir() / "libtvm_runtime_cuda.so")), mode=ctypes.RTLD_GLOBAL)
-_tvm.load_tvm_cuda_library()
+_tvm.load_cuda_backend(tvm)
 import tvm_ffi
 print(json.dumps({"choice": {k: str(v) for k, v in _tvm.cuda_runtime_choice.items()},
                   "device_api": tvm_ffi.get_global_func("device_api.cuda", allow_missing=True) is not None,
