@@ -24,7 +24,6 @@ input, compiler, CUDA version, NEEDED entries); fails unless the library NEEDs `
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -34,6 +33,9 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+
+from inferx_edge.compiler.cuda.stub import compile_stub, driver_symbols
+from inferx_edge.package.bundle import sha256_file
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCES = (
@@ -54,14 +56,6 @@ def pinned(name: str) -> str:
     if not m:
         raise SystemExit(f"pyproject.toml pins no version of {name}")
     return m.group(1)
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def fetch_wheel(name: str, version: str, platform: str, cache: Path) -> Path:
@@ -168,20 +162,6 @@ def patch_for_cuda_before_12_8(source: str) -> str:
     return source[:start] + guarded + source[end:]
 
 
-def libcuda_stub(cxx: str, objects: list[Path], nm: str, out_dir: Path) -> Path:
-    """A link-time ``libcuda.so`` defining every driver symbol the objects use (never loaded)."""
-    names = set()
-    for o in objects:
-        text = subprocess.run([nm, "--undefined-only", str(o)], capture_output=True, text=True, check=True).stdout
-        names |= {line.split()[-1] for line in text.splitlines() if re.match(r"cu[A-Z]\w*$", line.split()[-1])}
-    src = out_dir / "libcuda_stub.c"
-    src.write_text("".join(f"int {n}(void) {{ return 100; }}\n" for n in sorted(names)))
-    cc = cxx.replace("g++", "gcc")
-    lib = out_dir / "libcuda.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(lib), str(src)], check=True)
-    return lib
-
-
 def readelf(lib: Path) -> tuple[str, list[str]]:
     text = subprocess.run(["readelf", "-h", "-d", str(lib)], capture_output=True, text=True, check=True).stdout
     machine = re.search(r"Machine:\s+(.+)", text).group(1).strip()
@@ -236,7 +216,7 @@ def build(arch: str, out: Path, tvm_src: Path, cache: Path, cuda_home: Path | No
         objects, procs, inputs = [], [], {}
         for rel in SOURCES:
             src = tvm_src / rel
-            inputs[rel] = sha256(src)
+            inputs[rel] = sha256_file(src)
             text = src.read_text()
             patched = patch_for_cuda_before_12_8(text) if cuda_version < 12080 else text
             local = tree / rel
@@ -250,7 +230,8 @@ def build(arch: str, out: Path, tvm_src: Path, cache: Path, cuda_home: Path | No
                 _wait(procs.pop(0))
         for p in procs:
             _wait(p)
-        stub = libcuda_stub(cxx, objects, nm, work)
+        # link-time only: the device's real libcuda.so.1 is what loads
+        stub = compile_stub(driver_symbols(objects, nm), work / "libcuda.so", cxx.replace("g++", "gcc"))
         lib = dest / "libtvm_runtime_cuda.so"
         tmp_lib = work / "libtvm_runtime_cuda.so"
         cudart = d["cudart_lib"] / "libcudart.so.12"
@@ -274,9 +255,9 @@ def build(arch: str, out: Path, tvm_src: Path, cache: Path, cuda_home: Path | No
             raise SystemExit(f"link failed:\n{r.stderr[-4000:]}")
         shutil.move(str(tmp_lib), lib)
         compiler = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
-        inputs["libtvm_runtime.so"] = sha256(d["tvm"] / "lib" / "libtvm_runtime.so")
-        inputs["libtvm_ffi.so"] = sha256(d["ffi"] / "lib" / "libtvm_ffi.so")
-        inputs["cuda.h"] = sha256(d["cuda_include"] / "cuda.h")
+        inputs["libtvm_runtime.so"] = sha256_file(d["tvm"] / "lib" / "libtvm_runtime.so")
+        inputs["libtvm_ffi.so"] = sha256_file(d["ffi"] / "lib" / "libtvm_ffi.so")
+        inputs["cuda.h"] = sha256_file(d["cuda_include"] / "cuda.h")
     machine, needed = readelf(lib)
     problems = []
     if spec["machine"] not in machine:
@@ -289,7 +270,7 @@ def build(arch: str, out: Path, tvm_src: Path, cache: Path, cuda_home: Path | No
         raise SystemExit(f"{lib}: " + "; ".join(problems))
     record = {
         "library": str(lib.relative_to(out)),
-        "sha256": sha256(lib),
+        "sha256": sha256_file(lib),
         "arch": arch,
         "machine": machine,
         "needed": needed,

@@ -31,6 +31,20 @@ def sysroot() -> Path:
     return Path(r.stdout.strip().splitlines()[-1])
 
 
+def _aarch64_python(sysroot: Path, code: str, **env) -> dict:
+    """Run ``code`` with the arm64 Python under qemu-user (aarch64 wheels and this repository on its
+    path); returns the JSON its last output line prints."""
+    r = subprocess.run(
+        ["qemu-aarch64-static", "-L", str(sysroot), str(sysroot / "usr/bin/python3.11"), "-c", code],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=f"{sysroot / 'site'}:{REPO}", **env),
+        timeout=900,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def test_arm64_artifact_runs_under_qemu(sysroot, arm64_artifact, default_artifact, tmp_path):
     from inferx_edge.models import DEFAULT_DATA
     from inferx_edge.runtime import Engine
@@ -47,16 +61,7 @@ with Engine({str(arm64_artifact)!r}) as e:
 np.save({str(tmp_path / "y.npy")!r}, y)
 print(json.dumps({{"machine": platform.machine(), "compiler": "tvm.relax" in sys.modules}}))
 """
-    env = dict(os.environ, PYTHONPATH=f"{sysroot / 'site'}:{REPO}")
-    r = subprocess.run(
-        ["qemu-aarch64-static", "-L", str(sysroot), str(sysroot / "usr/bin/python3.11"), "-c", code],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    info = json.loads(r.stdout.strip().splitlines()[-1])
+    info = _aarch64_python(sysroot, code)
     assert info == {"machine": "aarch64", "compiler": False}
     with Engine(default_artifact) as e:
         ref = np.concatenate([e.run(x[i : i + 1])["logits"] for i in range(len(x))])
@@ -67,10 +72,10 @@ def test_cuda12_runtime_for_jetson_loads_under_qemu(sysroot, arm64_artifact, tmp
     """The aarch64 CUDA 12 build of TVM's CUDA runtime, in the aarch64 TVM runtime: it loads, registers
     its device API, and a Jetson artifact's loading path ends in a clean "no CUDA GPU" error (a libcuda
     stub that reports no device), not an unresolved symbol or a CUDA version error."""
-    import re
     import sys
     import zipfile
 
+    from inferx_edge.compiler.cuda.stub import compile_stub, driver_symbols
     from tests.runtime.test_engine import _retarget
 
     if shutil.which("aarch64-linux-gnu-gcc") is None:
@@ -97,23 +102,8 @@ def test_cuda12_runtime_for_jetson_loads_under_qemu(sysroot, arm64_artifact, tmp
     wheel = next(cache.glob("nvidia_cuda_runtime_cu12-*aarch64*.whl"))
     with zipfile.ZipFile(wheel) as z:
         (out / "aarch64" / "libcudart.so.12").write_bytes(z.read("nvidia/cuda_runtime/lib/libcudart.so.12"))
-    nm = subprocess.run(
-        ["aarch64-linux-gnu-nm", "-D", "--undefined-only", str(plugin)], capture_output=True, text=True, check=True
-    )
-    names = sorted({ln.split()[-1].split("@")[0] for ln in nm.stdout.splitlines() if re.search(r"\bcu[A-Z]\w*", ln)})
-    (tmp_path / "stub.c").write_text("".join(f"int {n}(void) {{ return 100; }}\n" for n in names))
-    stub = tmp_path / "libcuda.so.1"
-    subprocess.run(
-        [
-            "aarch64-linux-gnu-gcc",
-            "-shared",
-            "-fPIC",
-            "-Wl,-soname,libcuda.so.1",
-            "-o",
-            str(stub),
-            str(tmp_path / "stub.c"),
-        ],
-        check=True,
+    stub = compile_stub(
+        driver_symbols([plugin], "aarch64-linux-gnu-nm"), tmp_path / "libcuda.so.1", "aarch64-linux-gnu-gcc"
     )
     orin = _retarget(
         arm64_artifact,
@@ -138,16 +128,7 @@ print(json.dumps({{"outcome": outcome, "device_api": tvm_ffi.get_global_func("de
                   "library": _tvm.cuda_runtime_choice and _tvm.cuda_runtime_choice["library"],
                   "cudart": _tvm.cuda_runtime_choice and _tvm.cuda_runtime_choice.get("cudart")}}))
 """
-    env = dict(os.environ, PYTHONPATH=f"{sysroot / 'site'}:{REPO}", INFERX_CUDA_RUNTIME=str(plugin))
-    r = subprocess.run(
-        ["qemu-aarch64-static", "-L", str(sysroot), str(sysroot / "usr/bin/python3.11"), "-c", code],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    got = _aarch64_python(sysroot, code, INFERX_CUDA_RUNTIME=str(plugin))
     assert got["library"] == str(plugin) and got["cudart"].endswith("libcudart.so.12")
     assert got["device_api"]
     assert "no CUDA GPU 0 is visible" in got["outcome"], got

@@ -41,24 +41,31 @@ def ensure_cuda_codegen() -> None:
         ) from exc
 
 
-def _build_stub(tvm_cuda_lib: Path) -> Path:
-    out = _STUB_DIR / "libcuda.so.1"
-    if out.exists():
-        return out
-    try:
-        nm = subprocess.run(
-            ["nm", "-D", "--undefined-only", str(tvm_cuda_lib)], capture_output=True, text=True, check=True
-        ).stdout
-    except (OSError, subprocess.CalledProcessError) as exc:
-        raise BuildError(f"cannot list the CUDA driver symbols TVM needs (nm: {exc}); install binutils") from exc
-    symbols = sorted({line.split()[-1].split("@")[0] for line in nm.splitlines() if re.search(r"\bcu[A-Z]\w*", line)})
+def driver_symbols(binaries, nm: str = "nm") -> list[str]:
+    """The CUDA driver entry points (``cu*``) that shared libraries or object files leave undefined."""
+    names = set()
+    for b in binaries:
+        dynamic = [] if Path(b).suffix == ".o" else ["-D"]
+        try:
+            out = subprocess.run(
+                [nm, *dynamic, "--undefined-only", str(b)], capture_output=True, text=True, check=True
+            ).stdout
+        except (OSError, subprocess.CalledProcessError) as exc:
+            raise BuildError(f"cannot list the CUDA driver symbols of {b} ({nm}: {exc}); install binutils") from exc
+        names |= {line.split()[-1].split("@")[0] for line in out.splitlines() if re.search(r"\bcu[A-Z]\w*", line)}
+    return sorted(names)
+
+
+def compile_stub(symbols: list[str], out: Path, cc: str | None = None) -> Path:
+    """Write ``out``, a ``libcuda.so.1`` defining ``symbols``, each returning CUDA_ERROR_NO_DEVICE;
+    ``cc`` (default ``$CC`` or ``cc``; a cross compiler for another architecture) builds it."""
+    cc = cc or os.environ.get("CC", "cc")
     source = "/* libcuda stub for building on GPU-less hosts: every call reports no device. */\n"
     source += "".join(f"int {s}(void) {{ return 100; /* CUDA_ERROR_NO_DEVICE */ }}\n" for s in symbols)
-    _STUB_DIR.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=_STUB_DIR) as tmp:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         src = Path(tmp) / "stub.c"
         src.write_text(source)
-        cc = os.environ.get("CC", "cc")
         try:
             subprocess.run(
                 [cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(Path(tmp) / "lib.so"), str(src)],
@@ -70,3 +77,10 @@ def _build_stub(tvm_cuda_lib: Path) -> Path:
             raise BuildError(f"cannot build the libcuda stub with '{cc}': {getattr(exc, 'stderr', exc)}") from exc
         os.replace(Path(tmp) / "lib.so", out)
     return out
+
+
+def _build_stub(tvm_cuda_lib: Path) -> Path:
+    out = _STUB_DIR / "libcuda.so.1"
+    if out.exists():
+        return out
+    return compile_stub(driver_symbols([tvm_cuda_lib]), out)
