@@ -246,9 +246,9 @@ def encode_infer_response(
     for w in wanted:
         arr = np.ascontiguousarray(outputs[w.name])
         entry: dict[str, Any] = {"name": w.name, "datatype": datatype_of(arr.dtype), "shape": list(arr.shape)}
+        raw = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes() if w.shm or w.binary else b""
         if w.shm is not None:
             region, offset, size = w.shm
-            raw = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
             if len(raw) > size:
                 raise ProtocolError(f"output '{w.name}' needs {len(raw)} bytes; its shared memory holds {size}")
             try:
@@ -261,7 +261,6 @@ def encode_infer_response(
             if offset:
                 entry["parameters"]["shared_memory_offset"] = offset
         elif w.binary:
-            raw = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:

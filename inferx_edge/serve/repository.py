@@ -230,7 +230,6 @@ class ModelVersion:
         if window["j_per_frame"] is not None:
             m.set("inferx_joules_per_inference", labels, window["j_per_frame"])
         m.set("inferx_arrival_rate", labels, window["arrival_fps"])
-        m.set("inferx_queue_depth", labels, self.batcher.depth)
         gov = self.governor
         for p in gov.points:
             m.set("inferx_governor_variant", (*labels, p), 1.0 if p == gov.current else 0.0)
