@@ -414,3 +414,15 @@ def build_quietly(output: Path, **options) -> Path:
     options.setdefault("target", host_target_name())
     build_artifact(BuildOptions(output=output, **options), log=lambda *a: None)
     return output
+
+
+def retarget_artifact(src: Path, dst: Path, **target) -> Path:
+    """Re-package an artifact with other target fields (as if built for another device)."""
+    import dataclasses
+
+    from inferx_edge.package import open_artifact, read_manifest, write_artifact
+
+    m = read_manifest(src)
+    with open_artifact(src) as art:
+        write_artifact(dst, dataclasses.replace(m, target=m.target | target), {n: art.member(n) for n in m.files})
+    return dst

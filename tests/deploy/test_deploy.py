@@ -222,9 +222,9 @@ def test_jetson_deploy_installs_the_cuda12_runtime_once(default_artifact, tmp_pa
     import json as _json
 
     from inferx_edge.package.bundle import sha256_file
-    from tests.runtime.test_engine import _retarget
+    from tests.helpers import retarget_artifact
 
-    orin = _retarget(
+    orin = retarget_artifact(
         default_artifact,
         tmp_path / "orin.ixa",
         name="jetson-agx-orin-64gb",

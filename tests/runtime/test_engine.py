@@ -13,7 +13,7 @@ import pytest
 from inferx_edge.errors import InputError, TargetMismatchError
 from inferx_edge.package import open_artifact, read_manifest, write_artifact
 from inferx_edge.runtime import Engine
-from tests.helpers import REPO, build_quietly, cli
+from tests.helpers import REPO, build_quietly, cli, retarget_artifact
 
 
 def _image(batch=1, dtype=np.float32):
@@ -79,18 +79,8 @@ def test_aarch64_artifact_refused_on_x86(arm64_artifact):
     assert r.returncode == 5 and "aarch64" in r.stderr
 
 
-def _retarget(src, dst, **target):
-    """Re-package an artifact with other target fields (as if built for another device)."""
-    m = read_manifest(src)
-    import dataclasses
-
-    with open_artifact(src) as art:
-        write_artifact(dst, dataclasses.replace(m, target=m.target | target), {n: art.member(n) for n in m.files})
-    return dst
-
-
 def test_gpu_artifact_refused_without_matching_gpu(default_artifact, tmp_path):
-    bad = _retarget(
+    bad = retarget_artifact(
         default_artifact, tmp_path / "orin.ixa", name="jetson-agx-orin-64gb", device="cuda", cuda_arch="sm_87"
     )
     # without a driver: TVM's CUDA runtime cannot load; with the build's libcuda stub loaded: no GPU

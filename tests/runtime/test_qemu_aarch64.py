@@ -76,7 +76,7 @@ def test_cuda12_runtime_for_jetson_loads_under_qemu(sysroot, arm64_artifact, tmp
     import zipfile
 
     from inferx_edge.compiler.cuda.stub import compile_stub, driver_symbols
-    from tests.runtime.test_engine import _retarget
+    from tests.helpers import retarget_artifact
 
     if shutil.which("aarch64-linux-gnu-gcc") is None:
         pytest.skip("no aarch64 cross compiler")
@@ -105,7 +105,7 @@ def test_cuda12_runtime_for_jetson_loads_under_qemu(sysroot, arm64_artifact, tmp
     stub = compile_stub(
         driver_symbols([plugin], "aarch64-linux-gnu-nm"), tmp_path / "libcuda.so.1", "aarch64-linux-gnu-gcc"
     )
-    orin = _retarget(
+    orin = retarget_artifact(
         arm64_artifact,
         tmp_path / "orin.ixa",
         name="jetson-agx-orin-64gb",
