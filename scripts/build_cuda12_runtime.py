@@ -18,7 +18,9 @@ PyPI headers (docs/deploy.md).
 
 Writes ``<out>/<arch>/libtvm_runtime_cuda.so`` and ``build.json`` (sha256 of the library and of every
 input, compiler, CUDA version, NEEDED entries); fails unless the library NEEDs ``libcudart.so.12``, no
-``libcudart.so.13``, and is of the requested machine.
+``libcudart.so.13``, and is of the requested machine. ``--sign KEY`` (the Ed25519 key artifacts are
+signed with, ``python -m inferx_edge keygen``) also writes ``build.json.sig``: a device with a trust
+store loads the library only when that signature is by a trusted key and the sha256 matches.
 """
 
 from __future__ import annotations
@@ -311,11 +313,22 @@ def main() -> int:
     )
     ap.add_argument("--cuda-home", type=Path, default=None, help="a CUDA 12 toolkit (on a Jetson: /usr/local/cuda)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--sign", type=Path, default=None, metavar="KEY", help="Ed25519 private key: write build.json.sig")
     args = ap.parse_args()
+    if args.sign is not None and not args.sign.is_file():
+        raise SystemExit(f"--sign {args.sign}: no such key file (python -m inferx_edge keygen makes one)")
     missing = [s for s in SOURCES if not (args.tvm_src / s).exists()]
     if missing:
         raise SystemExit(f"{args.tvm_src} lacks {missing} (pass --tvm-src)")
     rec = build(args.arch, args.out, args.tvm_src, args.cache, args.cuda_home, args.jobs)
+    sig = args.out / args.arch / "build.json.sig"
+    if args.sign is not None:
+        from inferx_edge.package.signing import sign_manifest
+
+        sig.write_bytes(sign_manifest((args.out / args.arch / "build.json").read_bytes(), args.sign, "build.json"))
+        print(f"signed {sig}")
+    elif sig.exists():
+        sig.unlink()  # a signature of an earlier build would not match this record
     print(
         f"wrote {args.out / rec['library']} (sha256 {rec['sha256'][:16]}..., {rec['machine']}, "
         f"CUDA {rec['cuda_version']}, NEEDED {', '.join(n for n in rec['needed'] if 'cud' in n)})"

@@ -23,8 +23,9 @@ from pathlib import Path, PurePosixPath
 
 from inferx_edge.deploy.result import DeployResult
 from inferx_edge.deploy.transports import DeployError, LocalTransport, SSHTransport, check_login_part
-from inferx_edge.errors import UsageError
+from inferx_edge.errors import ArtifactError, UsageError
 from inferx_edge.package.bundle import sha256_file, verify_artifact
+from inferx_edge.package.native import BUILD_RECORD, BUILD_RECORD_SIGNATURE, check_library_record
 
 SCHEMES = ("ssh://user@host[:port]/dir", "rpc://tracker-host:port/key", "a local directory")
 #: releases kept for rollback (current included)
@@ -139,7 +140,7 @@ def deploy(
         raise
     notes = []
     if manifest.target.get("device") == "cuda" and manifest.target.get("min_jetpack"):
-        notes += install_cuda_runtime(transport, manifest.target, cuda_runtime, log)
+        notes += install_cuda_runtime(transport, manifest.target, cuda_runtime, log, python=python, trust=trust)
     log("[4/5] switching current")
     current = transport.root / "current"
     old = transport.readlink(current)
@@ -178,15 +179,30 @@ def deploy(
 DEFAULT_CUDA_RUNTIME = Path("build") / "cuda12-runtime"
 
 
-def install_cuda_runtime(transport, target: dict, runtime_dir: Path | None, log) -> list[str]:
+def install_cuda_runtime(
+    transport, target: dict, runtime_dir: Path | None, log, python: str = "python3", trust=None
+) -> list[str]:
     """Install the CUDA 12 build of TVM's CUDA runtime as ``ROOT/cuda12-runtime/<arch>/`` (where the
-    device's runtime looks for it next to the release). Uploaded as ``.part``, its sha256 computed on
-    the device and compared with the build record, then renamed into place; an identical copy already
-    there is left alone. Returns notes for the deploy result."""
+    device's runtime looks for it next to the release), unless the device's own TVM already runs on its
+    driver (``python -m inferx_edge.runtime.cuda_status`` there says so): then it is left alone.
+
+    Checked here first (the sha256 in its ``build.json``; with a trust store, ``build.json.sig`` by a
+    trusted key: the device's runtime applies the same rule before loading it). Uploaded as ``.part``,
+    its sha256 computed on the device and compared with the record, then renamed into place; the
+    record and its signature go beside it; an identical copy already there is left alone. Returns notes
+    for the deploy result."""
     arch = target["host_triple"].split("-")[0]
     explicit = runtime_dir is not None
     runtime_dir = Path(runtime_dir) if explicit else DEFAULT_CUDA_RUNTIME
-    lib, record_path = runtime_dir / arch / "libtvm_runtime_cuda.so", runtime_dir / arch / "build.json"
+    lib = runtime_dir / arch / "libtvm_runtime_cuda.so"
+    record_path, sig_path = lib.parent / BUILD_RECORD, lib.parent / BUILD_RECORD_SIGNATURE
+    status = transport.cuda_status(python)
+    if status and status.get("works") and status.get("arch") == arch:
+        log(
+            f"      the device's TVM CUDA runtime (libcudart.so.{status['installed_cudart']}) runs on its driver "
+            f"(CUDA {'.'.join(map(str, status['driver_cuda']))}): no CUDA 12 runtime installed"
+        )
+        return []
     if not lib.is_file() or not record_path.is_file():
         if explicit:
             raise UsageError(f"--cuda-runtime {runtime_dir}: no {arch}/libtvm_runtime_cuda.so with its build.json")
@@ -195,12 +211,11 @@ def install_cuda_runtime(transport, target: dict, runtime_dir: Path | None, log)
             "the device needs one unless its TVM runtime already works with its driver"
         ]
     try:
-        record = json.loads(record_path.read_text())
-        want = record["sha256"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise DeployError(f"{record_path} is not a build record of scripts/build_cuda12_runtime.py ({exc})") from exc
-    if sha256_file(lib) != want:
-        raise DeployError(f"{lib} does not match the sha256 in {record_path}: rebuild it")
+        checked = check_library_record(lib, trust, require_record=True)
+    except ArtifactError as exc:
+        raise DeployError(f"CUDA 12 runtime not deployed: {exc}") from exc
+    want = checked["sha256"]
+    record = json.loads(record_path.read_text())
     dest_dir = transport.root / "cuda12-runtime" / arch
     final, part = dest_dir / "libtvm_runtime_cuda.so", dest_dir / ".libtvm_runtime_cuda.so.part"
     transport.mkdir(dest_dir)
@@ -208,10 +223,12 @@ def install_cuda_runtime(transport, target: dict, runtime_dir: Path | None, log)
         there = transport.sha256(final)
     except (OSError, DeployError):  # not installed yet
         there = ""
-    if there == want:
+    signed = sig_path.read_text() if sig_path.is_file() else None
+    if there == want and transport.read_text(dest_dir / BUILD_RECORD_SIGNATURE) == signed:
         log(f"      CUDA 12 runtime for {arch} already on the device ({want[:12]})")
         return []
-    log(f"      installing the CUDA 12 runtime for {arch} ({want[:12]}, CUDA {record.get('cuda_version')})")
+    signer = f", signed by {checked['signer']}" if checked.get("signer") else (", signed" if signed else ", unsigned")
+    log(f"      installing the CUDA 12 runtime for {arch} ({want[:12]}, CUDA {record.get('cuda_version')}{signer})")
     try:
         transport.put(lib, part)
         got = transport.sha256(part)
@@ -221,7 +238,11 @@ def install_cuda_runtime(transport, target: dict, runtime_dir: Path | None, log)
     except BaseException:
         transport.remove(part)
         raise
-    transport.write_text(dest_dir / "build.json", record_path.read_text())
+    transport.write_text(dest_dir / BUILD_RECORD, record_path.read_text())
+    if signed is not None:
+        transport.write_text(dest_dir / BUILD_RECORD_SIGNATURE, signed)
+    else:
+        transport.remove(dest_dir / BUILD_RECORD_SIGNATURE)  # a stale signature would not match this record
     return [f"installed the CUDA 12 runtime for {arch} as {final}"]
 
 

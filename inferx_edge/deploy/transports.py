@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import shlex
 import shutil
@@ -118,6 +119,10 @@ class LocalTransport:
         cmd = [python, "-m", "inferx_edge", "run", str(artifact), "--repeat", str(repeat)]
         return _checked(cmd, "self-test")
 
+    def cuda_status(self, python: str) -> dict | None:
+        """:mod:`inferx_edge.runtime.cuda_status` as the device's Python reports it (None if it cannot)."""
+        return _status(lambda: _checked([python, "-m", "inferx_edge.runtime.cuda_status"], "CUDA status"))
+
 
 def check_login_part(value: str | None, what: str, dest: str) -> None:
     """ssh reads a host or user starting with '-' as an option: refuse it."""
@@ -201,6 +206,19 @@ class SSHTransport:
         return self._ssh(
             f"{shlex.quote(python)} -m inferx_edge run {shlex.quote(str(artifact))} --repeat {int(repeat)}", "self-test"
         )
+
+    def cuda_status(self, python: str) -> dict | None:
+        """:mod:`inferx_edge.runtime.cuda_status` as the device's Python reports it (None if it cannot)."""
+        return _status(lambda: self._ssh(f"{shlex.quote(python)} -m inferx_edge.runtime.cuda_status", "CUDA status"))
+
+
+def _status(call) -> dict | None:
+    try:
+        lines = call().strip().splitlines()
+        doc = json.loads(lines[-1]) if lines else None
+    except (DeployError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

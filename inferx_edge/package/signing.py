@@ -94,15 +94,17 @@ def load_private_key(path: Path):
     return key
 
 
-def sign_manifest(manifest_bytes: bytes, key_path: Path) -> bytes:
-    """The ``signature.json`` member for ``manifest_bytes``, signed with the key at ``key_path``."""
+def sign_manifest(manifest_bytes: bytes, key_path: Path, signed_member: str = "manifest.json") -> bytes:
+    """The ``signature.json`` member for ``manifest_bytes``, signed with the key at ``key_path``
+    (``signed_member`` names what was signed: the same document signs other records, e.g. the
+    ``build.json`` of a CUDA runtime library)."""
     key = load_private_key(key_path)
     raw = _raw(key.public_key())
     doc = {
         "format": SIGNATURE_FORMAT,
         "version": 1,
         "algorithm": "ed25519",
-        "signed_member": "manifest.json",
+        "signed_member": signed_member,
         "key_fingerprint": fingerprint(raw),
         "public_key": base64.b64encode(raw).decode(),
         "signature": base64.b64encode(key.sign(manifest_bytes)).decode(),

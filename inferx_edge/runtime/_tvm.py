@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from inferx_edge.errors import ArtifactError
 from inferx_edge.runtime.compat import driver_cuda_version
 
 
@@ -105,39 +106,87 @@ def cuda_runtime_dirs(near: Path | None = None) -> list[Path]:
     return dirs
 
 
-def choose_cuda_runtime(near: Path | None = None) -> dict:
-    """Which ``libtvm_runtime_cuda.so`` to load: ``{"path": None (the wheel's) or a Path, "why": ...}``.
+def installed_cudart_major() -> int:
+    """The CUDA runtime major the installed TVM's ``libtvm_runtime_cuda.so`` links: the apache-tvm
+    wheel's links ``libcudart.so.13``; a TVM built on a Jetson against JetPack's CUDA links 12."""
+    from inferx_edge.package.elf import cudart_major
 
-    ``INFERX_CUDA_RUNTIME=PATH`` (or ``wheel``) decides; otherwise a driver older than the wheel's CUDA
-    (JetPack 6: CUDA 12) selects the CUDA 12 build found under :func:`cuda_runtime_dirs`, and its
-    absence is an error saying how to get it."""
+    try:
+        return cudart_major(tvm_lib_dir() / "libtvm_runtime_cuda.so") or WHEEL_CUDART_MAJOR
+    except (OSError, KeyError, ArtifactError):
+        return WHEEL_CUDART_MAJOR
+
+
+def choose_cuda_runtime(near: Path | None = None, trust=None) -> dict:
+    """Which ``libtvm_runtime_cuda.so`` to load: ``{"path": None (the installed TVM's) or a Path, "why": ...}``.
+
+    ``INFERX_CUDA_RUNTIME=PATH`` (or ``wheel``) decides; otherwise the installed TVM's library when its
+    CUDA runtime major is at most the driver's (a device whose TVM already works is left alone), else
+    the CUDA 12 build found under :func:`cuda_runtime_dirs`; its absence is an error saying how to get
+    it. A chosen CUDA 12 build is checked first (:func:`verify_cuda_runtime`, with ``trust``)."""
     from inferx_edge.errors import TargetMismatchError
 
     forced = os.environ.get(CUDA_RUNTIME_ENV)
     if forced == "wheel":
-        return {"path": None, "why": f"the wheel's ({CUDA_RUNTIME_ENV}=wheel)"}
+        return {"path": None, "why": f"the installed TVM's ({CUDA_RUNTIME_ENV}=wheel)"}
+    driver = driver_cuda_version()
     if forced:
         path = Path(forced)
         if not path.is_file():
             raise TargetMismatchError(f"{CUDA_RUNTIME_ENV}={forced}: no such file")
-        return {"path": path, "why": f"{CUDA_RUNTIME_ENV}"}
-    driver = driver_cuda_version()
-    if driver is None or driver[0] >= WHEEL_CUDART_MAJOR:
-        return {"path": None, "why": "the wheel's" + (f" (driver CUDA {_v(driver)})" if driver else "")}
+        return {"path": path, "why": f"{CUDA_RUNTIME_ENV}", **verify_cuda_runtime(path, driver, trust)}
+    installed = installed_cudart_major()
+    if driver is None or driver[0] >= installed:
+        why = f"the installed TVM's (libcudart.so.{installed}" + (f", driver CUDA {_v(driver)})" if driver else ")")
+        return {"path": None, "why": why}
     arch = os.uname().machine
     for d in cuda_runtime_dirs(near):
         candidate = d / arch / "libtvm_runtime_cuda.so"
         if candidate.is_file():
             return {
                 "path": candidate,
-                "why": f"driver CUDA {_v(driver)} is older than the wheel's CUDA {WHEEL_CUDART_MAJOR}",
+                "why": f"driver CUDA {_v(driver)} is older than the installed TVM's CUDA {installed}",
+                **verify_cuda_runtime(candidate, driver, trust),
             }
     raise TargetMismatchError(
-        f"this device's driver supports CUDA {_v(driver)}, but TVM's CUDA runtime from the wheel needs CUDA "
-        f"{WHEEL_CUDART_MAJOR} (libcudart.so.{WHEEL_CUDART_MAJOR}); install the CUDA 12 runtime "
+        f"this device's driver supports CUDA {_v(driver)}, but TVM's CUDA runtime installed here needs CUDA "
+        f"{installed} (libcudart.so.{installed}); install the CUDA 12 runtime "
         f"(python scripts/build_cuda12_runtime.py, then copy <out>/{arch}/ to "
-        f"{cuda_runtime_dirs()[-1]}/{arch}/, or set {CUDA_RUNTIME_ENV}=PATH)"
+        f"{cuda_runtime_dirs()[-1]}/{arch}/, or deploy with --cuda-runtime <out>; or set {CUDA_RUNTIME_ENV}=PATH)"
     )
+
+
+def verify_cuda_runtime(lib: Path, driver: tuple[int, int] | None, trust=None) -> dict:
+    """Check a CUDA 12 build of ``libtvm_runtime_cuda.so`` before it is loaded; returns what was checked.
+
+    - its CPU architecture is this machine's, and its CUDA runtime major is at most the driver's;
+    - when its ``build.json`` is beside it, the library's sha256 matches the one recorded there;
+    - with a trust store (``trust``: a ``.pub`` file or directory, None for the default store, False for
+      none) ``build.json`` must be signed (``build.json.sig``) by a trusted key: a device that refuses
+      unsigned artifacts refuses unsigned native code too.
+    Any failure is a :class:`~inferx_edge.errors.TargetMismatchError` (exit 5) naming it."""
+    from inferx_edge.errors import TargetMismatchError
+    from inferx_edge.package.elf import cudart_major, elf_machine
+    from inferx_edge.package.native import check_library_record
+
+    try:
+        machine = elf_machine(lib)
+        major = cudart_major(lib)
+    except (OSError, ArtifactError) as exc:
+        raise TargetMismatchError(f"CUDA runtime {lib} is not a usable library: {exc}") from exc
+    if machine != os.uname().machine:
+        raise TargetMismatchError(f"CUDA runtime {lib} is built for {machine}, this machine is {os.uname().machine}")
+    if major is None:
+        raise TargetMismatchError(f"CUDA runtime {lib} does not link a CUDA runtime (libcudart.so.N): not TVM's")
+    if driver is not None and major > driver[0]:
+        raise TargetMismatchError(
+            f"CUDA runtime {lib} links libcudart.so.{major}, but this device's driver supports CUDA {_v(driver)}; "
+            f"use a build against CUDA {driver[0]} (scripts/build_cuda12_runtime.py)"
+        )
+    try:
+        return {"cudart_major": major, **check_library_record(lib, trust)}
+    except ArtifactError as exc:
+        raise TargetMismatchError(f"CUDA runtime refused: {exc}") from exc
 
 
 def _v(version: tuple[int, int] | None) -> str:
@@ -192,7 +241,7 @@ def load_tvm_cuda_library(choice: dict | None = None) -> None:
     cuda_runtime_choice = choice
 
 
-def load_cuda_backend(tvm, near: Path | None = None) -> None:
+def load_cuda_backend(tvm, near: Path | None = None, trust=None) -> None:
     """Load TVM's CUDA runtime (``libtvm_runtime_cuda.so``), which runtime-only mode leaves out.
 
     It links the NVIDIA driver (``libcuda.so.1``) and a CUDA runtime: the wheel's links
@@ -202,7 +251,7 @@ def load_cuda_backend(tvm, near: Path | None = None) -> None:
     from inferx_edge.errors import TargetMismatchError
 
     try:
-        load_tvm_cuda_library(choose_cuda_runtime(near))
+        load_tvm_cuda_library(choose_cuda_runtime(near, trust))
     except TargetMismatchError:
         raise
     except (OSError, RuntimeError) as exc:

@@ -122,7 +122,7 @@ class Engine:
             target = manifest.target
             if target["device"] == "cuda":
                 compat.check_host(target, self._extracted.member(manifest.variant(variant).library))
-                load_cuda_backend(self._tvm, near=self.path)
+                load_cuda_backend(self._tvm, near=self.path, trust=trust)
                 compat.check_cuda_device(self._tvm, target, device_id)
                 self.device = self._tvm.cuda(device_id)
             else:
