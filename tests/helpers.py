@@ -416,13 +416,15 @@ def build_quietly(output: Path, **options) -> Path:
     return output
 
 
-def retarget_artifact(src: Path, dst: Path, **target) -> Path:
-    """Re-package an artifact with other target fields (as if built for another device)."""
+def retarget_artifact(src: Path, dst: Path, sign_key: Path | None = None, **target) -> Path:
+    """Re-package an artifact with other target fields (as if built for another device), signed with
+    ``sign_key`` when given."""
     import dataclasses
 
     from inferx_edge.package import open_artifact, read_manifest, write_artifact
 
     m = read_manifest(src)
     with open_artifact(src) as art:
-        write_artifact(dst, dataclasses.replace(m, target=m.target | target), {n: art.member(n) for n in m.files})
+        members = {n: art.member(n) for n in m.files}
+        write_artifact(dst, dataclasses.replace(m, target=m.target | target), members, sign_key=sign_key)
     return dst

@@ -256,3 +256,52 @@ def test_jetson_deploy_installs_the_cuda12_runtime_once(default_artifact, tmp_pa
         deploy(orin, str(root), selftest=False, cuda_runtime=tmp_path / "none", **QUIET)
     r3 = deploy(orin, str(tmp_path / "other"), selftest=False, **QUIET)  # no build/cuda12-runtime here
     assert any("no CUDA 12 runtime for aarch64" in n for n in r3.notes) or (REPO / "build" / "cuda12-runtime").exists()
+
+
+def test_jetson_deploy_ships_a_signed_cuda12_runtime_and_leaves_a_working_device_alone(
+    default_artifact, tmp_path, monkeypatch
+):
+    import json as _json
+
+    from inferx_edge.deploy.transports import LocalTransport
+    from inferx_edge.package.bundle import sha256_file
+    from inferx_edge.package.signing import generate_keypair, sign_manifest
+    from tests.helpers import retarget_artifact
+
+    key, pub, _ = generate_keypair(tmp_path / "keys")
+    orin = retarget_artifact(
+        default_artifact,
+        tmp_path / "orin.ixa",
+        name="jetson-agx-orin-64gb",
+        device="cuda",
+        cuda_arch="sm_87",
+        min_jetpack="6.0",
+        host_triple="aarch64-linux-gnu",
+        sign_key=key,
+    )
+    runtime = tmp_path / "cuda12-runtime"
+    (runtime / "aarch64").mkdir(parents=True)
+    lib = runtime / "aarch64" / "libtvm_runtime_cuda.so"
+    lib.write_bytes(b"\x7fELF stand-in for the CUDA 12 build")
+    record = runtime / "aarch64" / "build.json"
+    record.write_text(_json.dumps({"sha256": sha256_file(lib), "cuda_version": 12060}))
+    root = tmp_path / "orin-dev"
+    with pytest.raises(DeployError, match="not signed, and the trust store"):
+        deploy(orin, str(root), selftest=False, cuda_runtime=runtime, trust=pub, **QUIET)
+    assert not (root / "cuda12-runtime" / "aarch64" / "libtvm_runtime_cuda.so").exists()
+    (runtime / "aarch64" / "build.json.sig").write_bytes(sign_manifest(record.read_bytes(), key, "build.json"))
+    r = deploy(orin, str(root), selftest=False, cuda_runtime=runtime, trust=pub, **QUIET)
+    there = root / "cuda12-runtime" / "aarch64"
+    assert any("installed the CUDA 12 runtime" in n for n in r.notes)
+    assert (there / "build.json.sig").read_bytes() == (runtime / "aarch64" / "build.json.sig").read_bytes()
+    # a device whose own TVM runs on its driver (TVM built on the Jetson, or a CUDA 13 driver) gets nothing
+    monkeypatch.setattr(
+        LocalTransport,
+        "cuda_status",
+        lambda self, python: {"arch": "aarch64", "driver_cuda": [12, 6], "installed_cudart": 12, "works": True},
+    )
+    fresh = tmp_path / "jetson-with-own-tvm"
+    logs = []
+    deploy(orin, str(fresh), selftest=False, cuda_runtime=runtime, trust=pub, log=logs.append)
+    assert not (fresh / "cuda12-runtime").exists()
+    assert any("runs on its driver" in line for line in logs)
