@@ -106,9 +106,7 @@ def _fake_tvm_cuda_lib(path: Path, cudart: int) -> Path:
     src.write_text("int inferx_fake_symbol(void) { return 0; }\n")
     dep = path.parent / f"libcudart.so.{cudart}"
     subprocess.run(["gcc", "-shared", "-fPIC", f"-Wl,-soname,{dep.name}", "-o", str(dep), str(src)], check=True)
-    subprocess.run(
-        ["gcc", "-shared", "-fPIC", "-o", str(path), str(src), "-Wl,--no-as-needed", str(dep)], check=True
-    )
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(path), str(src), "-Wl,--no-as-needed", str(dep)], check=True)
     return path
 
 
