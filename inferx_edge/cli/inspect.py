@@ -13,6 +13,12 @@ from inferx_edge.cli._common import add_trust_argument
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("artifact", type=Path)
     p.add_argument("--json", action="store_true", help="print the whole manifest as JSON")
+    p.add_argument(
+        "--device",
+        action="store_true",
+        help="also say what this machine would load to run it: CPU architecture, driver CUDA, which "
+        "libtvm_runtime_cuda.so (the installed TVM's or the CUDA 12 build) and why; exit 5 if it cannot run here",
+    )
     add_trust_argument(p)
 
 
@@ -21,8 +27,11 @@ def run(args: argparse.Namespace) -> int:
 
     m, provenance = verify_artifact(args.artifact, trust=args.trust)
     if args.json:
-        print(json.dumps(asdict(m) | {"provenance": asdict(provenance)}, indent=2))
-        return 0
+        doc = asdict(m) | {"provenance": asdict(provenance)}
+        if args.device:
+            doc["device"] = device_report(args.artifact, m, args.trust)
+        print(json.dumps(doc, indent=2, default=str))
+        return 0 if not args.device or doc["device"]["runs_here"] else 5
     t = m.target
     print(f"{args.artifact}: verified ({len(m.files)} members, sha256 ok)")
     print(f"  {provenance.line()}")
@@ -38,4 +47,43 @@ def run(args: argparse.Namespace) -> int:
             print(f"      in  {s.describe()}")
         for s in v.outputs:
             print(f"      out {s.describe()}")
+    if args.device:
+        report = device_report(args.artifact, m, args.trust)
+        print(f"  this device: {report['machine']}, driver CUDA {report['driver_cuda'] or 'none'}")
+        if "cuda_runtime" in report:
+            c = report["cuda_runtime"]
+            print(
+                f"  CUDA runtime {c['library']}: {c['why']}"
+                + (f" (signed by {c['signer']})" if c.get("signer") else "")
+            )
+        if not report["runs_here"]:
+            print(f"  cannot run here: {report['problem']}")
+            return 5
     return 0
+
+
+def device_report(artifact: Path, m, trust) -> dict:
+    """What this machine would load to run ``artifact``, without loading it (exit-5 problems as text)."""
+    import os
+
+    from inferx_edge.errors import TargetMismatchError
+    from inferx_edge.runtime import _tvm
+    from inferx_edge.runtime.compat import driver_cuda_version
+
+    driver = driver_cuda_version()
+    report = {"machine": os.uname().machine, "driver_cuda": ".".join(map(str, driver)) if driver else None}
+    want = m.target["host_triple"].split("-")[0]
+    if want != report["machine"]:
+        return report | {"runs_here": False, "problem": f"built for a {want} host, this machine is {report['machine']}"}
+    if m.target["device"] != "cuda":
+        return report | {"runs_here": True}
+    _tvm.import_tvm_runtime()
+    try:
+        choice = _tvm.choose_cuda_runtime(near=artifact, trust=trust)
+    except TargetMismatchError as exc:
+        return report | {"runs_here": False, "problem": str(exc)}
+    library = str(choice["path"]) if choice["path"] else str(_tvm.tvm_lib_dir() / "libtvm_runtime_cuda.so")
+    report["cuda_runtime"] = {**choice, "library": library}
+    if driver is None:
+        return report | {"runs_here": False, "problem": "no NVIDIA driver (libcuda.so.1) on this machine"}
+    return report | {"runs_here": True}

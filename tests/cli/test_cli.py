@@ -54,3 +54,22 @@ def test_cli_errors(tmp_path, args, code, msg):
     assert r.returncode == code, r.stderr
     assert msg in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_inspect_device_says_what_this_machine_would_load(default_artifact, tmp_path):
+    import os
+
+    from tests.helpers import retarget_artifact
+
+    r = cli("inspect", default_artifact, "--device")
+    assert r.returncode == 0 and f"this device: {os.uname().machine}" in r.stdout, r.stderr
+    gpu = retarget_artifact(default_artifact, tmp_path / "gpu.ixa", name="h200", device="cuda", cuda_arch="sm_90a")
+    r = cli("inspect", gpu, "--device", "--json")
+    doc = json.loads(r.stdout)["device"]
+    if doc["driver_cuda"] is None:  # no NVIDIA driver here: says so, exit 5, and still names the runtime
+        assert r.returncode == 5 and "no NVIDIA driver" in doc["problem"]
+    assert "libtvm_runtime_cuda.so" in doc["cuda_runtime"]["library"]
+    other = "x86_64" if os.uname().machine == "aarch64" else "aarch64"
+    foreign = retarget_artifact(default_artifact, tmp_path / "arm.ixa", host_triple=f"{other}-linux-gnu")
+    r = cli("inspect", foreign, "--device")
+    assert r.returncode == 5 and f"built for a {other} host" in r.stdout
