@@ -1,4 +1,4 @@
-"""torchvision's ResNet-50 and MobileNetV2 written out, for hosts where torchvision cannot be imported
+"""torchvision's ResNet-18, ResNet-50 and MobileNetV2 written out, for hosts where torchvision cannot be imported
 (the build host's CPU torch has no matching torchvision wheel). Parameter names and shapes are
 torchvision's, so its checkpoints load with ``load_state_dict`` and a seeded random initialisation gives
 the same network on every host.
@@ -36,10 +36,27 @@ def _modules():
             out = self.relu(self.bn2(self.conv2(out)))
             return self.relu(self.bn3(self.conv3(out)) + identity)
 
-    class ResNet(nn.Module):
-        def __init__(self, layers=(3, 4, 6, 3), num_classes: int = 1000):
+    class BasicBlock(nn.Module):
+        expansion = 1
+
+        def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample=None):
             super().__init__()
-            self.inplanes = 64
+            self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(planes)
+            self.relu = nn.ReLU(inplace=True)
+            self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(planes)
+            self.downsample = downsample
+
+        def forward(self, x):
+            identity = x if self.downsample is None else self.downsample(x)
+            out = self.relu(self.bn1(self.conv1(x)))
+            return self.relu(self.bn2(self.conv2(out)) + identity)
+
+    class ResNet(nn.Module):
+        def __init__(self, layers=(3, 4, 6, 3), num_classes: int = 1000, block=Bottleneck):
+            super().__init__()
+            self.inplanes, self.block = 64, block
             self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
             self.bn1 = nn.BatchNorm2d(64)
             self.relu = nn.ReLU(inplace=True)
@@ -49,20 +66,18 @@ def _modules():
             self.layer3 = self._layer(256, layers[2], 2)
             self.layer4 = self._layer(512, layers[3], 2)
             self.avgpool = nn.AdaptiveAvgPool2d(1)
-            self.fc = nn.Linear(2048, num_classes)
+            self.fc = nn.Linear(512 * block.expansion, num_classes)
             for m in self.modules():  # torchvision's initialisation
                 if isinstance(m, nn.Conv2d):
                     nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
         def _layer(self, planes: int, blocks: int, stride: int = 1):
-            downsample = None
-            if stride != 1 or self.inplanes != planes * 4:
-                downsample = nn.Sequential(
-                    nn.Conv2d(self.inplanes, planes * 4, 1, stride, bias=False), nn.BatchNorm2d(planes * 4)
-                )
-            layers = [Bottleneck(self.inplanes, planes, stride, downsample)]
-            self.inplanes = planes * 4
-            layers += [Bottleneck(self.inplanes, planes) for _ in range(1, blocks)]
+            downsample, width = None, planes * self.block.expansion
+            if stride != 1 or self.inplanes != width:
+                downsample = nn.Sequential(nn.Conv2d(self.inplanes, width, 1, stride, bias=False), nn.BatchNorm2d(width))
+            layers = [self.block(self.inplanes, planes, stride, downsample)]
+            self.inplanes = width
+            layers += [self.block(self.inplanes, planes) for _ in range(1, blocks)]
             return nn.Sequential(*layers)
 
         def forward(self, x):
@@ -117,10 +132,14 @@ def _modules():
             x = nn.functional.adaptive_avg_pool2d(self.features(x), 1)
             return self.classifier(torch.flatten(x, 1))
 
-    return {"resnet50": ResNet, "mobilenet_v2": MobileNetV2}
+    return {
+        "resnet18": lambda: ResNet((2, 2, 2, 2), block=BasicBlock),
+        "resnet50": ResNet,
+        "mobilenet_v2": MobileNetV2,
+    }
 
 
-NETS = ("resnet50", "mobilenet_v2")
+NETS = ("resnet18", "resnet50", "mobilenet_v2")
 
 
 def make_net(name: str, seed: int = 0):

@@ -19,6 +19,8 @@ schedule keeps TVM's default. Tuned kernels (``tirx.is_scheduled``) are left alo
 
 from __future__ import annotations
 
+import math
+
 
 def _extent(loop_sref, sch) -> int | None:
     from tvm import tirx
@@ -72,14 +74,18 @@ class CPUDefaultSchedule:
             if len(reductions) > 1:
                 return None
             lanes = _lanes(target, self._bits(sch, reductions[0] if reductions else blocks[-1]))
-            if reductions:
-                self._reduction_order(sch, reductions[0], lanes)
+            unroll = self._reduction_order(sch, reductions[0], lanes) if reductions else []
             cores = int(target.attrs.get("num-cores", 1) or 1)
             sch.annotate(root, "meta_schedule.parallel", cores * self.JOBS_PER_CORE)
             sch.annotate(root, "meta_schedule.vectorize", lanes)
             for post in (ms.postproc.RewriteParallelVectorizeUnroll(), ms.postproc.RewriteReductionBlock()):
                 if not post.apply(sch):
                     return None
+            for loop in unroll:
+                try:
+                    sch.unroll(loop)
+                except Exception:  # noqa: BLE001 - a loop the postprocessors fused away: leave it
+                    pass
             return sch
         except Exception:  # noqa: BLE001 - a shape or pattern this rule does not cover: TVM's default
             return None
@@ -90,26 +96,67 @@ class CPUDefaultSchedule:
         dtype = getattr(buf, "dtype", None) or getattr(getattr(region, "ty", None), "dtype", "float32")
         return max(8, int(tvm_dtype_bits(dtype)))
 
-    @staticmethod
-    def _reduction_order(sch, block, lanes: int) -> None:
-        """Output axes outside, then the reduction, then a vector's worth of the innermost output axis:
-        each vector of accumulators stays in registers over the whole reduction."""
+    #: most vector accumulators a register tile may hold (16 vector registers on AVX2/NEON-128,
+    #: 32 on AVX-512/NEON: leave room for the operands)
+    MAX_ACCUMULATORS = 12
+    #: a reduction's operand tile larger than this (bytes, ~ half an L2) is kept in cache across output rows
+    CACHED_WEIGHTS_BYTES = 128 * 1024
+
+    @classmethod
+    def _reduction_order(cls, sch, block, lanes: int) -> list:
+        """Output axes outside, then the reduction, then a register tile: up to a few vectors of the
+        innermost output axis times a few rows of the next one (e.g. output channels x output pixels
+        of a convolution). Each accumulator stays in a register over the whole reduction, and the tile
+        gives the FMA units several independent chains (one accumulator is latency-bound). Returns the
+        loops to unroll (the tile's row loop)."""
         from tvm import tirx
 
         loops = sch.get_loops(block)
         kinds = [iv.iter_type for iv in sch.get(block).iter_vars]
         if len(kinds) != len(loops):
-            return
+            return []
         spatial = [lp for lp, k in zip(loops, kinds) if k == tirx.IterVar.DataPar]
         reduce = [lp for lp, k in zip(loops, kinds) if k == tirx.IterVar.CommReduce]
         if not spatial or not reduce:
-            return
+            return []
         v = _vector_width(_extent(spatial[-1], sch), lanes)
         if v is None:
             sch.reorder(*spatial, *reduce)
-            return
-        outer, inner = sch.split(spatial[-1], [None, v])
-        sch.reorder(*spatial[:-1], outer, *reduce, inner)
+            return []
+        last = _extent(spatial[-1], sch)
+        rows_ext = _extent(spatial[-2], sch) if len(spatial) >= 2 else None
+        vectors, rows = 1, 1
+        for k in (2, 1):  # the register tile with the most accumulators (ties: more vectors)
+            if last % (k * v):
+                continue
+            r = _largest_divisor(rows_ext, cls.MAX_ACCUMULATORS // k)
+            if k * r > vectors * rows:
+                vectors, rows = k, r
+        outer, inner = sch.split(spatial[-1], [None, vectors * v])
+        rows_loop = None
+        if rows > 1:
+            row_outer, rows_loop = sch.split(spatial[-2], [None, rows])
+            reduction = math.prod(_extent(r, sch) or 1 for r in reduce)
+            if len(spatial) >= 4 and reduction * vectors * v * 4 > cls.CACHED_WEIGHTS_BYTES:
+                # NHWC-like with a large weight tile: each tile of output channels sweeps every output row
+                # while its weights stay in cache (deep layers' weights are MBs: re-streaming them per
+                # output row was the bottleneck)
+                sch.reorder(spatial[0], outer, *spatial[1:-2], row_outer, *reduce, rows_loop, inner)
+            else:
+                sch.reorder(*spatial[:-2], row_outer, outer, *reduce, rows_loop, inner)
+        else:
+            sch.reorder(*spatial[:-1], outer, *reduce, inner)
+        unroll = [rows_loop] if rows_loop is not None else []
+        if vectors > 1:
+            vec_outer, _ = sch.split(inner, [vectors, None])
+            unroll.append(vec_outer)
+        return unroll
+
+
+def _largest_divisor(extent: int | None, at_most: int) -> int:
+    if not extent:
+        return 1
+    return next((r for r in range(min(at_most, extent), 1, -1) if extent % r == 0), 1)
 
 
 def tvm_dtype_bits(dtype) -> int:
