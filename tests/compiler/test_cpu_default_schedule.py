@@ -33,6 +33,10 @@ def test_untuned_kernels_get_parallel_vector_schedules():
     for s in convs.values():
         script = s.mod.script()
         assert "T.parallel" in script and "T.vectorized" in script and "_init" in script
+        # a register tile: several output pixels (an unrolled loop) around the vector of output channels,
+        # inside the reduction: independent accumulator chains instead of one latency-bound vector
+        update = script[: script.index('sblock("conv2d_nhwc_update")')]
+        assert "T.unroll" in update[-400:] and "T.vectorized" in update[-300:], script
 
 
 @pytest.mark.parametrize("batch", [1, 3])

@@ -6,10 +6,14 @@ than onnxruntime. This rule gives every kernel a generic, always-valid schedule 
 ``benchmarks/results/cpu_latency_x86-cpu_rocketlake_default_schedules.json``; ``tune`` or
 ``build --tune-minutes`` remain the way to full speed):
 
-- the one reduction block (a convolution, matmul, pooling window): the innermost output axis split by
-  the vector width and vectorized, the reduction loops moved inside the output tile so each vector of
-  accumulators is reused across the whole reduction, the outer output loops fused and parallelized,
-  the initialisation decomposed out and vectorized;
+- the one reduction block (a convolution, matmul, pooling window): a register tile of up to
+  :attr:`CPUDefaultSchedule.MAX_ACCUMULATORS` vector accumulators (one or two vectors of the innermost
+  output axis x a divisor of the next one, e.g. output channels x output pixels, unrolled) with the
+  reduction loops outside it, so each accumulator stays in a register over the whole reduction and the
+  FMA units get independent chains; a convolution whose weight tile exceeds
+  :attr:`CPUDefaultSchedule.CACHED_WEIGHTS_BYTES` sweeps every output row per output-channel tile, so
+  those weights are read from cache, not memory; the outer output loops fused and parallelized, the
+  initialisation decomposed out and vectorized (``benchmarks/results/cpu_vision_x86-cpu.json``);
 - every other block (pads, elementwise epilogues, layout changes, casts): its loops fused, split by
   the vector width, the outer part parallel and the inner part vectorized.
 
