@@ -74,7 +74,9 @@ def _modules():
         def _layer(self, planes: int, blocks: int, stride: int = 1):
             downsample, width = None, planes * self.block.expansion
             if stride != 1 or self.inplanes != width:
-                downsample = nn.Sequential(nn.Conv2d(self.inplanes, width, 1, stride, bias=False), nn.BatchNorm2d(width))
+                downsample = nn.Sequential(
+                    nn.Conv2d(self.inplanes, width, 1, stride, bias=False), nn.BatchNorm2d(width)
+                )
             layers = [self.block(self.inplanes, planes, stride, downsample)]
             self.inplanes = width
             layers += [self.block(self.inplanes, planes) for _ in range(1, blocks)]

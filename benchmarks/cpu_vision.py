@@ -52,9 +52,7 @@ def main() -> None:
             art = tmp / f"{model}.ixa"
             t0 = time.perf_counter()
             build_artifact(
-                BuildOptions(
-                    model=onnx_path, target="x86-cpu", output=art, batch_sizes=tuple(batches), tuning=False
-                ),
+                BuildOptions(model=onnx_path, target="x86-cpu", output=art, batch_sizes=tuple(batches), tuning=False),
                 log=lambda m: None,
             )
             build_s = time.perf_counter() - t0
@@ -72,17 +70,19 @@ def main() -> None:
                 ort_out = sess.run(None, {"image": x})[0]
                 xt = torch.from_numpy(x)
 
-                def torch_call():
+                def torch_call(net=net, xt=xt):
                     with torch.inference_mode():
                         net(xt)
 
                 systems = {
                     "inferx_edge_untuned": engine.benchmark(x, warmup=3, repeat=10, min_seconds=args.seconds),
-                    "onnxruntime": time_calls(lambda: sess.run(None, {"image": x}), lambda: None, 3, 10, args.seconds),
+                    "onnxruntime": time_calls(
+                        lambda sess=sess, x=x: sess.run(None, {"image": x}), lambda: None, 3, 10, args.seconds
+                    ),
                     "torch_eager": time_calls(torch_call, lambda: None, 3, 10, args.seconds),
                 }
 
-                def err(a):
+                def err(a, ref=ref):
                     return float(np.linalg.norm(a - ref) / np.linalg.norm(ref))
 
                 row = {
