@@ -55,7 +55,66 @@ def kernel_traits(mod, tuned: set[str]) -> dict[str, dict]:
     return out
 
 
-def main() -> int:
+def kernel_costs(mod) -> dict[str, dict]:
+    """FLOPs (TVM's estimate from the loop nest; count them before scheduling: tensor-core intrinsics
+    are not counted) and compulsory bytes (every parameter buffer read or written once) of each
+    PrimFunc: the roofline inputs of the Jetson twin's latency model."""
+    import tvm
+
+    out = {}
+    for gv, f in mod.functions_items():
+        if not isinstance(f, tvm.tirx.PrimFunc):
+            continue
+        try:
+            flops = float(tvm.s_tir.analysis.estimate_tir_flops(tvm.IRModule({"main": f})))
+        except Exception:  # noqa: BLE001 - a function TVM cannot count (e.g. dynamic loops)
+            flops = None
+        nbytes = 0
+        for buf in f.params:
+            if getattr(buf, "shape", None) is None or not hasattr(buf, "dtype"):
+                continue  # a scalar parameter
+            n = 1
+            for d in buf.shape:
+                n *= int(d) if isinstance(d, tvm.tirx.IntImm) else 1
+            nbytes += n * tvm.runtime.DataType(buf.dtype).bits // 8
+        out[gv.name_hint] = {"flops": flops, "bytes": nbytes}
+    return out
+
+
+def unscheduled_kernels(mod, spec, target):
+    """The module fused as the target pipeline fuses it, before any schedule: the kernels carry their
+    names but no tensor-core intrinsics yet, so their FLOPs can be counted from the loop nests."""
+    import tvm
+    from tvm import relax
+
+    passes = []
+    if spec.is_cuda:
+        from tvm.relax.backend.cuda import pipeline as cuda
+
+        passes += cuda.library_dispatch_passes(target)
+    passes += [
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
+    with target:
+        return tvm.transform.Sequential(passes)(mod)
+
+
+def _sm_clock_mhz() -> float | None:
+    """The GPU's SM clock now (NVML, read only), or None."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return float(pynvml.nvmlDeviceGetClockInfo(pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.NVML_CLOCK_SM))
+    except Exception:  # noqa: BLE001 - no NVML here
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", "-m", type=Path, required=True)
     ap.add_argument("--target", "-t", required=True)
@@ -67,7 +126,12 @@ def main() -> int:
     ap.add_argument("--calib", type=Path, default=None, help="int8/mixed: calibration data (see build --help)")
     ap.add_argument("--calib-method", default="entropy")
     ap.add_argument("--quant-plan", type=Path, default=None, help="int8/mixed: a plan written by 'quantize'")
-    args = ap.parse_args()
+    ap.add_argument(
+        "--costs-only",
+        action="store_true",
+        help="write each kernel's FLOPs and compulsory bytes (--json) without compiling or running: no GPU needed",
+    )
+    args = ap.parse_args(argv)
 
     import tvm
     from tvm import relax
@@ -105,8 +169,21 @@ def main() -> int:
         pipeline = relax_pipeline(spec, target)
         pipeline = relax.get_pipeline(pipeline) if isinstance(pipeline, str) else pipeline
         tuned_names = scheduled_names(mod)
+        costs = kernel_costs(unscheduled_kernels(mod, spec, target))
         mod = pipeline(mod)
         traits = kernel_traits(mod, tuned_names)
+        if args.costs_only:
+            doc = {
+                "model": str(args.model),
+                "target": spec.name,
+                "precision": args.precision,
+                "input_shapes": {k: list(v) for k, v in shapes.items()},
+                "kernels": {k: {**v, **traits.get(k, {})} for k, v in costs.items()},
+            }
+            if args.json:
+                args.json.write_text(json.dumps(doc, indent=1) + "\n")
+            print(f"{len(costs)} kernels, {sum(v['flops'] or 0 for v in costs.values()) / 1e9:.2f} GFLOP")
+            return 0
         ex = relax.build(mod, target, relax_pipeline=None, exec_mode="bytecode")
     print(f"compiled in {time.perf_counter() - t0:.1f} s; tuning: {tuned}")
 
@@ -142,8 +219,11 @@ def main() -> int:
         return 0
 
     vm.set_instrument(instrument)
+    clocks = []
     for _ in range(args.runs):
         run()
+        clocks.append(_sm_clock_mhz())
+    clocks = [c for c in clocks if c is not None]
     rows = sorted(
         (
             {
@@ -151,6 +231,7 @@ def main() -> int:
                 "calls_per_run": calls[k] // args.runs,
                 "ms_per_run": v / args.runs * 1e3,
                 **traits.get(k, {}),
+                **costs.get(k, {}),
             }
             for k, v in acc.items()
         ),
@@ -175,6 +256,7 @@ def main() -> int:
                     "device": str(dev),
                     "e2e_ms": e2e_ms,
                     "instrumented_sum_ms": total,
+                    "sm_clock_mhz": float(np.median(clocks)) if clocks else None,
                     "kernels": rows,
                 },
                 indent=1,

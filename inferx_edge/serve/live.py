@@ -86,10 +86,12 @@ class LiveGovernor:
         self.delay = max_queue_delay_s
         self.policy_name = options.policy
         self.limit = options.limit()
-        seen: dict[tuple[str, int], Point] = {}
+        seen: dict[tuple, Point] = {}
         for s in slots:
+            mode = getattr(s, "power_mode", None)  # slots of one device in several power modes (the twin)
             for v in sorted(s.variants.values(), key=lambda v: (v.precision, v.batch)):
-                seen.setdefault((v.precision, v.batch), Point(v.name, v.precision, v.batch))
+                name = v.name if mode is None else f"{v.name}@{mode}"
+                seen.setdefault((v.precision, v.batch, mode), Point(name, v.precision, v.batch, mode))
         self.points = {p.name: p for p in seen.values()}
         if options.fixed is not None:
             from inferx_edge.errors import check_choice
@@ -167,6 +169,11 @@ class LiveGovernor:
         p = self.points[self.current]
         return p.precision, p.batch
 
+    @property
+    def current_mode(self) -> str | None:
+        """The power mode of the current point (None where slots have no power modes)."""
+        return self.points[self.current].mode
+
     def route(self, rows: int, precision: str):
         now = time.monotonic()
         slot, v = self._pick(rows, precision, now)
@@ -174,12 +181,15 @@ class LiveGovernor:
         return slot, v
 
     def _pick(self, rows: int, precision: str, now: float):
+        mode = self.current_mode
+        slots = [s for s in self.slots if mode is None or getattr(s, "power_mode", None) == mode]
         if self.options.fixed:  # a pinned variant runs every batch, padded (the static baseline)
-            return next((s, s.variants[self.options.fixed]) for s in self.slots if self.options.fixed in s.variants)
-        options = [(s, s.variant_for(precision, rows)) for s in self.slots]
+            name = self.points[self.options.fixed].name.split("@")[0]
+            return next((s, s.variants[name]) for s in slots if name in s.variants)
+        options = [(s, s.variant_for(precision, rows)) for s in slots]
         options = [(s, v) for s, v in options if v is not None]
         if not options:  # no device has this precision at this size: any precision that fits
-            options = [(s, v) for s in self.slots if (v := s.variant_for(None, rows)) is not None]
+            options = [(s, v) for s in slots if (v := s.variant_for(None, rows)) is not None]
         if len(options) == 1:
             return options[0]
         scored = []

@@ -11,9 +11,13 @@ from inferx_edge.runtime.governor import VariantStats
 
 @dataclass(frozen=True)
 class Point:
+    """An operating point: a (precision, batch) the batcher forms, and on a board with power modes the
+    mode it runs in (``mode``: the ``power_mode`` of the device slots measured in that mode)."""
+
     name: str
     precision: str
     batch: int
+    mode: str | None = None
 
 
 def predict(point: Point, lam: float, slots, delay: float, power) -> VariantStats | None:
@@ -23,6 +27,8 @@ def predict(point: Point, lam: float, slots, delay: float, power) -> VariantStat
     full batch has not been measured on any device."""
     best = None
     for s in slots:
+        if point.mode is not None and getattr(s, "power_mode", None) != point.mode:
+            continue
         full = s.variant_for(point.precision, point.batch)
         if full is None or full.batch != point.batch or s.timing[full.name].seconds is None:
             continue

@@ -55,8 +55,9 @@ def find_rails(root: Path) -> list[Rail]:
 class JetsonSysfsBackend:
     name = "jetson-sysfs"
 
-    def __init__(self, root: str | os.PathLike = "/") -> None:
+    def __init__(self, root: str | os.PathLike = "/", clock=time.time) -> None:
         self.root = Path(root)
+        self.clock = clock  # the time stamp source (a twin passes its simulated clock)
         self.rails = find_rails(self.root)
         if not self.rails:
             raise TelemetryError(f"no INA3221 power rails under {self.root / 'sys/bus/i2c/drivers/ina3221'}")
@@ -80,7 +81,7 @@ class JetsonSysfsBackend:
         load = _read_number(self.gpu_load)
         freq = _read_number(self.gpu_freq)
         return Sample(
-            time.time(),
+            self.clock(),
             total,
             None,
             self.partial,

@@ -1,0 +1,159 @@
+"""Variant latency on a twin board's power mode, from our own per-kernel measurements on a reference GPU.
+
+Input: a kernel profile of the variant (``scripts/kernel_profile.py --json``: per kernel, calls and ms
+per run, synchronized around every call) measured on the reference GPU, and each kernel's FLOPs and
+compulsory bytes (``--costs-only`` of the same model, precision and batch, or the same profile run,
+which records both). Model, per kernel k:
+
+- its work time on the reference: the uninstrumented end-to-end time shared among the GPU kernels in
+  proportion to their instrumented times (each row carries a sync and a launch; the VM's host-side
+  builtins overlap with the GPU's work because launches are asynchronous);
+- a roofline split on the reference: T_c = FLOPs / P_ref, T_m = bytes / BW_ref (P_ref: the best our
+  int8 kernels reach on the reference, 759 TOPS on the H200's 4096^3 GEMM; BW_ref 90 % of peak);
+- on the board: t_k = work * max(T_c * s_c, T_m * s_m) / max(T_c, T_m) with s_c = (SMs x clock of the
+  reference) / (SMs x clock of the mode) and s_m = BW_ref / BW(mode's EMC clock), i.e. a kernel keeps
+  its efficiency, and its bound (compute or memory) sets how it scales;
+- the host's part: every VM call (kernel launches and builtins) at ``host_us_per_call`` on the
+  reference host, scaled by CPU clock; a run takes max(GPU time, host time) (the host runs ahead of
+  the GPU while the GPU is the bottleneck, and starves it when it is not).
+
+Assumptions (said wherever a twin number is shown): our kernels use ``mma.sync`` tensor-core
+instructions, whose per-SM per-clock rate is the same on GA10B (Orin, Ampere) as on GH100 (4096 int8
+ops/clk/SM; Hopper's higher rate needs ``wgmma``, which these kernels do not use); memory-bound
+kernels reach the same fraction of DRAM bandwidth on LPDDR5 as on HBM3e; host overhead scales with
+CPU clock only (an A78AE core at 2.2 GHz is taken as a 3.0 GHz x86 core at 2.2 / 3.0 the speed, IPC
+differences ignored).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from inferx_edge.errors import UsageError
+from inferx_edge.twin.boards import Board, PowerMode
+
+
+@dataclass(frozen=True)
+class ReferenceGPU:
+    name: str
+    sms: int
+    mhz: float  # SM clock under load while the profile ran
+    mem_gbps: float
+    attainable_int8_tops: float  # the best our int8 kernels reach on it
+    attainable_fp16_tflops: float
+    host_ghz: float
+    host_us_per_call: float  # one VM call (launch or builtin) on the reference host
+
+
+#: H200 SXM: 132 SMs, boost 1980 MHz (NVML during our runs), 4.8 TB/s HBM3e; 759 TOPS is our 4096^3
+#: int8 GEMM (benchmarks/results/gpu_int8_matmul_h200_tiles6.json); fp16 at half the int8 rate
+#: (*assumption*: mma.sync fp16 is half of int8 per clock, as on Ampere)
+#: (*assumption*: 2 us per VM call on the x86 host, TVM's VM dispatch plus a launch)
+H200 = ReferenceGPU("NVIDIA H200", 132, 1980.0, 4800.0, 759.0, 379.5, 3.0, 2.0)
+
+#: Orin's host CPU against the reference host: *assumption* a 3.0 GHz x86 core
+_REF_HOST_GHZ = 3.0
+
+
+@dataclass(frozen=True)
+class KernelRow:
+    name: str
+    calls: int
+    ms: float  # per run, as profiled (with one sync + launch per call)
+    flops: float | None
+    bytes: float | None
+    host: bool  # a VM builtin (host side), not a GPU kernel
+
+
+def load_kernel_profile(path: Path, costs: Path | None = None) -> tuple[dict, list[KernelRow]]:
+    """A ``kernel_profile.py --json`` record, with FLOPs/bytes from ``costs`` (``--costs-only``) when the
+    profile does not carry them. Kernels without costs are scaled as compute-bound (noted)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        rows_in = doc["kernels"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise UsageError(f"{path} is not a kernel profile (scripts/kernel_profile.py --json): {exc}") from exc
+    extra = {}
+    if costs is not None:
+        try:
+            extra = json.loads(Path(costs).read_text())["kernels"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise UsageError(f"{costs} is not a kernel cost file (kernel_profile.py --costs-only): {exc}") from exc
+    rows = []
+    for r in rows_in:
+        c = extra.get(r["kernel"], {})
+        rows.append(
+            KernelRow(
+                r["kernel"],
+                int(r.get("calls_per_run", 1)),
+                float(r["ms_per_run"]),
+                r.get("flops", c.get("flops")),
+                r.get("bytes", c.get("bytes")),
+                r["kernel"].startswith("vm.builtin"),
+            )
+        )
+    return doc, rows
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    """A variant's kernels on the reference GPU, ready to be placed on a board mode."""
+
+    precision: str
+    batch: int
+    e2e_ms: float
+    rows: tuple[KernelRow, ...]
+    reference: ReferenceGPU = H200
+
+    @classmethod
+    def from_profile(cls, path: Path, costs: Path | None = None, reference: ReferenceGPU = H200) -> LatencyModel:
+        doc, rows = load_kernel_profile(path, costs)
+        shape = next(iter(doc.get("input_shapes", {}).values()), [1])
+        return cls(doc.get("precision", "fp32"), int(shape[0]), float(doc["e2e_ms"]), tuple(rows), reference)
+
+    def split(self) -> list[dict]:
+        """Per GPU kernel: work ms on the reference, its compute / memory roofline times and bound."""
+        ref = self.reference
+        peak = (ref.attainable_int8_tops if self.precision in ("int8", "mixed") else ref.attainable_fp16_tflops) * 1e12
+        bw = 0.9 * ref.mem_gbps * 1e9
+        gpu = [r for r in self.rows if not r.host]
+        share = self.e2e_ms / max(sum(r.ms for r in gpu), 1e-12)
+        out = []
+        for r in gpu:
+            t_c = (r.flops or 0.0) / peak * 1e3
+            t_m = (r.bytes or 0.0) / bw * 1e3
+            bound = "memory" if t_m > t_c else "compute"
+            out.append({"row": r, "work_ms": r.ms * share, "t_c": t_c, "t_m": t_m, "bound": bound})
+        return out
+
+    def on(self, board: Board, mode: PowerMode) -> dict:
+        """Predicted latency (ms) of one run in ``mode``, with the parts it is made of."""
+        ref = self.reference
+        c = board.clocks(mode)
+        s_c = (ref.sms * ref.mhz) / (c["sms"] * c["gpu_mhz"])
+        s_m = ref.mem_gbps / board.mem_gbps_at(c["emc_mhz"])
+        host_scale = (ref.host_ghz / (c["cpu_mhz"] / 1000.0)) * (_REF_HOST_GHZ / ref.host_ghz)
+        gpu_ms = mem_ms = 0.0
+        for k in self.split():
+            if k["t_c"] <= 0 and k["t_m"] <= 0:  # no cost figures: taken as compute-bound
+                scaled = k["work_ms"] * s_c
+            else:
+                scaled = k["work_ms"] * max(k["t_c"] * s_c, k["t_m"] * s_m) / max(k["t_c"], k["t_m"])
+            gpu_ms += scaled
+            if k["bound"] == "memory" and (k["t_c"] > 0 or k["t_m"] > 0):
+                mem_ms += scaled
+        calls = sum(r.calls for r in self.rows)
+        host_ms = calls * ref.host_us_per_call * 1e-3 * host_scale
+        total = max(gpu_ms, host_ms)
+        return {
+            "ms": total,
+            "gpu_ms": gpu_ms,
+            "memory_bound_ms": mem_ms,
+            "host_ms": host_ms,
+            "gpu_util": gpu_ms / total if total else 0.0,
+            "mem_util": min(1.0, mem_ms / total) if total else 0.0,
+            "scale_compute": s_c,
+            "scale_memory": s_m,
+        }

@@ -1,0 +1,435 @@
+"""Trace-driven runs of a model's variants on a twin board, under the policies the governor is judged by.
+
+A *point* is (precision, target batch, power mode). Requests arrive as a Poisson process whose rate
+follows a trace (one rate per 1 s window). Batches close when they hold the target batch or their
+oldest request has waited ``max_queue_delay``; a batch of r rows runs on the smallest compiled variant
+holding r rows (zero-padded, as ``serve``'s batcher does), FIFO on one GPU; its service time is the
+twin's latency of that variant in the current mode (:mod:`inferx_edge.twin.latency`) with multiplicative
+jitter (lognormal, 3 %: the governor's profile is the mean, not the truth). Module power is the twin's
+(:mod:`inferx_edge.twin.power`) at the window's GPU, CPU and memory utilisation, integrated by the
+:class:`~inferx_edge.twin.device.TwinDevice`, whose rails the real ``JetsonSysfsBackend`` reads.
+
+Policies, all on the same arrivals (same seed):
+
+- ``maxn-fastest``: the board's fastest mode and the highest-throughput point, always;
+- ``best-static``: the one (point, mode) with the least energy per inference over the whole trace among
+  those within the deadline budget (hindsight);
+- ``oracle``: per interval (``oracle_interval_s``), the (point, mode) with the least energy within the
+  deadline budget in that interval, each interval simulated on its own from an empty queue (hindsight);
+- ``governor``: :class:`~inferx_edge.serve.live.LiveGovernor`, the code ``serve`` runs, over one device
+  slot per power mode, fed each window with the arrival rate, the measured p99 and the energy read from
+  the twin's INA3221 rails by ``JetsonSysfsBackend``; a change of mode goes through
+  ``runtime.control.set_power_mode`` and the twin's ``nvpmodel`` (applied after the switch delay).
+
+Deadline misses: a request slower than the SLO. Reported: the miss rate, the number of bursts (runs of
+consecutive missed requests) and the longest burst.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from inferx_edge.twin.boards import Board, PowerMode
+from inferx_edge.twin.device import TwinDevice
+from inferx_edge.twin.latency import LatencyModel
+from inferx_edge.twin.power import module_power
+
+JITTER = 0.03
+
+
+# -- traces -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    rates: np.ndarray  # arrivals per second, one per window
+    window_s: float = 1.0
+
+    @property
+    def seconds(self) -> float:
+        return len(self.rates) * self.window_s
+
+
+def steady(rate: float, seconds: int, name: str | None = None) -> Trace:
+    return Trace(name or f"steady-{rate:.0f}", np.full(seconds, float(rate)))
+
+
+def diurnal(low: float, high: float, seconds: int) -> Trace:
+    """One day compressed into ``seconds``: a raised cosine from ``low`` (night) to ``high`` (afternoon)."""
+    t = np.arange(seconds) / seconds
+    return Trace("diurnal", low + (high - low) * 0.5 * (1 - np.cos(2 * np.pi * t)))
+
+
+def bursty(on_rate: float, off_rate: float, on_s: int, off_s: int, seconds: int) -> Trace:
+    """Camera traffic: motion bursts at ``on_rate`` for ``on_s`` seconds, then ``off_rate``."""
+    period = on_s + off_s
+    return Trace("bursty", np.array([on_rate if (i % period) < on_s else off_rate for i in range(seconds)], float))
+
+
+def step(levels: list[float], each_s: int) -> Trace:
+    return Trace("step", np.repeat(np.asarray(levels, float), each_s))
+
+
+# -- what a point costs -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    precision: str
+    batch: int
+    latency: LatencyModel
+
+
+@dataclass
+class ModeTable:
+    """Each variant's predicted run in each mode (ms, utilisations) and the mode's power figures."""
+
+    board: Board
+    variants: list[Variant]
+    runs: dict[tuple[str, int], dict] = field(default_factory=dict)  # (variant, mode id) -> LatencyModel.on
+
+    def __post_init__(self):
+        for v in self.variants:
+            for m in self.board.modes:
+                self.runs[(v.name, m.id)] = v.latency.on(self.board, m)
+
+    def service_s(self, variant: str, mode: PowerMode) -> float:
+        return self.runs[(variant, mode.id)]["ms"] / 1e3
+
+    def active_w(self, variant: str, mode: PowerMode) -> float:
+        r = self.runs[(variant, mode.id)]
+        return module_power(self.board, mode, r["gpu_util"], _cpu_util(r), r["mem_util"]).total_w
+
+    def idle_w(self, mode: PowerMode) -> float:
+        return module_power(self.board, mode, 0, 0.02, 0).total_w
+
+    def variant_for(self, precision: str, rows: int) -> Variant | None:
+        fits = [v for v in self.variants if v.precision == precision and v.batch >= rows]
+        return min(fits, key=lambda v: v.batch) if fits else None
+
+
+def _cpu_util(run: dict) -> float:
+    """One host thread busy while the host part runs, out of the online cores (the VM is single-threaded)."""
+    return run["host_ms"] / run["ms"] if run["ms"] else 0.0
+
+
+@dataclass(frozen=True)
+class OpPoint:
+    precision: str
+    batch: int
+    mode: int
+
+    def label(self, board: Board) -> str:
+        return f"{self.precision}-b{self.batch}@{board.mode(self.mode).name}"
+
+
+# -- the queue -------------------------------------------------------------------------------------
+class Queue:
+    """Batch formation and FIFO service across windows (state carried between them)."""
+
+    def __init__(self, table: ModeTable, delay_s: float, rng: np.random.Generator):
+        self.table, self.delay, self.rng = table, delay_s, rng
+        self.pending = np.empty(0)  # arrivals not yet in a closed batch
+        self.free_at = 0.0  # when the GPU finishes its last batch
+
+    def window(self, arrivals: np.ndarray, t_end: float, point: OpPoint, mode: PowerMode, mode_until=None):
+        """Serve the batches that close before ``t_end``; returns per-request latencies (s) of the requests
+        whose batches started, the busy seconds and the busy-weighted utilisations."""
+        a = np.concatenate([self.pending, arrivals])
+        n, i = len(a), 0
+        closes, rows = [], []
+        b = point.batch
+        while i < n:
+            j = min(i + b, n)
+            if j - i == b:
+                close = min(a[j - 1], a[i] + self.delay)
+            else:
+                close = a[i] + self.delay
+            if close > t_end:
+                break
+            if a[j - 1] > close:  # fewer than B arrived before the delay ran out
+                j = i + int(np.searchsorted(a[i:j], close, side="right"))
+            closes.append(close)
+            rows.append(j - i)
+            i = j
+        self.pending = a[i:]
+        lat, busy, gpu, mem, cpu = [], 0.0, 0.0, 0.0, 0.0
+        if closes:
+            closes = np.asarray(closes)
+            names = [self.table.variant_for(point.precision, r).name for r in rows]
+            service = np.array([self.table.service_s(nm, mode) for nm in names])
+            service *= np.exp(self.rng.normal(0.0, JITTER, len(service)) - JITTER**2 / 2)
+            # Lindley: finish_k = max(close_k, finish_{k-1}) + s_k, in closed form
+            s_cum = np.cumsum(service)
+            start_term = np.maximum.accumulate(np.concatenate([[self.free_at], closes - (s_cum - service)]))
+            finish = s_cum + start_term[1:]
+            self.free_at = float(finish[-1])
+            ends = np.cumsum(rows)
+            req_finish = np.repeat(finish, rows)
+            lat = req_finish - a[: ends[-1]]
+            busy = float(service.sum())
+            for nm, s in zip(names, service):
+                r = self.table.runs[(nm, mode.id)]
+                gpu += s * r["gpu_util"]
+                mem += s * r["mem_util"]
+                cpu += s * _cpu_util(r)
+        return np.asarray(lat), busy, gpu, mem, cpu
+
+
+def arrivals_for(trace: Trace, seed: int) -> list[np.ndarray]:
+    """Poisson arrivals per window (sorted absolute times)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for k, rate in enumerate(trace.rates):
+        t0 = k * trace.window_s
+        cnt = rng.poisson(rate * trace.window_s)
+        out.append(np.sort(t0 + rng.uniform(0, trace.window_s, cnt)))
+    return out
+
+
+@dataclass
+class RunResult:
+    policy: str
+    requests: int
+    energy_j: float
+    misses: int
+    miss_bursts: int
+    longest_burst: int
+    p99_ms: float
+    mode_switches: int
+    point_switches: int
+    timeline: list[dict]
+
+    @property
+    def j_per_inference(self) -> float:
+        return self.energy_j / max(self.requests, 1)
+
+    @property
+    def miss_rate(self) -> float:
+        return self.misses / max(self.requests, 1)
+
+    def summary(self) -> dict:
+        return {
+            "policy": self.policy,
+            "requests": self.requests,
+            "energy_j": self.energy_j,
+            "j_per_inference": self.j_per_inference,
+            "deadline_misses": self.misses,
+            "miss_rate": self.miss_rate,
+            "miss_bursts": self.miss_bursts,
+            "longest_burst": self.longest_burst,
+            "p99_ms": self.p99_ms,
+            "mode_switches": self.mode_switches,
+            "point_switches": self.point_switches,
+        }
+
+
+def _bursts(missed: np.ndarray) -> tuple[int, int]:
+    if not missed.any():
+        return 0, 0
+    m = missed.astype(np.int8)
+    starts = np.flatnonzero(np.diff(np.concatenate([[0], m])) == 1)
+    ends = np.flatnonzero(np.diff(np.concatenate([m, [0]])) == -1)
+    return len(starts), int((ends - starts + 1).max())
+
+
+class Simulation:
+    """One board, one model's variants, one trace, one SLO (see the module docstring)."""
+
+    def __init__(
+        self,
+        board: Board,
+        variants: list[Variant],
+        trace: Trace,
+        slo_ms: float,
+        max_queue_delay_s: float = 0.002,
+        seed: int = 0,
+        oracle_interval_s: float = 60.0,
+        miss_budget: float = 0.01,
+    ):
+        self.board, self.trace, self.slo_s = board, trace, slo_ms / 1e3
+        self.table = ModeTable(board, variants)
+        self.delay, self.seed = max_queue_delay_s, seed
+        self.oracle_interval_s, self.miss_budget = oracle_interval_s, miss_budget
+        self.arrivals = arrivals_for(trace, seed)
+        precisions = sorted({v.precision for v in variants})
+        batches = sorted({v.batch for v in variants})
+        self.points = [OpPoint(p, b, m.id) for p in precisions for b in batches for m in board.modes]
+
+    # -- one fixed schedule of points --------------------------------------------------------------
+    def run_schedule(self, name: str, choose, windows: range | None = None, device: TwinDevice | None = None) -> RunResult:
+        """Run windows with ``choose(k, last_window) -> OpPoint`` deciding each window's point."""
+        windows = windows if windows is not None else range(len(self.arrivals))
+        rng = np.random.default_rng(self.seed + 1)
+        q = Queue(self.table, self.delay, rng)
+        own_device = device is None
+        tmp = tempfile.TemporaryDirectory() if own_device else None
+        dev = device or TwinDevice(self.board, tmp.name)
+        dev.clock.t = windows.start * self.trace.window_s
+        q.free_at = dev.clock.t
+        lat_all, timeline, last = [], [], None
+        point_switches, current = 0, None
+        try:
+            for k in windows:
+                point = choose(k, last)
+                if current is not None and point != current:
+                    point_switches += 1
+                current = point
+                if dev.mode.id != point.mode and (dev.pending is None or dev.pending.mode.id != point.mode):
+                    dev.request_mode(point.mode)
+                mode = dev.mode  # batches this window run at the clocks in force when they start
+                t_end = (k + 1) * self.trace.window_s
+                lat, busy, gpu, mem, cpu = q.window(self.arrivals[k], t_end, point, mode)
+                w = self.trace.window_s
+                energy = dev.advance(w, gpu_util=min(gpu / w, 1.0), cpu_util=min(cpu / w, 1.0), mem_util=min(mem / w, 1.0))
+                lat_all.append(lat)
+                last = {
+                    "k": k,
+                    "arrivals": len(self.arrivals[k]),
+                    "served": len(lat),
+                    "p99_ms": float(np.percentile(lat, 99) * 1e3) if len(lat) >= 20 else None,
+                    "busy": busy / w,
+                    "energy_j": energy,
+                    "point": point,
+                    "mode": mode.name,
+                }
+                timeline.append(last)
+        finally:
+            if tmp is not None:
+                tmp.cleanup()
+        lat = np.concatenate(lat_all) if lat_all else np.empty(0)
+        missed = lat > self.slo_s
+        bursts, longest = _bursts(missed)
+        return RunResult(
+            name,
+            len(lat),
+            float(sum(x["energy_j"] for x in timeline)),
+            int(missed.sum()),
+            bursts,
+            longest,
+            float(np.percentile(lat, 99) * 1e3) if len(lat) else 0.0,
+            len(dev.switches),
+            point_switches,
+            timeline,
+        )
+
+    def fastest_point(self) -> OpPoint:
+        """The fastest mode (most SMs x clock) and the highest-throughput point in it."""
+        fast = max(self.board.modes, key=lambda m: (self.board.clocks(m)["sms"] * self.board.clocks(m)["gpu_mhz"], m.cpus))
+        best = max(
+            (p for p in self.points if p.mode == fast.id),
+            key=lambda p: p.batch / self.table.service_s(self.table.variant_for(p.precision, p.batch).name, fast),
+        )
+        return best
+
+    def maxn_fastest(self) -> RunResult:
+        p = self.fastest_point()
+        return self.run_schedule("maxn-fastest", lambda k, last: p)
+
+    def best_static(self) -> RunResult:
+        runs = [self.run_schedule(f"static {p.label(self.board)}", lambda k, last, p=p: p) for p in self.points]
+        ok = [r for r in runs if r.miss_rate <= self.miss_budget]
+        pick = min(ok or runs, key=lambda r: (r.j_per_inference if ok else r.miss_rate))
+        pick.policy = "best-static (" + pick.policy.removeprefix("static ") + ")"
+        return pick
+
+    def oracle(self) -> RunResult:
+        """Per interval, the least-energy point within the miss budget (each interval from an empty queue)."""
+        n = len(self.arrivals)
+        per = max(1, int(round(self.oracle_interval_s / self.trace.window_s)))
+        schedule: list[OpPoint] = []
+        for start in range(0, n, per):
+            window = range(start, min(start + per, n))
+            best = None
+            for p in self.points:
+                r = self.run_schedule("probe", lambda k, last, p=p: p, window)
+                key = (r.miss_rate > self.miss_budget, r.miss_rate if r.miss_rate > self.miss_budget else r.j_per_inference)
+                if best is None or key < best[0]:
+                    best = (key, p)
+            schedule += [best[1]] * len(window)
+        result = self.run_schedule("oracle", lambda k, last: schedule[k])
+        return result
+
+    def governor(self, policy: str = "latency-slo", dwell_s: float = 5.0, hysteresis: float = 0.05, log=None) -> RunResult:
+        """``serve``'s LiveGovernor deciding every window on twin telemetry (see the module docstring)."""
+        from inferx_edge.runtime.control import set_power_mode
+        from inferx_edge.runtime.telemetry.jetson import JetsonSysfsBackend
+        from inferx_edge.serve.live import GovernorOptions, LiveGovernor
+
+        with tempfile.TemporaryDirectory() as tmp:
+            dev = TwinDevice(self.board, tmp, mode_id=self.fastest_point().mode)
+            backend = JetsonSysfsBackend(dev.root, clock=dev.clock)
+            slots = self._slots()
+            opts = GovernorOptions(
+                policy=policy, p99_ms=self.slo_s * 1e3, window_s=self.trace.window_s, dwell_s=dwell_s, hysteresis=hysteresis
+            )
+            gov = LiveGovernor(slots, opts, self.delay, log=log)
+            by_label = {(p.precision, p.batch, self.board.mode(p.mode).name): p for p in self.points}
+            start = self.fastest_point()
+            gov.current = next(n for n, pt in gov.points.items() if (pt.precision, pt.batch, pt.mode) == (start.precision, start.batch, self.board.mode(start.mode).name))
+            state = {"last_sample": None}
+
+            def choose(k, last):
+                if last is not None:
+                    sample = backend.read()  # the window's average power, from the twin's INA3221 rails
+                    joules = sample.power_w * self.trace.window_s if sample.power_w is not None else None
+                    window = {
+                        "seconds": self.trace.window_s,
+                        "arrival_fps": last["arrivals"] / self.trace.window_s,
+                        "served_fps": last["served"] / self.trace.window_s,
+                        "p99_ms": last["p99_ms"],
+                        "requests": last["served"],
+                        "energy_j": joules,
+                        "j_per_frame": joules / last["served"] if joules is not None and last["served"] else None,
+                        "devices": {},
+                    }
+                    state["last_sample"] = sample
+                    gov.decide(dev.clock.t, window["arrival_fps"], window)
+                pt = gov.points[gov.current]
+                point = by_label[(pt.precision, pt.batch, pt.mode)]
+                if point.mode != (dev.pending.mode.id if dev.pending else dev.mode.id):
+                    set_power_mode(point.mode, allowed=True, nvpmodel=dev.nvpmodel, root=str(dev.root))
+                return point
+
+            result = self.run_schedule("governor", choose, device=dev)
+            result.policy = f"governor ({policy})"
+            return result
+
+    def _slots(self) -> list:
+        """One device slot per power mode, timed and powered from the twin's predicted profile."""
+        from types import SimpleNamespace
+
+        from inferx_edge.serve.batcher import DeviceSlot
+
+        slots = []
+        for m in self.board.modes:
+            variants = [SimpleNamespace(name=v.name, precision=v.precision, batch=v.batch, inputs=[]) for v in self.table.variants]
+            engine = SimpleNamespace(manifest=SimpleNamespace(variants=variants))
+            slot = DeviceSlot(engine, f"{self.board.name}:{m.name}")
+            slot.power_mode = m.name
+            slot.idle_w = self.table.idle_w(m)
+            for v in self.table.variants:
+                t = slot.timing[v.name]
+                t.seconds = self.table.service_s(v.name, m)
+                t.active_w = self.table.active_w(v.name, m)
+                t.measured_at = math.inf  # from the profile; never re-probed on the twin
+            slots.append(slot)
+        return slots
+
+
+def compare(sim: Simulation, log=None) -> dict:
+    """Every policy on ``sim``'s trace, with the ratios the goals are stated in."""
+    runs = {r.policy.split(" ")[0]: r for r in (sim.maxn_fastest(), sim.best_static(), sim.oracle(), sim.governor(log=log))}
+    base, oracle, gov = runs["maxn-fastest"], runs["oracle"], runs["governor"]
+    out = {
+        "trace": sim.trace.name,
+        "seconds": sim.trace.seconds,
+        "slo_ms": sim.slo_s * 1e3,
+        "policies": {r.policy: r.summary() for r in runs.values()},
+        "governor_vs_maxn_fastest": gov.j_per_inference / base.j_per_inference - 1,
+        "governor_vs_oracle": gov.j_per_inference / oracle.j_per_inference - 1,
+    }
+    return out
