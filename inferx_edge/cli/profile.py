@@ -19,8 +19,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--power-modes",
         default=None,
-        metavar="ID,ID",
-        help="Jetson: also sweep these nvpmodel modes (needs --allow-power-mode-change and root)",
+        metavar="ID,ID|all",
+        help="Jetson: also sweep these nvpmodel modes (needs --allow-power-mode-change and root); with --twin "
+        "the modes to predict (default all)",
+    )
+    p.add_argument(
+        "--twin",
+        default=None,
+        metavar="BOARD",
+        help="predict the profile on a twin of this Jetson board instead of measuring (nothing runs; the "
+        "profile is marked predicted): jetson-agx-orin-64gb, jetson-agx-orin-32gb, jetson-orin-nx-16gb, "
+        "jetson-orin-nano-8gb",
+    )
+    p.add_argument(
+        "--kernel-profiles",
+        type=Path,
+        default=None,
+        help="--twin: kernel profiles of this model's variants measured on a GPU host (scripts/kernel_profile.py "
+        "--json); default: the twin's reference profiles when the model is one of them",
     )
     p.add_argument(
         "--allow-power-mode-change",
@@ -30,6 +46,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.twin:
+        from inferx_edge.twin.profile import twin_profile
+
+        modes = None if args.power_modes in (None, "all") else args.power_modes.split(",")
+        twin_profile(args.artifact, args.output, args.twin, modes, args.kernel_profiles)
+        print(f"wrote {args.output} (predicted on a twin of {args.twin}; nothing was measured)")
+        return 0
     from inferx_edge.report.profile import profile_artifact
 
     profile_artifact(

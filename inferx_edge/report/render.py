@@ -57,6 +57,13 @@ _LATENCY_PLOTS = (
 )
 
 
+def _twin(profile: dict) -> str:
+    """The label every title and table of a twin's profile carries, so nobody takes it for a measurement."""
+    if not profile.get("predicted"):
+        return ""
+    return f"predicted on a twin ({profile.get('twin', 'board model')}), not measured"
+
+
 def _has_power(profile: dict) -> bool:
     return any(v["avg_w"] is not None for v in profile["variants"])
 
@@ -89,11 +96,12 @@ def _plots(profile: dict, front: dict[str, set[str]], picks: list[dict]) -> byte
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
         ax.legend(loc="best", fontsize=8)
-    fig.suptitle(
+    title = (
         f"{profile['model']} on {profile['device']} ({profile['target']}); idle {profile['idle_w']:.0f} W"
         if profile.get("idle_w")
         else f"{profile['model']} on {profile['device']}" + ("" if powered else " (power: not measured)")
     )
+    fig.suptitle(f"{title}\n{_twin(profile).upper()}" if _twin(profile) else title)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
@@ -110,9 +118,11 @@ def render(profile_path: Path, out_dir: Path, policies) -> dict[str, Path]:
     front_a, front_b = ("fps_vs_watts", "energy_vs_p99") if powered else ("fps_vs_p50", "fps_vs_p99")
     out_dir.mkdir(parents=True, exist_ok=True)
     written = {}
+    twin = _twin(profile)
     rows = [
         {k: v.get(k) for k in COLUMNS}
         | {"pareto_fps_w": v["name"] in front[front_a], "pareto_energy_p99": v["name"] in front[front_b]}
+        | ({"predicted_on_twin": profile.get("twin")} if twin else {})
         for v in profile["variants"]
     ]
     with open(out_dir / "variants.csv", "w", newline="") as f:
@@ -140,14 +150,16 @@ def render(profile_path: Path, out_dir: Path, policies) -> dict[str, Path]:
     ]
     md = "\n".join(
         [
-            f"# {profile['model']} on {profile['device']}",
+            f"# {profile['model']} on {profile['device']}" + (f" — {twin.upper()}" if twin else ""),
             "",
+            *([f"**{twin}**: every number below comes from the twin's model of the board.", ""] if twin else []),
             f"{power_note}target {profile['target']}, telemetry {profile['telemetry']}, idle {_fmt(profile.get('idle_w'), 'w')} W, "
             f"{profile['repeats']} windows of {profile['window_s']:g} s per variant",
             "",
+            *([f"Variants ({twin}):"] if twin else []),
             *lines,
             "",
-            "Policy picks:",
+            "Policy picks" + (f" ({twin})" if twin else "") + ":",
             *picks_md,
             "",
         ]
@@ -167,15 +179,19 @@ def render(profile_path: Path, out_dir: Path, policies) -> dict[str, Path]:
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(profile["model"])} profile</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}th{{background:#f3f3f3}}</style></head><body>
-<h1>{html.escape(profile["model"])} on {html.escape(str(profile["device"]))}</h1>
+<h1>{html.escape(profile["model"])} on {html.escape(str(profile["device"]))}{
+        html.escape(" — " + twin.upper()) if twin else ""
+    }</h1>
 <p>{html.escape(power_note)}target {html.escape(profile["target"])}; telemetry {
         html.escape(str(profile["telemetry"]))
     }; idle power
 {_fmt(profile.get("idle_w"), "w")} W; {profile["repeats"]} windows of {profile["window_s"]:g} s per variant.
 Red points: Pareto-optimal; brackets: what each policy picks.</p>
 <img alt="Pareto fronts" src="data:image/png;base64,{base64.b64encode(png).decode()}">
-<h2>Variants</h2><table><tr>{"".join(f"<th>{h}</th>" for h in head)}</tr>{table}</table>
-<h2>Policy picks</h2><ul>{
+<h2>Variants{html.escape(" (" + twin + ")") if twin else ""}</h2><table><tr>{
+        "".join(f"<th>{h}</th>" for h in head)
+    }</tr>{table}</table>
+<h2>Policy picks{html.escape(" (" + twin + ")") if twin else ""}</h2><ul>{
         "".join(
             f"<li><b>{p['policy']}</b> ({html.escape(p['constraint'])}): {p['pick']}"
             + ("" if p["feasible"] else " (no variant meets it; closest)")

@@ -92,7 +92,7 @@ class Board:
                 f"< POWER_MODEL ID={m.id} NAME={m.name} >",
                 f"CPU_ONLINE CORE_COUNT {m.cpus}",
                 f"CPU_A78_0 MAX_FREQ {int((m.cpu_max_mhz or -0.001) * 1000)}",
-                f"GPU_POWER_CONTROL_ENABLE GPU_PWR_CNTL_EN on",
+                "GPU_POWER_CONTROL_ENABLE GPU_PWR_CNTL_EN on",
                 f"GPU MAX_FREQ {int((m.gpu_max_mhz or -0.000001) * 1e6)}",
                 f"GPU_TPC TPC_COUNT {m.tpcs}",
                 f"EMC MAX_FREQ {int((m.emc_max_mhz or 0) * 1e6)}",

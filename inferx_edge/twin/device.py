@@ -81,8 +81,18 @@ sys.exit(2)
 class TwinDevice:
     """One simulated board under ``root`` (see the module docstring)."""
 
-    def __init__(self, board: Board, root: str | os.PathLike, mode_id: int | None = None, clock: SimClock | None = None):
+    def __init__(
+        self,
+        board: Board,
+        root: str | os.PathLike,
+        mode_id: int | None = None,
+        clock: SimClock | None = None,
+        publish: bool = True,
+    ):
+        """``publish``: keep the tree up to date as time advances (off for runs nobody reads)."""
         self.board = board
+        self.publish = publish
+        self._written: dict[str, str] = {}
         self.root = Path(root)
         self.clock = clock or SimClock()
         self.mode = board.mode(board.default_mode if mode_id is None else mode_id)
@@ -98,11 +108,15 @@ class TwinDevice:
         return str(self.root / "usr/sbin/nvpmodel")
 
     def _write(self, rel: str, value) -> None:
+        text = f"{value}\n"
+        if self._written.get(rel) == text:
+            return
         path = self.root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(f"{value}\n")
+        tmp.write_text(text)
         os.replace(tmp, path)  # readers never see a half-written value
+        self._written[rel] = text
 
     def _materialise(self) -> None:
         b = self.board
@@ -117,7 +131,9 @@ class TwinDevice:
         self._write(f"{DEVFREQ_DIR}/governor", "nvhost_podgov")
         script = self.root / "usr/sbin/nvpmodel"
         script.parent.mkdir(parents=True, exist_ok=True)
-        script.write_text(_NVPMODEL_SCRIPT.format(python=sys.executable, state=str(self.root / "run/nvpmodel/state.json")))
+        script.write_text(
+            _NVPMODEL_SCRIPT.format(python=sys.executable, state=str(self.root / "run/nvpmodel/state.json"))
+        )
         script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         (self.root / "run/nvpmodel").mkdir(parents=True, exist_ok=True)
         self._publish(0.0, module_power(b, self.mode, 0, 0, 0))
@@ -168,7 +184,12 @@ class TwinDevice:
                 continue
             self.pending = _Pending(want, self.clock.t + self.switch_delay(self.mode, want))
             self.switches.append(
-                {"requested_s": self.clock.t, "effective_s": self.pending.effective_at, "from": self.mode.name, "to": want.name}
+                {
+                    "requested_s": self.clock.t,
+                    "effective_s": self.pending.effective_at,
+                    "from": self.mode.name,
+                    "to": want.name,
+                }
             )
 
     def request_mode(self, mode_id: int) -> None:
@@ -177,7 +198,9 @@ class TwinDevice:
         with open(path, "a") as f:
             f.write(json.dumps({"mode_id": self.board.mode(mode_id).id}) + "\n")
 
-    def advance(self, seconds: float, gpu_util: float = 0.0, cpu_util: float = 0.05, mem_util: float | None = None) -> float:
+    def advance(
+        self, seconds: float, gpu_util: float = 0.0, cpu_util: float = 0.05, mem_util: float | None = None
+    ) -> float:
         """Run ``seconds`` of simulated time at these utilisations; returns the energy used (J). A pending
         mode switch takes effect at its time within the interval."""
         self._take_requests()
@@ -203,5 +226,6 @@ class TwinDevice:
         self.energy_j += energy
         if seconds > 0:  # the rails show the interval's average (INA3221 averages its samples)
             self.last_power = PowerBreakdown(*(j / seconds for j in parts))
-        self._publish(gpu_util, self.last_power)
+        if self.publish:
+            self._publish(gpu_util, self.last_power)
         return energy

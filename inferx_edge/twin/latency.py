@@ -8,11 +8,14 @@ which records both). Model, per kernel k:
 - its work time on the reference: the uninstrumented end-to-end time shared among the GPU kernels in
   proportion to their instrumented times (each row carries a sync and a launch; the VM's host-side
   builtins overlap with the GPU's work because launches are asynchronous);
-- a roofline split on the reference: T_c = FLOPs / P_ref, T_m = bytes / BW_ref (P_ref: the best our
-  int8 kernels reach on the reference, 759 TOPS on the H200's 4096^3 GEMM; BW_ref 90 % of peak);
-- on the board: t_k = work * max(T_c * s_c, T_m * s_m) / max(T_c, T_m) with s_c = (SMs x clock of the
-  reference) / (SMs x clock of the mode) and s_m = BW_ref / BW(mode's EMC clock), i.e. a kernel keeps
-  its efficiency, and its bound (compute or memory) sets how it scales;
+- what it achieved on the reference: compute rate R_c = FLOPs / work and bandwidth R_m = bytes / work;
+  R_c / (per-SM attainable rate x clock) is how many SMs it kept busy (n_ref, at most all of them:
+  a batch-1 kernel with a small grid keeps few busy). P_ref per SM: 759 int8 TOPS (our 4096^3 GEMM on
+  the H200) / 132 SMs / 1980 MHz, half that for fp16;
+- on the board: it keeps n = min(n_ref, SMs of the mode) busy at the mode's GPU clock, and cannot move
+  more than 90 % of the mode's DRAM bandwidth (EMC clock): t = work * max((n_ref f_ref) / (n f),
+  R_m / min(R_m, 0.9 BW)), i.e. a kernel keeps its per-SM efficiency, and whichever of compute and
+  memory runs out first sets its time;
 - the host's part: every VM call (kernel launches and builtins) at ``host_us_per_call`` on the
   reference host, scaled by CPU clock; a run takes max(GPU time, host time) (the host runs ahead of
   the GPU while the GPU is the bottleneck, and starves it when it is not).
@@ -113,19 +116,27 @@ class LatencyModel:
         shape = next(iter(doc.get("input_shapes", {}).values()), [1])
         return cls(doc.get("precision", "fp32"), int(shape[0]), float(doc["e2e_ms"]), tuple(rows), reference)
 
-    def split(self) -> list[dict]:
-        """Per GPU kernel: work ms on the reference, its compute / memory roofline times and bound."""
+    def per_sm_rate(self) -> float:
+        """Attainable ops per SM per MHz-second on the reference (ops/s = this * SMs * MHz * 1e6)."""
         ref = self.reference
-        peak = (ref.attainable_int8_tops if self.precision in ("int8", "mixed") else ref.attainable_fp16_tflops) * 1e12
-        bw = 0.9 * ref.mem_gbps * 1e9
+        tops = ref.attainable_int8_tops if self.precision in ("int8", "mixed") else ref.attainable_fp16_tflops
+        return tops * 1e12 / (ref.sms * ref.mhz * 1e6)
+
+    def split(self) -> list[dict]:
+        """Per GPU kernel: work ms on the reference, SMs it kept busy, bandwidth it moved."""
+        ref = self.reference
         gpu = [r for r in self.rows if not r.host]
         share = self.e2e_ms / max(sum(r.ms for r in gpu), 1e-12)
+        rate = self.per_sm_rate()
         out = []
         for r in gpu:
-            t_c = (r.flops or 0.0) / peak * 1e3
-            t_m = (r.bytes or 0.0) / bw * 1e3
-            bound = "memory" if t_m > t_c else "compute"
-            out.append({"row": r, "work_ms": r.ms * share, "t_c": t_c, "t_m": t_m, "bound": bound})
+            work_s = r.ms * share / 1e3
+            if r.flops:
+                n_ref = min(float(ref.sms), r.flops / work_s / (rate * ref.mhz * 1e6))
+            else:
+                n_ref = float(ref.sms)  # no FLOP count: taken as filling the GPU
+            bw = (r.bytes or 0.0) / work_s
+            out.append({"row": r, "work_ms": work_s * 1e3, "sms_busy": n_ref, "bytes_per_s": bw})
         return out
 
     def on(self, board: Board, mode: PowerMode) -> dict:
@@ -133,16 +144,17 @@ class LatencyModel:
         ref = self.reference
         c = board.clocks(mode)
         s_c = (ref.sms * ref.mhz) / (c["sms"] * c["gpu_mhz"])
-        s_m = ref.mem_gbps / board.mem_gbps_at(c["emc_mhz"])
         host_scale = (ref.host_ghz / (c["cpu_mhz"] / 1000.0)) * (_REF_HOST_GHZ / ref.host_ghz)
-        gpu_ms = mem_ms = 0.0
+        gpu_ms = mem_ms = sm_ms = 0.0
+        bw_board = 0.9 * board.mem_gbps_at(c["emc_mhz"]) * 1e9
         for k in self.split():
-            if k["t_c"] <= 0 and k["t_m"] <= 0:  # no cost figures: taken as compute-bound
-                scaled = k["work_ms"] * s_c
-            else:
-                scaled = k["work_ms"] * max(k["t_c"] * s_c, k["t_m"] * s_m) / max(k["t_c"], k["t_m"])
+            n = min(k["sms_busy"], c["sms"])
+            compute = (k["sms_busy"] * ref.mhz) / (n * c["gpu_mhz"]) if n > 0 else s_c
+            memory = k["bytes_per_s"] / min(k["bytes_per_s"], bw_board) if k["bytes_per_s"] > 0 else 1.0
+            scaled = k["work_ms"] * max(compute, memory)
             gpu_ms += scaled
-            if k["bound"] == "memory" and (k["t_c"] > 0 or k["t_m"] > 0):
+            sm_ms += scaled * n / c["sms"]
+            if memory > compute:
                 mem_ms += scaled
         calls = sum(r.calls for r in self.rows)
         host_ms = calls * ref.host_us_per_call * 1e-3 * host_scale
@@ -153,7 +165,7 @@ class LatencyModel:
             "memory_bound_ms": mem_ms,
             "host_ms": host_ms,
             "gpu_util": gpu_ms / total if total else 0.0,
+            "sm_activity": sm_ms / gpu_ms if gpu_ms else 0.0,  # share of the mode's SMs its kernels keep busy
             "mem_util": min(1.0, mem_ms / total) if total else 0.0,
-            "scale_compute": s_c,
-            "scale_memory": s_m,
+            "scale_compute_full_gpu": s_c,
         }

@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -101,7 +100,7 @@ class ModeTable:
 
     def active_w(self, variant: str, mode: PowerMode) -> float:
         r = self.runs[(variant, mode.id)]
-        return module_power(self.board, mode, r["gpu_util"], _cpu_util(r), r["mem_util"]).total_w
+        return module_power(self.board, mode, gpu_activity(r), _cpu_util(r), r["mem_util"]).total_w
 
     def idle_w(self, mode: PowerMode) -> float:
         return module_power(self.board, mode, 0, 0.02, 0).total_w
@@ -109,6 +108,22 @@ class ModeTable:
     def variant_for(self, precision: str, rows: int) -> Variant | None:
         fits = [v for v in self.variants if v.precision == precision and v.batch >= rows]
         return min(fits, key=lambda v: v.batch) if fits else None
+
+
+#: a GPU stalled on memory draws this fraction of the dynamic power of one computing flat out (the
+#: calibration anchors are compute stress tests). *assumption*, no published Orin figure.
+MEMORY_STALL_POWER = 0.4
+#: SMs left idle by a kernel with a small grid still draw this fraction (clock tree, leakage at the
+#: mode's voltage). *assumption*
+IDLE_SM_POWER = 0.3
+
+
+def gpu_activity(run: dict) -> float:
+    """The GPU's power-weighted activity while the run lasts: its busy share, scaled by the share of SMs
+    its kernels keep busy (idle ones at :data:`IDLE_SM_POWER`) and with the memory-bound part at
+    :data:`MEMORY_STALL_POWER`."""
+    sms = IDLE_SM_POWER + (1.0 - IDLE_SM_POWER) * run.get("sm_activity", 1.0)
+    return run["gpu_util"] * sms * (1.0 - (1.0 - MEMORY_STALL_POWER) * run["mem_util"])
 
 
 def _cpu_util(run: dict) -> float:
@@ -135,48 +150,53 @@ class Queue:
         self.pending = np.empty(0)  # arrivals not yet in a closed batch
         self.free_at = 0.0  # when the GPU finishes its last batch
 
-    def window(self, arrivals: np.ndarray, t_end: float, point: OpPoint, mode: PowerMode, mode_until=None):
-        """Serve the batches that close before ``t_end``; returns per-request latencies (s) of the requests
-        whose batches started, the busy seconds and the busy-weighted utilisations."""
+    def window(self, arrivals: np.ndarray, t_end: float, point: OpPoint, mode: PowerMode):
+        """Serve the batches that start before ``t_end``; returns per-request latencies (s) of their
+        requests, the busy seconds and the busy-weighted GPU, memory and CPU utilisations.
+
+        A batch starts when the GPU is free and either ``batch`` requests wait or the oldest has waited
+        ``max_queue_delay`` (the batcher holds a short batch that long for more rows); it takes every
+        waiting request up to ``batch``."""
         a = np.concatenate([self.pending, arrivals])
-        n, i = len(a), 0
-        closes, rows = [], []
-        b = point.batch
+        n, i, b = len(a), 0, point.batch
+        free = self.free_at
+        jitter = np.exp(self.rng.normal(0.0, JITTER, max(n, 1)) - JITTER**2 / 2).tolist()
+        names = [None] + [self.table.variant_for(point.precision, r).name for r in range(1, b + 1)]
+        base = [0.0] + [self.table.service_s(names[r], mode) for r in range(1, b + 1)]
+        al = a.tolist()
+        delay = self.delay
+        bounds, finishes, services, row_counts = [], [], [], []
+        searchsorted = np.searchsorted
         while i < n:
-            j = min(i + b, n)
-            if j - i == b:
-                close = min(a[j - 1], a[i] + self.delay)
-            else:
-                close = a[i] + self.delay
-            if close > t_end:
+            full_at = al[i + b - 1] if i + b - 1 < n else math.inf
+            start = max(free, min(al[i] + delay, full_at))
+            if start >= t_end:
                 break
-            if a[j - 1] > close:  # fewer than B arrived before the delay ran out
-                j = i + int(np.searchsorted(a[i:j], close, side="right"))
-            closes.append(close)
-            rows.append(j - i)
+            j = min(i + b, int(searchsorted(a, start, side="right")))
+            rows = j - i
+            service = base[rows] * jitter[i]
+            free = start + service
+            bounds.append(j)
+            finishes.append(free)
+            services.append(service)
+            row_counts.append(rows)
             i = j
         self.pending = a[i:]
-        lat, busy, gpu, mem, cpu = [], 0.0, 0.0, 0.0, 0.0
-        if closes:
-            closes = np.asarray(closes)
-            names = [self.table.variant_for(point.precision, r).name for r in rows]
-            service = np.array([self.table.service_s(nm, mode) for nm in names])
-            service *= np.exp(self.rng.normal(0.0, JITTER, len(service)) - JITTER**2 / 2)
-            # Lindley: finish_k = max(close_k, finish_{k-1}) + s_k, in closed form
-            s_cum = np.cumsum(service)
-            start_term = np.maximum.accumulate(np.concatenate([[self.free_at], closes - (s_cum - service)]))
-            finish = s_cum + start_term[1:]
-            self.free_at = float(finish[-1])
-            ends = np.cumsum(rows)
-            req_finish = np.repeat(finish, rows)
-            lat = req_finish - a[: ends[-1]]
-            busy = float(service.sum())
-            for nm, s in zip(names, service):
-                r = self.table.runs[(nm, mode.id)]
-                gpu += s * r["gpu_util"]
-                mem += s * r["mem_util"]
-                cpu += s * _cpu_util(r)
-        return np.asarray(lat), busy, gpu, mem, cpu
+        self.free_at = free
+        if not bounds:
+            return np.empty(0), 0.0, 0.0, 0.0, 0.0
+        rows = np.asarray(row_counts)
+        lat = np.repeat(np.asarray(finishes), rows) - a[:i]
+        services = np.asarray(services)
+        busy = float(services.sum())
+        gpu = mem = cpu = 0.0
+        for r in np.unique(rows):
+            run = self.table.runs[(names[r], mode.id)]
+            sec = float(services[rows == r].sum())
+            gpu += sec * gpu_activity(run)
+            mem += sec * run["mem_util"]
+            cpu += sec * _cpu_util(run)
+        return lat, busy, gpu, mem, cpu
 
 
 def arrivals_for(trace: Trace, seed: int) -> list[np.ndarray]:
@@ -260,14 +280,16 @@ class Simulation:
         self.points = [OpPoint(p, b, m.id) for p in precisions for b in batches for m in board.modes]
 
     # -- one fixed schedule of points --------------------------------------------------------------
-    def run_schedule(self, name: str, choose, windows: range | None = None, device: TwinDevice | None = None) -> RunResult:
+    def run_schedule(
+        self, name: str, choose, windows: range | None = None, device: TwinDevice | None = None
+    ) -> RunResult:
         """Run windows with ``choose(k, last_window) -> OpPoint`` deciding each window's point."""
         windows = windows if windows is not None else range(len(self.arrivals))
         rng = np.random.default_rng(self.seed + 1)
         q = Queue(self.table, self.delay, rng)
         own_device = device is None
         tmp = tempfile.TemporaryDirectory() if own_device else None
-        dev = device or TwinDevice(self.board, tmp.name)
+        dev = device or TwinDevice(self.board, tmp.name, publish=False)
         dev.clock.t = windows.start * self.trace.window_s
         q.free_at = dev.clock.t
         lat_all, timeline, last = [], [], None
@@ -284,7 +306,9 @@ class Simulation:
                 t_end = (k + 1) * self.trace.window_s
                 lat, busy, gpu, mem, cpu = q.window(self.arrivals[k], t_end, point, mode)
                 w = self.trace.window_s
-                energy = dev.advance(w, gpu_util=min(gpu / w, 1.0), cpu_util=min(cpu / w, 1.0), mem_util=min(mem / w, 1.0))
+                energy = dev.advance(
+                    w, gpu_util=min(gpu / w, 1.0), cpu_util=min(cpu / w, 1.0), mem_util=min(mem / w, 1.0)
+                )
                 lat_all.append(lat)
                 last = {
                     "k": k,
@@ -318,7 +342,9 @@ class Simulation:
 
     def fastest_point(self) -> OpPoint:
         """The fastest mode (most SMs x clock) and the highest-throughput point in it."""
-        fast = max(self.board.modes, key=lambda m: (self.board.clocks(m)["sms"] * self.board.clocks(m)["gpu_mhz"], m.cpus))
+        fast = max(
+            self.board.modes, key=lambda m: (self.board.clocks(m)["sms"] * self.board.clocks(m)["gpu_mhz"], m.cpus)
+        )
         best = max(
             (p for p in self.points if p.mode == fast.id),
             key=lambda p: p.batch / self.table.service_s(self.table.variant_for(p.precision, p.batch).name, fast),
@@ -329,12 +355,45 @@ class Simulation:
         p = self.fastest_point()
         return self.run_schedule("maxn-fastest", lambda k, last: p)
 
-    def best_static(self) -> RunResult:
-        runs = [self.run_schedule(f"static {p.label(self.board)}", lambda k, last, p=p: p) for p in self.points]
+    def candidates(self) -> list[OpPoint]:
+        """Points the hindsight policies need to try: a point is left out when another in the same mode
+        with the same target batch runs every batch size at least as fast (and so, at the same
+        utilisation, no less efficiently): e.g. fp16 where int8 is faster at every size."""
+        keep = []
+        for p in self.points:
+            mode = self.board.mode(p.mode)
+
+            def times(q, mode=mode):
+                return [
+                    self.table.service_s(self.table.variant_for(q.precision, r).name, mode)
+                    for r in range(1, q.batch + 1)
+                ]
+
+            mine = times(p)
+            dominated = any(
+                q != p
+                and q.mode == p.mode
+                and q.batch == p.batch
+                and all(x <= y for x, y in zip(times(q), mine))
+                and times(q) != mine
+                for q in self.points
+            )
+            if not dominated:
+                keep.append(p)
+        return keep
+
+    def best_static(self, mode: int | None = None, name: str = "best-static") -> RunResult:
+        """The least-energy single point within the miss budget (only points in ``mode`` when given)."""
+        points = [p for p in self.candidates() if mode is None or p.mode == mode]
+        runs = [self.run_schedule(f"static {p.label(self.board)}", lambda k, last, p=p: p) for p in points]
         ok = [r for r in runs if r.miss_rate <= self.miss_budget]
-        pick = min(ok or runs, key=lambda r: (r.j_per_inference if ok else r.miss_rate))
-        pick.policy = "best-static (" + pick.policy.removeprefix("static ") + ")"
+        pick = min(ok or runs, key=lambda r: r.j_per_inference if ok else r.miss_rate)
+        pick.policy = f"{name} (" + pick.policy.removeprefix("static ") + ")"
         return pick
+
+    def maxn_best(self) -> RunResult:
+        """The fastest mode with its best point in hindsight: what the power mode alone is worth."""
+        return self.best_static(self.fastest_point().mode, "maxn-best")
 
     def oracle(self) -> RunResult:
         """Per interval, the least-energy point within the miss budget (each interval from an empty queue)."""
@@ -344,16 +403,21 @@ class Simulation:
         for start in range(0, n, per):
             window = range(start, min(start + per, n))
             best = None
-            for p in self.points:
+            for p in self.candidates():
                 r = self.run_schedule("probe", lambda k, last, p=p: p, window)
-                key = (r.miss_rate > self.miss_budget, r.miss_rate if r.miss_rate > self.miss_budget else r.j_per_inference)
+                key = (
+                    r.miss_rate > self.miss_budget,
+                    r.miss_rate if r.miss_rate > self.miss_budget else r.j_per_inference,
+                )
                 if best is None or key < best[0]:
                     best = (key, p)
             schedule += [best[1]] * len(window)
         result = self.run_schedule("oracle", lambda k, last: schedule[k])
         return result
 
-    def governor(self, policy: str = "latency-slo", dwell_s: float = 5.0, hysteresis: float = 0.05, log=None) -> RunResult:
+    def governor(
+        self, policy: str = "latency-slo", dwell_s: float = 5.0, hysteresis: float = 0.05, log=None
+    ) -> RunResult:
         """``serve``'s LiveGovernor deciding every window on twin telemetry (see the module docstring)."""
         from inferx_edge.runtime.control import set_power_mode
         from inferx_edge.runtime.telemetry.jetson import JetsonSysfsBackend
@@ -364,12 +428,20 @@ class Simulation:
             backend = JetsonSysfsBackend(dev.root, clock=dev.clock)
             slots = self._slots()
             opts = GovernorOptions(
-                policy=policy, p99_ms=self.slo_s * 1e3, window_s=self.trace.window_s, dwell_s=dwell_s, hysteresis=hysteresis
+                policy=policy,
+                p99_ms=self.slo_s * 1e3,
+                window_s=self.trace.window_s,
+                dwell_s=dwell_s,
+                hysteresis=hysteresis,
             )
             gov = LiveGovernor(slots, opts, self.delay, log=log)
             by_label = {(p.precision, p.batch, self.board.mode(p.mode).name): p for p in self.points}
             start = self.fastest_point()
-            gov.current = next(n for n, pt in gov.points.items() if (pt.precision, pt.batch, pt.mode) == (start.precision, start.batch, self.board.mode(start.mode).name))
+            gov.current = next(
+                n
+                for n, pt in gov.points.items()
+                if (pt.precision, pt.batch, pt.mode) == (start.precision, start.batch, self.board.mode(start.mode).name)
+            )
             state = {"last_sample": None}
 
             def choose(k, last):
@@ -406,7 +478,10 @@ class Simulation:
 
         slots = []
         for m in self.board.modes:
-            variants = [SimpleNamespace(name=v.name, precision=v.precision, batch=v.batch, inputs=[]) for v in self.table.variants]
+            variants = [
+                SimpleNamespace(name=v.name, precision=v.precision, batch=v.batch, inputs=[])
+                for v in self.table.variants
+            ]
             engine = SimpleNamespace(manifest=SimpleNamespace(variants=variants))
             slot = DeviceSlot(engine, f"{self.board.name}:{m.name}")
             slot.power_mode = m.name
@@ -422,7 +497,8 @@ class Simulation:
 
 def compare(sim: Simulation, log=None) -> dict:
     """Every policy on ``sim``'s trace, with the ratios the goals are stated in."""
-    runs = {r.policy.split(" ")[0]: r for r in (sim.maxn_fastest(), sim.best_static(), sim.oracle(), sim.governor(log=log))}
+    policies = (sim.maxn_fastest(), sim.maxn_best(), sim.best_static(), sim.oracle(), sim.governor(log=log))
+    runs = {r.policy.split(" ")[0]: r for r in policies}
     base, oracle, gov = runs["maxn-fastest"], runs["oracle"], runs["governor"]
     out = {
         "trace": sim.trace.name,
@@ -430,6 +506,18 @@ def compare(sim: Simulation, log=None) -> dict:
         "slo_ms": sim.slo_s * 1e3,
         "policies": {r.policy: r.summary() for r in runs.values()},
         "governor_vs_maxn_fastest": gov.j_per_inference / base.j_per_inference - 1,
+        "governor_vs_maxn_best": gov.j_per_inference / runs["maxn-best"].j_per_inference - 1,
+        "governor_vs_best_static": gov.j_per_inference / runs["best-static"].j_per_inference - 1,
         "governor_vs_oracle": gov.j_per_inference / oracle.j_per_inference - 1,
+        "timeline": [
+            {
+                "t": x["k"],
+                "rate": x["arrivals"],
+                "point": x["point"].label(sim.board),
+                "p99_ms": x["p99_ms"],
+                "watts": x["energy_j"] / sim.trace.window_s,
+            }
+            for x in gov.timeline
+        ],
     }
     return out
