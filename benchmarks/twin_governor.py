@@ -10,7 +10,8 @@ Variants: int8 and fp16 at batch 1, 8 and 64, their latency per mode from the H2
 ``inferx_edge/twin/data/`` (``inferx_edge.twin.latency``). Rates are fractions of the model's capacity
 in the board's fastest mode (the best img/s of any variant there); the p99 SLO is 3x the latency of
 that capacity point in the fastest mode (at least 10 ms). Writes ``benchmarks/results/<name>.json`` and
-one PNG per (model, board) under ``benchmarks/results/<name>/``.
+one PNG per (model, board) under ``benchmarks/results/<name>/``. The governor's window is 0.25 s, its
+dwell 5 s; the oracle's interval 60 s.
 """
 
 from __future__ import annotations
@@ -21,19 +22,25 @@ from pathlib import Path
 
 from benchmarks._record import RESULTS, versions, write_record
 
+#: the governor decides every 0.25 s (``serve --window 0.25``): a burst is seen within a quarter second
+WINDOWS_PER_S = 4
+
 
 def traces(cap: float, quick: bool):
-    from inferx_edge.twin.simulate import bursty, diurnal, steady, step
+    from inferx_edge.twin.simulate import bursty, diurnal, refine, steady, step
 
     k = 0.25 if quick else 1.0
     n = lambda s: max(60, int(s * k))  # noqa: E731
     return [
-        steady(0.10 * cap, n(300), "steady-10%"),
-        steady(0.30 * cap, n(300), "steady-30%"),
-        steady(0.60 * cap, n(300), "steady-60%"),
-        diurnal(0.05 * cap, 0.70 * cap, n(900)),
-        bursty(0.60 * cap, 0.02 * cap, 20, 40, n(600)),
-        step([0.10 * cap, 0.50 * cap, 0.80 * cap, 0.20 * cap], n(100)),
+        refine(t, WINDOWS_PER_S)
+        for t in (
+            steady(0.10 * cap, n(300), "steady-10%"),
+            steady(0.30 * cap, n(300), "steady-30%"),
+            steady(0.60 * cap, n(300), "steady-60%"),
+            diurnal(0.05 * cap, 0.70 * cap, n(900)),
+            bursty(0.60 * cap, 0.02 * cap, 20, 40, n(600)),
+            step([0.10 * cap, 0.50 * cap, 0.80 * cap, 0.20 * cap], n(100)),
+        )
     ]
 
 

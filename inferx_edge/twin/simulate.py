@@ -53,6 +53,11 @@ class Trace:
         return len(self.rates) * self.window_s
 
 
+def refine(trace: Trace, windows_per_s: int) -> Trace:
+    """The same trace in shorter windows: the governor decides every window (``serve --window``)."""
+    return Trace(trace.name, np.repeat(trace.rates, windows_per_s), trace.window_s / windows_per_s)
+
+
 def steady(rate: float, seconds: int, name: str | None = None) -> Trace:
     return Trace(name or f"steady-{rate:.0f}", np.full(seconds, float(rate)))
 
@@ -509,10 +514,11 @@ def compare(sim: Simulation, log=None) -> dict:
         "governor_vs_maxn_best": gov.j_per_inference / runs["maxn-best"].j_per_inference - 1,
         "governor_vs_best_static": gov.j_per_inference / runs["best-static"].j_per_inference - 1,
         "governor_vs_oracle": gov.j_per_inference / oracle.j_per_inference - 1,
+        "timeline_units": "s",
         "timeline": [
             {
-                "t": x["k"],
-                "rate": x["arrivals"],
+                "t": x["k"] * sim.trace.window_s,
+                "rate": x["arrivals"] / sim.trace.window_s,
                 "point": x["point"].label(sim.board),
                 "p99_ms": x["p99_ms"],
                 "watts": x["energy_j"] / sim.trace.window_s,
