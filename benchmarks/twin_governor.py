@@ -131,7 +131,7 @@ def main() -> None:
             png = out_dir / f"{model}_{bname}.png"
             plot(png, f"{model} on {bname}", rows)
             for r in rows:
-                r["timeline"] = r["timeline"][:: max(1, len(r["timeline"]) // 300)]  # keep the record small
+                r["timeline"] = r["timeline"][:: max(1, len(r["timeline"]) // 100)]  # keep the record small
             results.append(
                 {
                     "model": model,
