@@ -54,18 +54,9 @@ def make_net(model: str):
 
 
 def export(net, path: Path) -> None:
-    import torch
+    from benchmarks._nets import export_onnx
 
-    torch.onnx.export(
-        net,
-        (torch.zeros(1, 3, 224, 224),),
-        str(path),
-        dynamo=False,
-        opset_version=17,
-        input_names=["image"],
-        output_names=["logits"],
-        dynamic_axes={"image": {0: "N"}, "logits": {0: "N"}},
-    )
+    export_onnx(net, path)
 
 
 def torch_system(name: str, model: str, batch: int, x: np.ndarray):

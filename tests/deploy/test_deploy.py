@@ -218,7 +218,9 @@ def test_ssh_paths_with_spaces_and_hash_install_where_asked(sshd, default_artifa
     assert _state(root)[0] == r.installed and (root / r.installed).exists()
 
 
-def test_jetson_deploy_installs_the_cuda12_runtime_once(default_artifact, tmp_path):
+def _orin_with_runtime(default_artifact, tmp_path, sign_key=None):
+    """A Jetson (aarch64 + sm_87) copy of ``default_artifact`` and a stand-in CUDA 12 runtime directory
+    with its build record: (artifact, runtime dir, library)."""
     import json as _json
 
     from inferx_edge.package.bundle import sha256_file
@@ -232,12 +234,18 @@ def test_jetson_deploy_installs_the_cuda12_runtime_once(default_artifact, tmp_pa
         cuda_arch="sm_87",
         min_jetpack="6.0",
         host_triple="aarch64-linux-gnu",
+        sign_key=sign_key,
     )
     runtime = tmp_path / "cuda12-runtime"
     (runtime / "aarch64").mkdir(parents=True)
     lib = runtime / "aarch64" / "libtvm_runtime_cuda.so"
     lib.write_bytes(b"\x7fELF stand-in for the CUDA 12 build")
     (runtime / "aarch64" / "build.json").write_text(_json.dumps({"sha256": sha256_file(lib), "cuda_version": 12060}))
+    return orin, runtime, lib
+
+
+def test_jetson_deploy_installs_the_cuda12_runtime_once(default_artifact, tmp_path):
+    orin, runtime, lib = _orin_with_runtime(default_artifact, tmp_path)
     root = tmp_path / "orin-dev"
     r1 = deploy(orin, str(root), selftest=False, cuda_runtime=runtime, **QUIET)
     installed = root / "cuda12-runtime" / "aarch64" / "libtvm_runtime_cuda.so"
@@ -261,30 +269,12 @@ def test_jetson_deploy_installs_the_cuda12_runtime_once(default_artifact, tmp_pa
 def test_jetson_deploy_ships_a_signed_cuda12_runtime_and_leaves_a_working_device_alone(
     default_artifact, tmp_path, monkeypatch
 ):
-    import json as _json
-
     from inferx_edge.deploy.transports import LocalTransport
-    from inferx_edge.package.bundle import sha256_file
     from inferx_edge.package.signing import generate_keypair, sign_manifest
-    from tests.helpers import retarget_artifact
 
     key, pub, _ = generate_keypair(tmp_path / "keys")
-    orin = retarget_artifact(
-        default_artifact,
-        tmp_path / "orin.ixa",
-        name="jetson-agx-orin-64gb",
-        device="cuda",
-        cuda_arch="sm_87",
-        min_jetpack="6.0",
-        host_triple="aarch64-linux-gnu",
-        sign_key=key,
-    )
-    runtime = tmp_path / "cuda12-runtime"
-    (runtime / "aarch64").mkdir(parents=True)
-    lib = runtime / "aarch64" / "libtvm_runtime_cuda.so"
-    lib.write_bytes(b"\x7fELF stand-in for the CUDA 12 build")
+    orin, runtime, lib = _orin_with_runtime(default_artifact, tmp_path, sign_key=key)
     record = runtime / "aarch64" / "build.json"
-    record.write_text(_json.dumps({"sha256": sha256_file(lib), "cuda_version": 12060}))
     root = tmp_path / "orin-dev"
     with pytest.raises(DeployError, match="not signed, and the trust store"):
         deploy(orin, str(root), selftest=False, cuda_runtime=runtime, trust=pub, **QUIET)
