@@ -174,10 +174,10 @@ def check(args) -> None:
         for name, first in runs["wheel"][0]["variants"].items():
             precision = first["precision"]
             cmp_rounds = []
+            base = np.load(work / art.stem / "wheel0" / f"{name}.npy")
             for r in range(args.rounds):
                 for which in ("wheel", "plugin"):
                     got = np.load(work / art.stem / f"{which}{r}" / f"{name}.npy")
-                    base = np.load(work / art.stem / "wheel0" / f"{name}.npy")
                     cmp_rounds.append({"round": r, "runtime": which, **_compare(got, base, precision)})
             wheel_ips = [x["variants"][name]["img_per_s"] for x in runs["wheel"]]
             plugin_ips = [x["variants"][name]["img_per_s"] for x in runs["plugin"]]

@@ -85,20 +85,15 @@ def unscheduled_kernels(mod, spec, target):
     """The module fused as the target pipeline fuses it, before any schedule: the kernels carry their
     names but no tensor-core intrinsics yet, so their FLOPs can be counted from the loop nests."""
     import tvm
-    from tvm import relax
+
+    from inferx_edge.compiler.cuda.pipeline import fusion_passes
 
     passes = []
     if spec.is_cuda:
         from tvm.relax.backend.cuda import pipeline as cuda
 
         passes += cuda.library_dispatch_passes(target)
-    passes += [
-        relax.transform.LegalizeOps(),
-        relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(),
-        relax.transform.FuseOps(),
-        relax.transform.FuseTIR(),
-    ]
+    passes += fusion_passes()
     with target:
         return tvm.transform.Sequential(passes)(mod)
 

@@ -56,9 +56,6 @@ class ReferenceGPU:
 #: (*assumption*: 2 us per VM call on the x86 host, TVM's VM dispatch plus a launch)
 H200 = ReferenceGPU("NVIDIA H200", 132, 1980.0, 4800.0, 759.0, 379.5, 3.0, 2.0)
 
-#: Orin's host CPU against the reference host: *assumption* a 3.0 GHz x86 core
-_REF_HOST_GHZ = 3.0
-
 
 @dataclass(frozen=True)
 class KernelRow:
@@ -144,7 +141,7 @@ class LatencyModel:
         ref = self.reference
         c = board.clocks(mode)
         s_c = (ref.sms * ref.mhz) / (c["sms"] * c["gpu_mhz"])
-        host_scale = (ref.host_ghz / (c["cpu_mhz"] / 1000.0)) * (_REF_HOST_GHZ / ref.host_ghz)
+        host_scale = ref.host_ghz / (c["cpu_mhz"] / 1000.0)  # host work by CPU clock only
         gpu_ms = mem_ms = sm_ms = 0.0
         bw_board = 0.9 * board.mem_gbps_at(c["emc_mhz"]) * 1e9
         for k in self.split():

@@ -58,7 +58,8 @@ def twin_profile(
     b = get_board(board)
     m = read_manifest(artifact)
     models = {}
-    for p in _profiles_for(m.model["name"], kernel_profiles):
+    profile_files = _profiles_for(m.model["name"], kernel_profiles)
+    for p in profile_files:
         lm = LatencyModel.from_profile(p)
         models[(lm.precision, lm.batch)] = lm
     variants, skipped = [], []
@@ -123,7 +124,7 @@ def twin_profile(
         "twin": b.name,
         "assumptions": ASSUMPTIONS,
         "calibration": calibrate.report(),
-        "kernel_profiles": sorted({str(p) for p in _profiles_for(m.model["name"], kernel_profiles)}),
+        "kernel_profiles": sorted(str(p) for p in profile_files),
         "variants": rows,
     }
     with atomic_write(output, "w") as f:

@@ -202,28 +202,22 @@ class Simulation:
         """Points the hindsight policies need to try: a point is left out when another in the same mode
         with the same target batch runs every batch size at least as fast (and so, at the same
         utilisation, no less efficiently): e.g. fp16 where int8 is faster at every size."""
-        keep = []
-        for p in self.points:
-            mode = self.board.mode(p.mode)
+        times = {
+            p: [
+                self.table.service_s(self.table.variant_for(p.precision, r).name, self.board.mode(p.mode))
+                for r in range(1, p.batch + 1)
+            ]
+            for p in self.points
+        }
 
-            def times(q, mode=mode):
-                return [
-                    self.table.service_s(self.table.variant_for(q.precision, r).name, mode)
-                    for r in range(1, q.batch + 1)
-                ]
-
-            mine = times(p)
-            dominated = any(
-                q != p
-                and q.mode == p.mode
-                and q.batch == p.batch
-                and all(x <= y for x, y in zip(times(q), mine))
-                and times(q) != mine
-                for q in self.points
+        def dominates(q: OpPoint, p: OpPoint) -> bool:
+            return (
+                (q.mode, q.batch) == (p.mode, p.batch)
+                and times[q] != times[p]
+                and all(x <= y for x, y in zip(times[q], times[p]))
             )
-            if not dominated:
-                keep.append(p)
-        return keep
+
+        return [p for p in self.points if not any(dominates(q, p) for q in self.points)]
 
     def best_static(self, mode: int | None = None, name: str = "best-static") -> RunResult:
         """The least-energy single point within the miss budget (only points in ``mode`` when given)."""
@@ -285,7 +279,6 @@ class Simulation:
                 for n, pt in gov.points.items()
                 if (pt.precision, pt.batch, pt.mode) == (start.precision, start.batch, self.board.mode(start.mode).name)
             )
-            state = {"last_sample": None}
 
             def choose(k, last):
                 if last is not None:
@@ -301,7 +294,6 @@ class Simulation:
                         "j_per_frame": joules / last["served"] if joules is not None and last["served"] else None,
                         "devices": {},
                     }
-                    state["last_sample"] = sample
                     gov.decide(dev.clock.t, window["arrival_fps"], window)
                 pt = gov.points[gov.current]
                 point = by_label[(pt.precision, pt.batch, pt.mode)]

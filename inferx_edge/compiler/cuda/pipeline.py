@@ -8,12 +8,25 @@ from inferx_edge.compiler.cuda.rules.vectorized_elementwise import vectorized_el
 from inferx_edge.compiler.cuda.tile import TileConfig
 
 
+def fusion_passes() -> list:
+    """Legalization and fusion as every target pipeline does them (before any schedule): the kernels
+    these passes make are the ones a build compiles, under the same names."""
+    from tvm import relax
+
+    return [
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
+
+
 def cuda_pipeline(target, tile_config: TileConfig | None = None, sm_count: int | None = None):
     """TVM's default CUDA Relax pipeline with :func:`tensor_core_matmul_rule` in place of dlight's Matmul
     and :func:`small_reduction_rule` ahead of its reduction rules, :func:`vectorized_elementwise_rule`
     ahead of its fallback. ``sm_count``: the GPU's SMs, for the int8 tile choice."""
     import tvm
-    from tvm import relax
     from tvm.relax.backend.cuda import pipeline as cuda
     from tvm.s_tir import dlight as dl
 
@@ -21,11 +34,7 @@ def cuda_pipeline(target, tile_config: TileConfig | None = None, sm_count: int |
 
     vectorizable_nearbyint()
     legalize = [
-        relax.transform.LegalizeOps(),
-        relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(),
-        relax.transform.FuseOps(),
-        relax.transform.FuseTIR(),
+        *fusion_passes(),
         dl.ApplyDefaultSchedule(
             tensor_core_matmul_rule(tile_config, sm_count),
             dl.gpu.GEMV(),
