@@ -3,7 +3,7 @@
 TVM 0.27 leaves untuned CPU kernels as the naive loop nests legalization writes (one thread, scalar
 code; dlight's CPU rules cover only GEMV and reductions), so an untuned build ran tens of times slower
 than onnxruntime. This rule gives every kernel a generic, always-valid schedule (measured in
-``benchmarks/results/cpu_latency_x86-cpu_rocketlake_default_schedules.json``; ``tune`` or
+``benchmarks/results/cpu_vision_x86-cpu.json``; ``tune`` or
 ``build --tune-minutes`` remain the way to full speed):
 
 - the one reduction block (a convolution, matmul, pooling window): a register tile of up to
