@@ -235,6 +235,8 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
             )
             _log_tuning(log, prepared.tuning, spec)
             log(f"      compiled in {info['compile_s']:.1f} s, linked in {info['link_s']:.1f} s ({info['linker']})")
+            for fb in info["schedule_fallbacks"]:
+                log(f"      kernel {fb['kernel']}: schedule rule {fb['rule']} failed ({fb['error']}); next rule used")
             tuned = prepared.tuning
             variants.append(
                 Variant(
@@ -250,6 +252,7 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
                     extra=({"tuning": tuned} if tuned else {})
                     | ({"cuda_graph": True} if info["cuda_graph"] else {})
                     | {"conv_layout": info["conv_layout"]}
+                    | ({"schedule_fallbacks": info["schedule_fallbacks"]} if info["schedule_fallbacks"] else {})
                     | ({"quantization": quant_report} if quant_report else {}),
                 )
             )

@@ -162,13 +162,19 @@ def compile_variant(
     from tvm import relax
 
     from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.compiler.guarded_schedule import FallbackLog
 
     target = target or resolve_tvm_target(spec)
     t0 = time.perf_counter()
     cuda_ctx = device_compiler(spec, cuda_code, cuda_options) if spec.is_cuda else contextlib.nullcontext(None)
     cuda_graph = cuda_graph and spec.is_cuda
     try:
-        with cuda_ctx as cuda_record, target, pass_config(cuda_graph, async_copy=spec.is_cuda):
+        with (
+            FallbackLog() as fallbacks,
+            cuda_ctx as cuda_record,
+            target,
+            pass_config(cuda_graph, async_copy=spec.is_cuda),
+        ):
             pipeline = relax_pipeline(spec, target)
             executable = relax.build(prepared.mod, target, relax_pipeline=pipeline, exec_mode="compiled")
     except BuildError:
@@ -195,4 +201,5 @@ def compile_variant(
         "cuda": cuda_record,
         "cuda_graph": cuda_graph,
         "conv_layout": prepared.layout.conv,
+        "schedule_fallbacks": fallbacks.entries,
     }

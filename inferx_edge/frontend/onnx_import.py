@@ -6,6 +6,7 @@ from pathlib import Path
 
 from inferx_edge.errors import ModelError
 from inferx_edge.frontend.imported import ImportedModel, finish_import
+from inferx_edge.frontend.onnx_fold import fold_shape_subgraphs
 from inferx_edge.frontend.qdq import is_qdq, strip_qdq
 from inferx_edge.frontend.shapes import resolve_shapes
 
@@ -69,6 +70,8 @@ def import_onnx(path: Path, overrides: dict[str, tuple[int, ...]]) -> ImportedMo
         declared.append((inp.name, dims))
         dtypes[inp.name] = str(helper.tensor_dtype_to_np_dtype(ttype.elem_type))
     shapes = resolve_shapes(declared, overrides)
+    if all(isinstance(d, int) for dims in shapes.values() for d in dims):
+        model, _ = fold_shape_subgraphs(model, shapes)
 
     from tvm.relax.frontend.onnx import from_onnx
 

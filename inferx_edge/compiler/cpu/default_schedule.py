@@ -81,7 +81,8 @@ class CPUDefaultSchedule:
             unroll = self._reduction_order(sch, reductions[0], lanes) if reductions else []
             cores = int(target.attrs.get("num-cores", 1) or 1)
             sch.annotate(root, "meta_schedule.parallel", cores * self.JOBS_PER_CORE)
-            sch.annotate(root, "meta_schedule.vectorize", lanes)
+            if not _has_bool_buffer(sch, blocks):  # LLVM's vector stores of bool (i1) masks fail codegen
+                sch.annotate(root, "meta_schedule.vectorize", lanes)
             for post in (ms.postproc.RewriteParallelVectorizeUnroll(), ms.postproc.RewriteReductionBlock()):
                 if not post.apply(sch):
                     return None
@@ -169,6 +170,15 @@ def tvm_dtype_bits(dtype) -> int:
     return tvm.runtime.DataType(str(dtype)).bits
 
 
+def _has_bool_buffer(sch, blocks) -> bool:
+    for b in blocks:
+        stmt = sch.get(b)
+        for region in list(stmt.reads) + list(stmt.writes):
+            if str(getattr(region.buffer, "dtype", "")) == "bool":
+                return True
+    return False
+
+
 def _is_reduction(sch, block) -> bool:
     from tvm import tirx
 
@@ -184,6 +194,8 @@ def cpu_pipeline(target):
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
     from tvm.s_tir import dlight as dl
 
+    from inferx_edge.compiler.guarded_schedule import guarded_default_schedule
+
     rule = _as_dlight_rule(CPUDefaultSchedule())
 
     @tvm.transform.module_pass(opt_level=0, name="InferxCPUPipeline")
@@ -192,7 +204,7 @@ def cpu_pipeline(target):
             seq = tvm.transform.Sequential(
                 cpu_generic.library_dispatch_passes(target)
                 + cpu_generic.legalize_passes(target)
-                + [dl.ApplyDefaultSchedule(dl.cpu.GEMV(), rule, dl.cpu.Reduction())]
+                + [guarded_default_schedule(dl.cpu.GEMV(), rule, dl.cpu.Reduction())]
                 + cpu_generic.dataflow_lower_passes(target)
                 + cpu_generic.finalize_passes(target)
             )

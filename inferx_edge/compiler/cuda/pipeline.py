@@ -25,17 +25,19 @@ def fusion_passes() -> list:
 def cuda_pipeline(target, tile_config: TileConfig | None = None, sm_count: int | None = None):
     """TVM's default CUDA Relax pipeline with :func:`tensor_core_matmul_rule` in place of dlight's Matmul
     and :func:`small_reduction_rule` ahead of its reduction rules, :func:`vectorized_elementwise_rule`
-    ahead of its fallback. ``sm_count``: the GPU's SMs, for the int8 tile choice."""
+    ahead of its fallback. A rule that raises on a kernel hands it to the next one
+    (:mod:`inferx_edge.compiler.guarded_schedule`). ``sm_count``: the GPU's SMs, for the int8 tile choice."""
     import tvm
     from tvm.relax.backend.cuda import pipeline as cuda
     from tvm.s_tir import dlight as dl
 
+    from inferx_edge.compiler.guarded_schedule import guarded_default_schedule
     from inferx_edge.compiler.tvm_ops import vectorizable_nearbyint
 
     vectorizable_nearbyint()
     legalize = [
         *fusion_passes(),
-        dl.ApplyDefaultSchedule(
+        guarded_default_schedule(
             tensor_core_matmul_rule(tile_config, sm_count),
             dl.gpu.GEMV(),
             small_reduction_rule(),

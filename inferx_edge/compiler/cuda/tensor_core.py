@@ -287,6 +287,28 @@ def _schedule_epilogue(sch, acc_shared, store_name, g: _Gemm) -> None:
         sch.unroll(f0)
 
 
+def broadcasting_epilogue(func) -> bool:
+    """True when a matmul kernel writes more elements than its GEMM produces: a squeeze-excite gate
+    (a GEMM over pooled channels, then a multiply broadcasting it over the feature map) fused into one
+    kernel. The GEMM is tiny and the broadcast epilogue is the work; no matmul schedule can inline that
+    epilogue into its output tile (dlight asserts), so such kernels go to the reduction/fallback rules."""
+    from tvm import s_tir
+    from tvm.s_tir.dlight.analysis import get_root_block
+    from tvm.s_tir.dlight.gpu.matmul import get_reduction_blocks
+
+    sch = s_tir.Schedule(func)
+    reductions = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
+    if not reductions:
+        return False
+    try:
+        gemm_out = math.prod(int(r.extent) for r in sch.get(reductions[0]).writes[0].region)
+        out = func.params[-1]  # the output (destination-passing); a Buffer in TVM 0.27's TIR
+        shape = out.shape if hasattr(out, "shape") else func.buffer_map[out].shape
+        return math.prod(int(d) for d in shape) > gemm_out
+    except (TypeError, KeyError, IndexError, AttributeError):  # symbolic extents: not a pattern we know
+        return False
+
+
 def tensor_core_schedule(func, target, cfg: TileConfig | None = None):
     """dlight's int8 wmma matmul schedule (``MatmulInt8Tensorization``) with its tile as parameters,
     without software pipelining (which TVM 0.27 cannot lower for wmma fragments), and with

@@ -334,3 +334,40 @@ def test_16_byte_weight_loads_compile_for_ohwi_conv_weights(pipeline):
         else:
             widths.append(sorted({{"int": 4, "int4": 16}[t] for t in re.findall(r"= \*\((int4?)\*\)\(w_ptr", kernel)}))
     assert widths == [[4], [16]]
+
+
+@needs_nvrtc
+def test_squeeze_excite_gate_fused_with_its_broadcast_is_left_to_the_other_rules():
+    """EfficientNet's squeeze-excite: a 1x1 conv over pooled channels (a GEMM of batch x channels),
+    sigmoid, then a multiply broadcasting the gate over the whole feature map, fused in one kernel. The
+    tensor-core schedule cannot inline that epilogue into its tile (it asserted and failed the int8
+    build); it now declines such kernels, which compile under the next rule with nothing logged."""
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.compile import pass_config, resolve_tvm_target
+    from inferx_edge.compiler.cuda import cuda_pipeline, device_compiler
+    from inferx_edge.compiler.guarded_schedule import FallbackLog
+    from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
+    from inferx_edge.targets import get_target
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([2, 1, 1, 64], "int8"))
+    w = relax.Var("w", relax.TensorType([144, 1, 1, 64], "int8"))
+    feat = relax.Var("feat", relax.TensorType([2, 28, 28, 144], "float32"))
+    with bb.function("main", [x, w, feat]):
+        with bb.dataflow():
+            y = relax.op.nn.conv2d(x, w, data_layout="NHWC", kernel_layout="OHWI", out_dtype="int32")
+            gate = relax.op.sigmoid(relax.op.multiply(relax.op.astype(y, "float32"), relax.const(np.float32(0.01))))
+            q = relax.op.round(relax.op.multiply(relax.op.multiply(gate, feat), relax.const(np.float32(20.0))))
+            out = bb.emit_output(relax.op.astype(relax.op.clip(q, -127, 127), "int8"))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    import_tensor_intrinsics()
+    spec = get_target("h200")
+    target = resolve_tvm_target(spec)
+    with FallbackLog() as log, device_compiler(spec, "cubin") as record, target, pass_config():
+        relax.build(mod, target, relax_pipeline=cuda_pipeline(target, sm_count=spec.sm_count))
+    assert log.entries == []
+    assert record["kernels_modules"]
+    assert tvm is not None

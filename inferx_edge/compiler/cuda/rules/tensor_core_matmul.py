@@ -12,7 +12,7 @@ from inferx_edge.compiler.cuda.analysis import (
     _tensorizable,
     sm_version,
 )
-from inferx_edge.compiler.cuda.tensor_core import strip_software_pipeline, tensor_core_schedule
+from inferx_edge.compiler.cuda.tensor_core import broadcasting_epilogue, strip_software_pipeline, tensor_core_schedule
 from inferx_edge.compiler.cuda.tile import TileConfig
 from inferx_edge.compiler.cuda.tile_policy import tile_for
 
@@ -30,6 +30,8 @@ def tensor_core_matmul_rule(tile_config: TileConfig | None = None, sm_count: int
             from tvm import tirx
 
             if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+                return None
+            if broadcasting_epilogue(func):
                 return None
             if target.kind.name == "cuda" and sm_version(target) >= 70:
                 sig = _matmul_signature(func)
