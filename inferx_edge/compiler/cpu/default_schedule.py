@@ -174,7 +174,8 @@ def _has_bool_buffer(sch, blocks) -> bool:
     for b in blocks:
         stmt = sch.get(b)
         for region in list(stmt.reads) + list(stmt.writes):
-            if str(getattr(region.buffer, "dtype", "")) == "bool":
+            buf = getattr(region, "buffer", None) or getattr(region, "source", None)
+            if str(getattr(buf, "dtype", "")) == "bool":
                 return True
     return False
 

@@ -1,0 +1,392 @@
+"""The model zoo, out of the box (no tuning database for any of its models): every network built by
+inferx_edge and timed against its peers in one process, one run, same inputs.
+
+    # GPU host: inferx int8/fp16 vs torch.compile (inductor, CUDA graphs) fp16, NVML energy
+    python -m benchmarks.zoo --target h200 --out DIR [--models a,b] [--batches 1,64] [--jobs 12]
+    # CPU host: inferx fp32 untuned vs onnxruntime fp32; int8 accuracy of the real-weight models
+    python -m benchmarks.zoo --target x86-cpu --out DIR [--accuracy]
+    # cross targets, structural: every precision builds (compile time, device code, fallbacks)
+    python -m benchmarks.zoo --target jetson-orin --build-only --precisions fp32,fp16,int8
+
+Models come from ``--zoo-dir`` (``benchmarks/zoo_export.py`` writes it) or are exported on the spot
+where torch + torchvision import. Builds run ``--jobs`` at a time in worker processes (each builds one
+model x precision with every batch), timing runs afterwards one system at a time in this process.
+Writes ``<name>.json`` (the record, rewritten after every row, so a cut run keeps what it measured) and
+``<name>.md`` (model x system x batch: img/s, p50, mJ/img, error) under ``benchmarks/results/`` and DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import zoo_accuracy
+from benchmarks._record import versions, write_record
+from benchmarks.zoo_models import ZOO, select
+
+GPU_SYSTEMS = ("inferx-int8", "inferx-fp16", "torch-compile", "torch-eager")
+CPU_SYSTEMS = ("inferx-fp32", "onnxruntime")
+
+
+def rel_error(got, ref) -> float:
+    got = np.asarray(got, np.float64).reshape(np.shape(ref))
+    return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def model_dir(name: str, zoo_dir: Path, out: Path) -> Path:
+    """The exported model: from the zoo cache, else exported now into ``out`` (needs torchvision)."""
+    d = zoo_dir / name
+    if (d / "model.onnx").exists():
+        return d
+    from benchmarks.zoo_export import export_one
+
+    export_one(ZOO[name], out / "models" / name, batch=2)
+    return out / "models" / name
+
+
+def calibration(name: str, d: Path, batches: int = 16) -> Path:
+    """Calibration data: real images / real text for real-weight models, seeded samples otherwise."""
+    spec = ZOO[name]
+    path = d / "calib.npz"
+    if spec.real_weights and spec.is_text and (d / "text.npz").exists():
+        data = dict(np.load(d / "text.npz"))
+        data = {k: v[:batches] for k, v in data.items()}
+    else:
+        data = spec.example(batches, seed=1)
+        if spec.real_weights and not spec.is_text:
+            try:
+                data = {"image": zoo_accuracy.images(spec, "calib")}
+            except (ImportError, RuntimeError):  # no sample photographs on this host: seeded samples
+                pass
+    np.savez(path, **data)
+    return path
+
+
+def _worker_init(threads: int) -> None:
+    import os
+
+    os.environ["TVM_NUM_THREADS"] = str(threads)  # calibration runs on the host: no oversubscription
+
+
+def build_job(
+    name: str,
+    d: str,
+    target: str,
+    precision: str,
+    batches: tuple[int, ...],
+    out: str,
+    calib_method: str = "entropy",
+    eval_data: Path | None = None,
+    tag: str = "",
+) -> dict:
+    """One artifact (model x precision, every batch), in a worker process."""
+    from inferx_edge.build import BuildOptions, build_artifact
+    from inferx_edge.quantize.driver import QuantOptions
+
+    spec, d, out = ZOO[name], Path(d), Path(out)
+    art = out / "artifacts" / f"{name}-{target}-{precision}{tag}.ixa"
+    art.parent.mkdir(parents=True, exist_ok=True)
+    quant = (
+        QuantOptions(calib=calibration(name, d), calib_method=calib_method, eval_data=eval_data)
+        if precision in ("int8", "mixed")
+        else QuantOptions()
+    )
+    lines: list[str] = []
+    t0 = time.time()
+    try:
+        manifest = build_artifact(
+            BuildOptions(
+                model=d / "model.onnx",
+                target=target,
+                output=art,
+                input_shapes=spec.input_shapes(batches[0]),
+                batch_sizes=batches,
+                precisions=(precision,),
+                tuning=False,
+                force=True,
+                quant=quant,
+            ),
+            log=lines.append,
+        )
+    except Exception as exc:  # the record says which model/precision failed and why
+        return {"model": name, "precision": precision, "error": f"{type(exc).__name__}: {exc}"[:1500]}
+    v = manifest.variants[0]
+    info = {
+        "model": name,
+        "precision": precision,
+        "artifact": str(art),
+        "batches": list(batches),
+        "build_s": round(time.time() - t0, 1),
+        "compile_s": manifest.build.get("compile_s"),
+        "schedule_fallbacks": sorted(
+            {f["kernel"] for x in manifest.variants for f in x.extra.get("schedule_fallbacks", [])}
+        ),
+        "device_code": {
+            k: manifest.target.get(k) for k in ("cuda_code", "cuda_code_arch", "cuda_toolkit") if k in manifest.target
+        },
+    }
+    if "quantization" in v.extra:
+        info["int8_mac_share"] = v.extra["quantization"]["int8_mac_share"]
+        info["calib_method"] = calib_method
+    return info
+
+
+def torch_system(system: str, name: str, x: dict, ref_dtype: str = "float16"):
+    import torch
+
+    net = ZOO[name].make().cuda()
+    args = [torch.from_numpy(v).cuda() for v in x.values()]
+    if not ZOO[name].is_text:
+        net = net.half().to(memory_format=torch.channels_last)
+        args = [a.half().contiguous(memory_format=torch.channels_last) for a in args]
+    else:
+        net = net.half()
+    if system == "torch-compile":
+        net = torch.compile(net, mode="reduce-overhead")
+    with torch.inference_mode():
+        for _ in range(3):
+            out = net(*args)
+        torch.cuda.synchronize()
+        out = net(*args)
+        outs = [o.float().cpu().numpy() for o in (out if isinstance(out, (tuple, list)) else [out])]
+
+    def call():
+        with torch.inference_mode():
+            net(*args)
+
+    from benchmarks.gpu_vision import Timed
+
+    return Timed(call, torch.cuda.synchronize), outs
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("/tmp/zoo"))
+    ap.add_argument("--target", default="h200")
+    ap.add_argument("--models", default=None, help=f"comma list (default: all): {', '.join(ZOO)}")
+    ap.add_argument("--batches", default=None, help="default 1,64 on GPUs, 1 on CPUs")
+    ap.add_argument("--systems", default=None)
+    ap.add_argument("--precisions", default="fp32,fp16,int8", help="for --build-only")
+    ap.add_argument("--build-only", action="store_true", help="structural: build, record, time nothing")
+    ap.add_argument("--accuracy", action="store_true", help="int8 vs fp32 on real data for real-weight models")
+    ap.add_argument("--zoo-dir", type=Path, default=Path.home() / ".cache/inferx_edge/zoo")
+    ap.add_argument("--jobs", type=int, default=2, help="builds at a time (worker processes)")
+    ap.add_argument("--worker-threads", type=int, default=2, help="TVM CPU threads per build worker")
+    ap.add_argument("--window", type=float, default=2.0)
+    ap.add_argument("--name", default=None)
+    args = ap.parse_args(argv)
+    from inferx_edge.targets import get_target
+
+    spec = get_target(args.target)
+    gpu = spec.is_cuda and not args.build_only
+    systems = (args.systems or ",".join(GPU_SYSTEMS if gpu else CPU_SYSTEMS)).split(",")
+    batches = tuple(int(b) for b in (args.batches or ("1,64" if gpu else "1")).split(","))
+    models = select(args.models)
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = args.name or f"zoo_{args.target}{'_build' if args.build_only else ''}"
+    record: dict = {
+        "target": args.target,
+        "build_only": args.build_only,
+        "batches": list(batches),
+        "systems": systems,
+        "window_s": args.window,
+        "models": {m.name: {"kind": m.kind, "real_weights": m.real_weights, "note": m.note} for m in models},
+        "builds": [],
+        "results": [],
+        "accuracy": [],
+    }
+
+    def save():
+        rec = write_record(name, record | {"versions": versions("apache-tvm", "torch", "onnxruntime", "inferx_edge")})
+        (args.out / rec.name).write_text(rec.read_text())
+        md = markdown(record)
+        rec.with_suffix(".md").write_text(md)
+        (args.out / f"{name}.md").write_text(md)
+
+    dirs = {m.name: model_dir(m.name, args.zoo_dir, args.out) for m in models}
+    if args.build_only:
+        precisions = args.precisions.split(",")
+    else:
+        precisions = [s.split("-")[1] for s in systems if s.startswith("inferx-")]
+    jobs = [(m.name, p) for m in models for p in precisions]
+    if spec.is_cuda:  # once here, inherited by the forked build workers
+        from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
+
+        import_tensor_intrinsics()
+    print(f"building {len(jobs)} artifacts for {args.target}, {args.jobs} at a time", flush=True)
+    built: dict[tuple[str, str], dict] = {}
+    with ProcessPoolExecutor(args.jobs, initializer=_worker_init, initargs=(args.worker_threads,)) as pool:
+        futs = {
+            pool.submit(build_job, n, str(dirs[n]), args.target, p, batches, str(args.out)): (n, p) for n, p in jobs
+        }
+        for f in as_completed(futs):
+            info = f.result()
+            built[futs[f]] = info
+            record["builds"].append(info)
+            print(json.dumps(info)[:600], flush=True)
+            save()
+    if args.accuracy:
+        zoo_accuracy.run(models, dirs, built, args.target, save=save, sink=record["accuracy"])
+    if not args.build_only:
+        measure(record, models, dirs, built, systems, batches, gpu, args.window, save)
+    save()
+    print(f"wrote {name}.json / {name}.md", flush=True)
+
+
+def measure(record, models, dirs, built, systems, batches, gpu, window, save) -> None:
+    from inferx_edge.report.profile import measure_window
+    from inferx_edge.runtime import Engine
+    from inferx_edge.runtime.engine import time_calls
+
+    backend = None
+    if gpu:
+        import torch
+
+        from inferx_edge.runtime.telemetry import probe
+
+        backend = probe("nvml")
+        record |= {"device": torch.cuda.get_device_name(0), "driver": getattr(backend, "driver", None)}
+    for m in models:
+        d = dirs[m.name]
+        for batch in batches:
+            x = m.example(batch, seed=3)
+            ref = reference(m, d, x, gpu)
+            for system in systems:
+                row = {"model": m.name, "system": system, "batch": batch}
+                try:
+                    if system.startswith("inferx-"):
+                        info = built.get((m.name, system.split("-")[1]), {})
+                        if "error" in info or not info:
+                            raise RuntimeError(info.get("error", "not built"))
+                        runner = Engine(Path(info["artifact"]), trust=False)
+                        runner.select(f"{system.split('-')[1]}-b{batch}")
+                        res = runner.run(x)
+                        outs = [res[o.name] for o in runner.variant.outputs]
+                    elif system == "onnxruntime":
+                        runner, outs = ort_system(d, x)
+                    else:
+                        runner, outs = torch_system(system, m.name, x)
+                    row["rel_error_vs_fp32"] = rel_error(outs[0], ref)
+                    runner.benchmark(x, warmup=5, repeat=5, min_seconds=0.5)
+                    w = measure_window(runner, x, batch, backend, window)
+                    row |= {"img_s": w["fps"], "p50_ms": w["p50_ms"], "p90_ms": w["p90_ms"]}
+                    row["mJ_img"] = w["j_per_frame"] * 1e3 if w["j_per_frame"] is not None else None
+                    if hasattr(runner, "close"):
+                        runner.close()
+                except Exception as exc:  # recorded; the next system still runs
+                    row["error"] = f"{type(exc).__name__}: {exc}"[:600]
+                    traceback.print_exc()
+                record["results"].append(row)
+                print(json.dumps(row), flush=True)
+                save()
+            if gpu:
+                import torch
+
+                torch.cuda.empty_cache()
+    assert time_calls  # imported for the runners' interface
+    if backend is not None:
+        backend.close()
+
+
+def reference(m, d: Path, x: dict, gpu: bool) -> np.ndarray:
+    """The fp32 reference output for ``x``: torch fp32 on the GPU, onnxruntime fp32 on a CPU host."""
+    if gpu:
+        import torch
+
+        net = m.make().cuda()
+        with torch.inference_mode():
+            out = net(*[torch.from_numpy(v).cuda() for v in x.values()])
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        return out.double().cpu().numpy()
+    _, outs = ort_system(d, x)
+    return np.asarray(outs[0], np.float64)
+
+
+def ort_system(d: Path, x: dict):
+    import onnxruntime as ort
+
+    from inferx_edge.runtime._tvm import cpu_thread_budget
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = cpu_thread_budget()
+    opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(str(d / "model.onnx"), opts, providers=["CPUExecutionProvider"])
+
+    class Runner:
+        def benchmark(self, inputs, warmup=5, repeat=50, min_seconds=0.0):
+            from inferx_edge.runtime.engine import time_calls
+
+            return time_calls(lambda: sess.run(None, inputs), lambda: None, warmup, repeat, min_seconds)
+
+    return Runner(), sess.run(None, x)
+
+
+def markdown(record: dict) -> str:
+    """model x system x batch table, ratios against the peer (torch-compile on GPUs, onnxruntime on CPUs)."""
+    rows = [r for r in record["results"] if "error" not in r]
+    peer = "torch-compile" if "torch-compile" in record["systems"] else "onnxruntime"
+    base = {(r["model"], r["batch"]): r for r in rows if r["system"] == peer}
+    out = [f"# Zoo on {record['target']}{' (build only)' if record['build_only'] else ''}", ""]
+    if rows:
+        out += [
+            f"| model | system | batch | img/s | p50 ms | mJ/img | rel. error vs fp32 | img/s vs {peer} | p50 vs {peer} |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in rows:
+            b = base.get((r["model"], r["batch"]))
+            ratio = f"{r['img_s'] / b['img_s']:.2f}x" if b else "-"
+            p50 = f"{b['p50_ms'] / r['p50_ms']:.2f}x" if b else "-"
+            mj = f"{r['mJ_img']:.2f}" if r.get("mJ_img") is not None else "-"
+            out.append(
+                f"| {r['model']} | {r['system']} | {r['batch']} | {r['img_s']:.1f} | {r['p50_ms']:.3f} | {mj} | "
+                f"{r['rel_error_vs_fp32']:.2e} | {ratio} | {p50} |"
+            )
+    failed = [r for r in record["results"] if "error" in r]
+    out += [
+        "",
+        "## Builds",
+        "",
+        "| model | precision | build s | int8 MAC share | fallback kernels | error |",
+        "|---|---|---|---|---|---|",
+    ]
+    for b in sorted(record["builds"], key=lambda b: (b["model"], b["precision"])):
+        share = f"{b['int8_mac_share'] * 100:.0f} %" if "int8_mac_share" in b else "-"
+        out.append(
+            f"| {b['model']} | {b['precision']} | {b.get('build_s', '-')} | {share} | "
+            f"{len(b.get('schedule_fallbacks', []))} | {b.get('error', '')[:200]} |"
+        )
+    if record.get("accuracy"):
+        out += [
+            "",
+            "## INT8 accuracy on real data (vs the fp32 build)",
+            "",
+            "| model | precision | calibration | int8 MAC share | top-1 agreement | fp32 top-1 in top-5 | cosine mean / min | rel. error | samples |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for a in record["accuracy"]:
+            if "error" in a:
+                out.append(
+                    f"| {a['model']} | {a['precision']} | {a['calib_method']} | failed: {a['error'][:150]} |||||| "
+                )
+                continue
+            share = f"{a['int8_mac_share'] * 100:.0f} %" if a.get("int8_mac_share") is not None else "-"
+            cos = f"{a['cosine_mean']} / {a['cosine_min']}" if "cosine_mean" in a else "-"
+            out.append(
+                f"| {a['model']} | {a['precision']} | {a['calib_method']} | {share} | {a.get('top1_agreement', '-')} | "
+                f"{a.get('fp32_top1_in_top5', '-')} | {cos} | {a['rel_error_vs_fp32']} | {a['samples']} |"
+            )
+    if failed:
+        out += ["", "## Failed runs", ""] + [
+            f"- {r['model']} {r['system']} b{r['batch']}: {r['error'][:300]}" for r in failed
+        ]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    main()

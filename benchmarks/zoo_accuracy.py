@@ -1,0 +1,149 @@
+"""INT8 accuracy of the zoo's real-weight models on real data that exists offline: ImageNet classifiers
+on natural photographs (scikit-image's sample images, scikit-learn's and matplotlib's), MiniLM on the
+licence texts Debian ships. No labelled ImageNet exists here, so classifiers report INT8-vs-FP32 top-1
+agreement and top-5 containment; the encoder reports embedding cosine similarity.
+
+Calibration and evaluation use disjoint photographs (each augmented by crops and flips).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+_MEAN, _STD = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+
+
+def _photos() -> list[np.ndarray]:
+    """Every colour photograph available offline, as HxWx3 uint8 (sorted by source for stable splits)."""
+    from PIL import Image
+
+    paths: list[Path] = []
+    try:
+        import skimage.data
+
+        root = Path(skimage.data.__file__).parent
+        paths += sorted(p for p in root.iterdir() if p.suffix in (".png", ".jpg"))
+    except ImportError:
+        pass
+    try:
+        import sklearn.datasets
+
+        paths += sorted((Path(sklearn.datasets.__file__).parent / "images").glob("*.jpg"))
+    except ImportError:
+        pass
+    try:
+        import matplotlib
+
+        paths += sorted(Path(matplotlib.get_data_path(), "sample_data").glob("*.jpg"))
+    except ImportError:
+        pass
+    out = []
+    for p in paths:
+        try:
+            img = np.asarray(Image.open(p).convert("RGB"))
+        except Exception:  # noqa: BLE001 - not an image PIL reads: skip it
+            continue
+        src = np.asarray(Image.open(p))
+        if src.ndim == 3 and min(img.shape[:2]) >= 128:  # colour photographs only
+            out.append(img)
+    if len(out) < 8:
+        raise RuntimeError("too few sample photographs: pip install scikit-image scikit-learn")
+    return out
+
+
+def _views(img: np.ndarray, size: int) -> list[np.ndarray]:
+    """Centre crop plus four corner crops at 87.5 % of the short side, each also flipped; resized to size."""
+    from PIL import Image
+
+    h, w = img.shape[:2]
+    s = int(min(h, w) * 0.875)
+    corners = [((h - s) // 2, (w - s) // 2), (0, 0), (0, w - s), (h - s, 0), (h - s, w - s)]
+    out = []
+    for y, x in corners:
+        crop = Image.fromarray(img[y : y + s, x : x + s]).resize((size, size), Image.BILINEAR)
+        a = np.asarray(crop, np.float32)
+        out += [a, a[:, ::-1]]
+    return out
+
+
+def _normalise(spec, views: list[np.ndarray]) -> np.ndarray:
+    x = np.stack(views)
+    if spec.name == "efficientnet_lite0":
+        x = (x - 127.0) / 128.0
+    else:
+        x = (x / 255.0 - _MEAN) / _STD
+    return np.ascontiguousarray(x.transpose(0, 3, 1, 2), np.float32)
+
+
+def images(spec, split: str) -> np.ndarray:
+    """Model-ready images: ``calib`` from the first 4 photographs (40 views), ``eval`` from the rest."""
+    photos = _photos()
+    chosen = photos[:4] if split == "calib" else photos[4:]
+    return _normalise(spec, [v for p in chosen for v in _views(p, spec.image)])
+
+
+#: what each real-weight model is compared in: (precision, calibration method); mixed only for classifiers
+QUANTIZED = (("int8", "entropy"), ("int8", "mse"), ("mixed", "mse"))
+
+
+def run(models, dirs, built, target: str, save, sink: list | None = None) -> list[dict]:
+    """Build fp32 and the :data:`QUANTIZED` variants (batch 1) of each real-weight model for ``target``
+    and compare them with fp32 on real data (``mixed``: the budget is measured on every third
+    evaluation sample, the default 0.5-point top-1 budget)."""
+    from benchmarks.zoo import build_job
+    from inferx_edge.runtime import Engine
+
+    results = sink if sink is not None else []
+    for m in models:
+        if not m.real_weights:
+            continue
+        d = dirs[m.name]
+        work = d.parent / "_accuracy"
+        if m.is_text:
+            data = dict(np.load(d / "text.npz"))
+            samples = [{k: v[i : i + 1] for k, v in data.items()} for i in range(16, len(data["input_ids"]))]
+        else:
+            samples = [{"image": x[None]} for x in images(m, "eval")]
+            work.mkdir(parents=True, exist_ok=True)
+            np.savez(work / f"{m.name}_budget.npz", image=np.concatenate([s["image"] for s in samples[::3]]))
+        ref = None
+        for precision, method in (("fp32", ""),) + QUANTIZED:
+            if precision == "mixed" and m.is_text:
+                continue
+            budget = work / f"{m.name}_budget.npz" if precision == "mixed" else None
+            info = build_job(
+                m.name, str(d), target, precision, (1,), str(work), method or "entropy", budget, f"-{method}"
+            )
+            if "error" in info:
+                results.append(
+                    {"model": m.name, "precision": precision, "calib_method": method, "error": info["error"]}
+                )
+                continue
+            with Engine(Path(info["artifact"]), trust=False) as eng:
+                eng.select(f"{precision}-b1")
+                name = eng.variant.outputs[0].name
+                out = np.concatenate([eng.run(s)[name] for s in samples]).astype(np.float64)
+            if ref is None:
+                ref = out
+                continue
+            row = {"model": m.name, "precision": precision, "calib_method": method, "samples": len(samples)}
+            row["int8_mac_share"] = info.get("int8_mac_share")
+            row |= _compare(m, ref, out)
+            results.append(row)
+            print(row, flush=True)
+            save()
+    return results
+
+
+def _compare(m, f: np.ndarray, q: np.ndarray) -> dict:
+    row = {"rel_error_vs_fp32": round(float(np.linalg.norm(q - f) / np.linalg.norm(f)), 5)}
+    if m.is_text:
+        cos = np.sum(f * q, 1) / (np.linalg.norm(f, axis=1) * np.linalg.norm(q, axis=1))
+        return row | {"cosine_mean": round(float(cos.mean()), 5), "cosine_min": round(float(cos.min()), 5)}
+    top5 = [f.argmax(1)[i] in np.argsort(-q[i])[:5] for i in range(len(f))]
+    return row | {
+        "top1_agreement": round(float(np.mean(f.argmax(1) == q.argmax(1))), 4),
+        "fp32_top1_in_top5": round(float(np.mean(top5)), 4),
+    }
