@@ -31,12 +31,34 @@ class ZooModel:
     ``classes``: the architecture classes it covers (for the table)."""
 
     name: str
-    make: Callable
+    factory: Callable
     kind: str = "cnn"
     image: int = 224
     real_weights: bool = False
     note: str = ""
     classes: tuple[str, ...] = field(default_factory=tuple)
+
+    def make(self, seed: int = 0):
+        """The network in eval mode. Random-weight networks get their BatchNorm statistics from two
+        seeded batches (as after training): with the default statistics (mean 0, variance 1) the
+        activations of deep random networks vanish or explode (EfficientNet-B0's logits were ~1e-14,
+        so fp16 flushed them to zero and every error ratio was meaningless)."""
+        import torch
+
+        net = self.factory(seed)
+        if getattr(net, "real_weights", False):
+            return net.eval()
+        bns = [m for m in net.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+        if bns:
+            torch.manual_seed(seed)
+            for bn in bns:
+                bn.reset_running_stats()
+                bn.momentum = None  # cumulative average over the batches below
+            net.train()
+            with torch.no_grad():
+                for i in range(2):
+                    net(*(torch.from_numpy(v) for v in self.example(4, seed=100 + i).values()))
+        return net.eval()
 
     @property
     def is_text(self) -> bool:
@@ -102,6 +124,7 @@ def _mobilenet_v2_real(seed: int = 0):
     except RuntimeError:
         return net.eval()
     net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    net.real_weights = True
     return net.eval()
 
 
@@ -118,6 +141,7 @@ def _efficientnet_lite0_real(seed: int = 0):
     except RuntimeError:
         return net.eval()
     net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    net.real_weights = True
     return net.eval()
 
 
@@ -267,6 +291,7 @@ def _minilm(seed: int = 0):
 
     state = {k: v for k, v in load_file(str(path)).items() if not k.startswith(("pooler.", "embeddings.position_ids"))}
     net.load_state_dict(state)
+    net.real_weights = True
     return net.eval()
 
 

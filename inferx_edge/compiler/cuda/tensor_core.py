@@ -301,7 +301,9 @@ def broadcasting_epilogue(func) -> bool:
     if not reductions:
         return False
     try:
-        gemm_out = math.prod(int(r.extent) for r in sch.get(reductions[0]).writes[0].region)
+        written = sch.get(reductions[0]).writes[0]
+        buf = getattr(written, "buffer", None) or written.source  # the GEMM's whole output buffer
+        gemm_out = math.prod(int(d) for d in buf.shape)
         out = func.params[-1]  # the output (destination-passing); a Buffer in TVM 0.27's TIR
         shape = out.shape if hasattr(out, "shape") else func.buffer_map[out].shape
         return math.prod(int(d) for d in shape) > gemm_out
