@@ -249,7 +249,12 @@ def prepare_peers(models, systems, batches) -> dict:
     for m in models:
         for batch in batches:
             x = m.example(batch, seed=3)
-            entry = {"x": x, "ref": reference(m, None, x, True)}
+            try:
+                entry = {"x": x, "ref": reference(m, None, x, True)}
+            except Exception as exc:  # the model's rows record it; other models still run
+                peers[(m.name, batch)] = {"x": x, "error": f"reference failed: {type(exc).__name__}: {exc}"[:600]}
+                traceback.print_exc()
+                continue
             for system in (s for s in systems if s.startswith("torch")):
                 t0 = time.time()
                 try:
@@ -281,6 +286,12 @@ def measure(record, models, dirs, built, systems, batches, gpu, window, save, pe
         for batch in batches:
             peer = peers.get((m.name, batch), {})
             x = peer.get("x") or m.example(batch, seed=3)
+            if "error" in peer:
+                for system in systems:
+                    record["results"].append(
+                        {"model": m.name, "system": system, "batch": batch, "error": peer["error"]}
+                    )
+                continue
             ref = peer["ref"] if "ref" in peer else reference(m, d, x, gpu)
             for system in systems:
                 row = {"model": m.name, "system": system, "batch": batch}

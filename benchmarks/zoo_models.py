@@ -202,7 +202,7 @@ def _bert_encoder(vocab=30522, hidden=384, layers=6, heads=12, ffn=1536, positio
             self.LayerNorm = nn.LayerNorm(hidden, eps=eps)
 
         def forward(self, ids):
-            pos = torch.arange(ids.shape[1]).unsqueeze(0)
+            pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
             x = self.word_embeddings(ids) + self.position_embeddings(pos) + self.token_type_embeddings.weight[0]
             return self.LayerNorm(x)
 
@@ -368,9 +368,11 @@ def _yolov8n(seed: int = 0):
             for i, x in enumerate(xs):
                 outs.append(torch.cat((self.cv2[i](x), self.cv3[i](x)), 1).view(n, self.no, -1))
                 h, w = x.shape[2], x.shape[3]
-                sy, sx = torch.meshgrid(torch.arange(h) + 0.5, torch.arange(w) + 0.5, indexing="ij")
+                sy, sx = torch.meshgrid(
+                    torch.arange(h, device=x.device) + 0.5, torch.arange(w, device=x.device) + 0.5, indexing="ij"
+                )
                 anchors.append(torch.stack((sx, sy), -1).view(-1, 2))
-                strides.append(torch.full((h * w, 1), float(self.strides[i])))
+                strides.append(torch.full((h * w, 1), float(self.strides[i]), device=x.device))
             y = torch.cat(outs, 2)
             box, cls = y.split((4 * self.reg_max, self.nc), 1)
             a = y.shape[2]

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from inferx_edge.models import DEFAULT_MODEL
-from inferx_edge.quantize.calibration import OBSERVERS
+from inferx_edge.quantize.calibration import DEFAULT_METHOD, OBSERVERS
 from inferx_edge.targets import host_target_name
 
 
@@ -44,9 +44,9 @@ def add_quantization_arguments(p: argparse.ArgumentParser, plan: bool = True) ->
     )
     p.add_argument(
         "--calib-method",
-        default="entropy",
+        default=DEFAULT_METHOD,
         choices=list(OBSERVERS),
-        help="int8 activation calibration (default entropy)",
+        help=f"int8 activation calibration (default {DEFAULT_METHOD})",
     )
     p.add_argument(
         "--max-accuracy-drop",

@@ -8,7 +8,7 @@ from pathlib import Path
 from inferx_edge.cli._common import add_model_arguments, quantization_options
 from inferx_edge.compiler.variant import PRECISIONS
 from inferx_edge.models import DEFAULT_MODEL
-from inferx_edge.quantize.calibration import OBSERVERS
+from inferx_edge.quantize.calibration import DEFAULT_METHOD, OBSERVERS
 from inferx_edge.tune.driver import SEARCHES
 
 
@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="precision to tune, as built (default fp32)")
     p.add_argument("--calib", type=Path, default=None, help="int8/mixed: calibration data (see build --help)")
-    p.add_argument("--calib-method", default="entropy", choices=list(OBSERVERS))
+    p.add_argument("--calib-method", default=DEFAULT_METHOD, choices=list(OBSERVERS))
     p.add_argument("--quant-plan", type=Path, default=None, help="int8/mixed: a plan written by 'quantize'")
     p.add_argument("--float-between-layers", action="store_true", help="int8/mixed: as build --float-between-layers")
     p.add_argument(

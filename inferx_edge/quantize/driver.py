@@ -14,7 +14,7 @@ from inferx_edge import models
 from inferx_edge.data import load_arrays
 from inferx_edge.errors import BudgetError, InputError, UsageError, check_choice
 from inferx_edge.frontend import ImportedModel, import_model
-from inferx_edge.quantize.calibration import OBSERVERS, check_calibration_batch
+from inferx_edge.quantize.calibration import DEFAULT_METHOD, OBSERVERS, check_calibration_batch
 from inferx_edge.quantize.rewrite import calibrate, find_targets, qdq_weights, quantize_imported
 
 CALIB_CHUNK = 16
@@ -89,7 +89,7 @@ class QuantOptions:
     """
 
     calib: Path | None = None
-    calib_method: str = "entropy"
+    calib_method: str = DEFAULT_METHOD
     quant_plan: Path | None = None
     max_accuracy_drop: float | None = None
     min_int8_share: float = 0.5

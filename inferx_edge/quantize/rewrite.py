@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from inferx_edge.frontend import ImportedModel
-from inferx_edge.quantize.calibration import QMAX, make_observer, quantize_per_channel
+from inferx_edge.quantize.calibration import DEFAULT_METHOD, QMAX, make_observer, quantize_per_channel
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def find_targets(func) -> list[QuantTarget]:
 
 
 def calibrate(
-    imported: ImportedModel, targets: list[QuantTarget], batches, method: str = "entropy", target=None
+    imported: ImportedModel, targets: list[QuantTarget], batches, method: str = DEFAULT_METHOD, target=None
 ) -> dict[str, float]:
     """Run the FP32 model on ``batches`` (dicts of input arrays) and return ``amax`` per target's input."""
     import tvm
