@@ -129,7 +129,17 @@ def prepare_variant(
     mod = imported.mod
     for p in PASSES:
         if p.applies(layout):
-            mod = p.run(mod, layout)
+            try:
+                mod = p.run(mod, layout)
+            except Exception as exc:  # noqa: BLE001 - e.g. TVM's ConvertLayout dying with std::bad_alloc
+                hint = ""
+                if p.name == "convert_layout":
+                    # seen on torch.export's decomposed nn.MultiheadAttention (ViT-B/16); keeping NCHW
+                    # instead ran the next passes out of memory, so this stops here with the reason
+                    hint = "; export the model to ONNX instead (its graph of the same network converts)"
+                raise BuildError(
+                    f"the {p.name} rewrite ({layout.conv}) failed on {imported.name}: {type(exc).__name__}: {exc}{hint}"
+                ) from exc
     mod, names, arrays = bake_weight_transforms(mod, list(imported.params) if bake else None, log)
     tuned = None
     if tuning_dir is not None:

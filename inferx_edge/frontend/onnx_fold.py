@@ -137,12 +137,25 @@ def _fold_round(m):
             folded += node.op_type != "Constant"
             continue
         keep.append(node)
-    if not folded:
+    if not folded and not any(
+        values.get(i.name) is not None and values[i.name].dtype.kind in "iu" for i in m.graph.initializer
+    ):
         return m, 0
     # folded values become Constant nodes, not initializers: the frontend turns initializers into
-    # function parameters, and several of its converters (Expand, Tile, ...) need the value itself
-    produced = {o for n in m.graph.node for o in n.output}
+    # function parameters, and several of its converters (Expand, Tile, ...) need the value itself.
+    # Small integer initializers (shapes, axes, indices; never weights) move to Constant nodes too.
     needed = {i for n in keep for i in n.input} | {o.name for o in m.graph.output}
+    shape_like = [
+        init
+        for init in m.graph.initializer
+        if init.name in needed and init.name in values and values[init.name].dtype.kind in "iu"
+    ]
+    for init in shape_like:
+        m.graph.initializer.remove(init)
+    names = {init.name for init in shape_like}
+    for inp in [i for i in m.graph.input if i.name in names]:  # initializers listed as inputs (opset < 9 style)
+        m.graph.input.remove(inp)
+    produced = {o for n in m.graph.node for o in n.output} | names
     constants = [
         helper.make_node("Constant", [], [name], value=numpy_helper.from_array(values[name], name))
         for name in sorted((needed & produced) - {o for n in keep for o in n.output})

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from inferx_edge import models
+from inferx_edge.build import BuildOptions, build_artifact
+from inferx_edge.runtime import Engine
 from tests.helpers import build_quietly, make_convnet
 
 
@@ -73,3 +75,41 @@ def test_the_cpu_pipeline_gives_convolutions_this_schedule():
     for script in convs:
         update = script[script.index('sblock("conv2d_nhwc_update")') - 300 :]
         assert "T.vectorized" in update[:300] and "T.parallel" in script
+
+
+def test_boolean_mask_kernels_build_and_match_onnxruntime(tmp_path):
+    """Attention-mask arithmetic stores bool tensors; vectorized i1 stores failed LLVM codegen
+    ("dtype mismatch on BufferStore: buffer's dtype is T.bool ... int8x64"), so BERT-style encoders
+    did not build for x86. Bool kernels now stay scalar inside their parallel loops."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    nodes = [
+        helper.make_node("Greater", ["x", "zero"], ["pos"]),
+        helper.make_node("Less", ["x", "one"], ["small"]),
+        helper.make_node("And", ["pos", "small"], ["mask"]),
+        helper.make_node("Expand", ["mask", "shape"], ["wide"]),
+        helper.make_node("Where", ["wide", "x", "neg"], ["y"]),
+    ]
+    inits = [
+        helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]),
+        helper.make_tensor("one", TensorProto.FLOAT, [], [1.0]),
+        helper.make_tensor("neg", TensorProto.FLOAT, [], [-1e4]),
+        helper.make_tensor("shape", TensorProto.INT64, [4], [2, 4, 64, 64]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mask",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 1, 64, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 64, 64])],
+        inits,
+    )
+    path = tmp_path / "mask.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString())
+    build_artifact(
+        BuildOptions(model=path, target="x86-cpu", output=tmp_path / "m.ixa", tuning=False), log=lambda *a: None
+    )
+    x = np.random.default_rng(0).uniform(-1, 2, (2, 1, 64, 64)).astype(np.float32)
+    (ref,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    with Engine(tmp_path / "m.ixa", trust=False) as engine:
+        np.testing.assert_array_equal(engine.run(x)["y"], ref)

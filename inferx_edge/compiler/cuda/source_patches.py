@@ -5,6 +5,7 @@ Each patch says what TVM emits, why it is wrong or slow, and when it can go (its
 emitting the pattern, so the patch is removed then rather than left as dead code.
 
 - :func:`fix_int8_vector_constants` -- remove when TVM prints constant 8/16-lane int8 vectors that compile.
+- :func:`fix_gathered_half8_packs` -- remove when TVM packs a gathered 8-lane fp16 vector in compilable code.
 - :func:`drop_own_lane_shuffles` -- remove when TVM reads a thread's own warp-buffer values without a shuffle.
 - :func:`interleave_pipelined_copies` -- remove when TVM's software pipeline can spread a stage's
   cp.async copies over the inner loop with one barrier per stage."""
@@ -42,6 +43,66 @@ def fix_int8_vector_constants(code: str) -> str:
         return f"make_int{n}({', '.join(words)})"
 
     return _PACKED_CHARS.sub(packed, code)
+
+
+_PACK8 = "__inferx_pack8"
+_PACK8_HELPER = (
+    "template <typename T> __device__ __forceinline__ uint4 " + _PACK8 + "(T a0, T a1, T a2, T a3, T a4, T a5,"
+    ' T a6, T a7) {\n  static_assert(sizeof(T) == 2, "8 x 16-bit lanes");\n  uint4 r;\n  T* p = (T*)&r;\n'
+    "  p[0] = a0; p[1] = a1; p[2] = a2; p[3] = a3; p[4] = a4; p[5] = a5; p[6] = a6; p[7] = a7;\n  return r;\n}\n"
+)
+
+
+def _top_level_args(code: str, open_at: int) -> list[str]:
+    """The comma-separated arguments of the call whose ``(`` is at ``code[open_at]``."""
+    end = _close(code, open_at)
+    args, depth, start = [], 0, open_at + 1
+    for i in range(open_at + 1, end):
+        c = code[i]
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            args.append(code[start:i])
+            start = i + 1
+    args.append(code[start:end])
+    return args
+
+
+def fix_gathered_half8_packs(code: str) -> str:
+    """Repair TVM 0.27's CUDA codegen for an 8-lane fp16 (or bf16) vector loaded by a gather (each lane
+    at its own computed index, e.g. a broadcast read in a fused squeeze-excite kernel): it prints
+    ``make_uint4(x[i0], ..., x[i7])`` with eight 16-bit arguments, which does not compile ("too many
+    arguments"; EfficientNet fp16 for sm_87/sm_90). The call becomes a helper that stores the eight
+    lanes into the uint4's bytes, so the vector keeps its bits.
+
+    Remove when: TVM packs such gathers in compilable code (the guard test
+    ``test_guard_tvm_still_packs_gathered_half8_with_make_uint4`` then fails)."""
+    out, i, changed = [], 0, False
+    while True:
+        j = code.find("make_uint4(", i)
+        if j < 0:
+            break
+        open_at = j + len("make_uint4")
+        try:
+            args = _top_level_args(code, open_at)
+            end = _close(code, open_at)
+        except ValueError:
+            break
+        if len(args) == 8:
+            out += [code[i:j], _PACK8, code[open_at : end + 1]]
+            changed = True
+        else:
+            out.append(code[i : end + 1])
+        i = end + 1
+    out.append(code[i:])
+    if not changed:
+        return code
+    patched = "".join(out)
+    # the helper goes after the includes TVM emits (cuda_fp16.h defines half)
+    k = patched.find("\n", patched.rfind("#include"))
+    return patched[: k + 1] + _PACK8_HELPER + patched[k + 1 :]
 
 
 _OWN_LANE_SHUFFLE = "__shfl_sync(__activemask(), "

@@ -21,10 +21,12 @@ from inferx_edge.compiler.passes.unit_transposes_to_reshapes import unit_transpo
 
 
 def to_fp16(mod):
-    """Relax ``ToMixedPrecision``: fp16 compute and accumulation; the signature stays fp32."""
+    """Relax ``ToMixedPrecision``: fp16 compute and accumulation; the signature stays fp32. Clips become
+    ``minimum(maximum(...))`` first: ``ToMixedPrecision`` rejects ``clip``'s scalar bounds ("Expected
+    TensorType, but got T.int64": MobileNetV3's hardswish/hardsigmoid did not build in fp16)."""
     from tvm import relax
 
-    return relax.transform.ToMixedPrecision(out_dtype="float16")(mod)
+    return relax.transform.ToMixedPrecision(out_dtype="float16")(clip_to_min_max(mod))
 
 
 def convert_layout(mod, layout: str, kernel_layout: str = "OHWI"):

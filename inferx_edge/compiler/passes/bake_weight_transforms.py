@@ -45,6 +45,13 @@ def bake_weight_transforms(mod, params: list[np.ndarray] | None = None, log=None
         exe = relax.build(tmod, host)
     out = relax.VirtualMachine(exe, tvm.cpu())["main"]([tvm.runtime.tensor(np.ascontiguousarray(p)) for p in params])
     arrays = [o.numpy() for o in out]
+    # the VM hands 0-d results back as shape (1,); the baked main declares each parameter's shape
+    for i, (a, v) in enumerate(zip(arrays, new_main.params[num_input:], strict=True)):
+        shape = getattr(v.ty, "shape", None)
+        if shape is not None and all(isinstance(d, tvm.tirx.IntImm) for d in shape):
+            want = tuple(int(d) for d in shape)
+            if a.shape != want and a.size == int(np.prod(want)):
+                arrays[i] = a.reshape(want)
     before, after = sum(p.nbytes for p in params), sum(a.nbytes for a in arrays)
     if after > MAX_BAKED_GROWTH * before + (1 << 20):
         if log:

@@ -161,3 +161,36 @@ def test_interleaving_leaves_other_loops_alone():
         "for (;;) f();",
         "{ g(); }",
     ]
+
+
+_GATHER8 = "make_uint4(" + ", ".join(f"x[((int2*)(&(i.{c})))->{h}]" for c in "xyzw" for h in "xy") + ")"
+_KERNEL8 = (
+    "#include <cuda_fp16.h>\n"
+    'extern "C" __global__ void k(half* __restrict__ x, half* __restrict__ y, int4 i) {\n'
+    f"  *(uint4*)(y + 0) = {_GATHER8};\n"
+    "  *(uint4*)(y + 8) = make_uint4(1u, 2u, 3u, 4u);\n"
+    "}\n"
+)
+
+
+def test_gathered_half8_packs_become_a_helper_and_others_stay():
+    from inferx_edge.compiler.cuda import source_patches
+
+    patched = source_patches.fix_gathered_half8_packs(_KERNEL8)
+    assert "__inferx_pack8(x[((int2*)(&(i.x)))->x]" in patched
+    assert "make_uint4(1u, 2u, 3u, 4u)" in patched  # 4 words: already valid, untouched
+    assert patched.index("uint4 __inferx_pack8") > patched.index("#include <cuda_fp16.h>")
+    assert source_patches.fix_gathered_half8_packs("make_uint4(a, b, c, d)") == "make_uint4(a, b, c, d)"
+
+
+@needs_nvrtc
+def test_gathered_half8_packs_compile_after_the_patch():
+    """TVM 0.27 prints an 8-lane fp16 gather as ``make_uint4`` of eight halves (EfficientNet fp16 for
+    sm_87/sm_90 failed with "too many arguments in function call"); patched, it compiles."""
+    from inferx_edge.compiler.cuda import source_patches
+    from inferx_edge.compiler.cuda.toolkit import find_nvrtc, nvrtc_compile
+
+    nvrtc = find_nvrtc(None)
+    with pytest.raises(Exception, match="too many arguments"):
+        nvrtc_compile(nvrtc, _KERNEL8, "sm_90", "cubin")
+    assert nvrtc_compile(nvrtc, source_patches.fix_gathered_half8_packs(_KERNEL8), "sm_90", "cubin")
