@@ -9,6 +9,33 @@ from inferx_edge.frontend.imported import ImportedModel, finish_import
 from inferx_edge.frontend.shapes import resolve_shapes
 
 
+def _cast_int_operands_of_float_arith(ep) -> int:
+    """Insert an explicit cast where an elementwise op has a float result but an integer tensor operand
+    (``torch.arange(h) + 0.5``: torch promotes to float). TVM's translator keeps the integer dtype and
+    drops the fraction (YOLOv8n's anchor grid lost its 0.5 offset: boxes off by half a stride).
+    Returns the number of casts inserted."""
+    import torch
+
+    aten = torch.ops.aten
+    ops = {aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor, aten.rsub.Scalar}
+    graph, inserted = ep.graph, 0
+    for node in list(graph.nodes):
+        out = node.meta.get("val") if node.op == "call_function" and node.target in ops else None
+        if not isinstance(out, torch.Tensor) or not out.dtype.is_floating_point:
+            continue
+        args = list(node.args)
+        for i, a in enumerate(args):
+            val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+            if isinstance(val, torch.Tensor) and not val.dtype.is_floating_point and val.dtype != torch.bool:
+                with graph.inserting_before(node):
+                    cast = graph.call_function(aten._to_copy.default, (a,), {"dtype": out.dtype})
+                cast.meta["val"] = torch.empty_like(val, dtype=out.dtype, device="meta")
+                args[i] = cast
+                inserted += 1
+        node.args = tuple(args)
+    return inserted
+
+
 def import_exported_program(path: Path, overrides: dict[str, tuple[int, ...]]) -> ImportedModel:
     try:
         import torch
@@ -34,6 +61,7 @@ def import_exported_program(path: Path, overrides: dict[str, tuple[int, ...]]) -
     from tvm import relax
     from tvm.relax.frontend.torch import from_exported_program
 
+    _cast_int_operands_of_float_arith(ep)
     try:
         mod = from_exported_program(ep, keep_params_as_input=True)
     except Exception as exc:  # unsupported aten ops raise ValueError/AssertionError/KeyError...

@@ -70,3 +70,29 @@ def test_corrupt_pt2(tmp_path):
     bad.write_bytes(b"PK\x03\x04 not really a zip")
     with pytest.raises(ModelError, match="not a loadable torch.export program"):
         import_model(bad)
+
+
+class AnchorGrid(torch.nn.Module):
+    """YOLO-style anchors: an integer arange plus a float offset (torch promotes to float)."""
+
+    def forward(self, x):
+        h, w = x.shape[2], x.shape[3]
+        sy, sx = torch.meshgrid(torch.arange(h) + 0.5, torch.arange(w) * 0.5 - 1, indexing="ij")
+        return x + torch.stack((sx, sy)).unsqueeze(0)
+
+
+def test_integer_operands_of_float_arithmetic_keep_their_fraction(tmp_path):
+    """TVM's translator kept ``arange(h) + 0.5`` in int64 and dropped the 0.5 (YOLOv8n's boxes were off
+    by half a stride through torch.export); the operand is now cast to the result's dtype first."""
+    path = tmp_path / "anchors.pt2"
+    torch.export.save(torch.export.export(AnchorGrid().eval(), (torch.zeros(1, 2, 5, 7),)), str(path))
+    build_artifact(
+        BuildOptions(model=path, target=host_target_name(), output=tmp_path / "a.ixa", tuning=False),
+        log=lambda *a: None,
+    )
+    x = np.random.default_rng(0).standard_normal((1, 2, 5, 7)).astype(np.float32)
+    with torch.no_grad():
+        ref = AnchorGrid()(torch.from_numpy(x)).numpy()
+    with Engine(tmp_path / "a.ixa", trust=False) as engine:
+        got = next(iter(engine.run(x).values()))
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
