@@ -1,0 +1,268 @@
+"""Building an LLM artifact: checkpoint -> per-precision prefill/decode libraries + weights + tokenizer.
+
+The artifact uses the CNN artifact format (manifest, checksums, signature, deploy, rollback) with
+``model.kind == "llm"``; each variant is one precision (``q4``, ``int8``, ``fp16``, ``fp32``) holding
+``embed``/``batch_prefill``/``batch_decode``/``create_paged_kv_cache`` in one library. Members
+beside the libraries: ``weights/<precision>.npz``, ``llm/tokenizer.json``, ``llm/config.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inferx_edge import __version__
+from inferx_edge.errors import BuildError, UsageError
+from inferx_edge.llm.checkpoint import Checkpoint, load_checkpoint
+from inferx_edge.llm.config import LlamaConfig
+from inferx_edge.llm.quant import effective_kind, get_scheme, quantize
+from inferx_edge.package import Manifest, TensorSpec, Variant
+from inferx_edge.package.bundle import sha256_file, write_artifact
+from inferx_edge.package.scratch import scratch_dir
+from inferx_edge.targets import TargetSpec, get_target
+
+LLM_PRECISIONS = ("q4", "int8", "fp16", "fp32")
+
+
+def is_llm_checkpoint(path: Path) -> bool:
+    """A ``.gguf`` file or a Hugging Face directory with ``config.json``: built by this module."""
+    path = Path(path)
+    return path.suffix == ".gguf" or (path.is_dir() and (path / "config.json").is_file())
+
+
+def activation_dtype(precision: str, spec: TargetSpec) -> str:
+    """fp32 keeps fp32; on GPUs everything else computes in fp16. CPUs compute quantized weights in fp32
+    (x86 and most Arm cores have no fast fp16 arithmetic; the weights still shrink 4-7x)."""
+    if precision == "fp32":
+        return "float32"
+    if precision == "fp16" or spec.is_cuda:
+        return "float16"
+    return "float32"
+
+
+@dataclasses.dataclass(frozen=True)
+class LLMBuildOptions:
+    model: Path
+    target: str
+    output: Path
+    precisions: tuple[str, ...] = ("q4",)
+    layer_precisions: dict[int, str] | None = None  # layer index -> precision overriding the variant's
+    cuda_code: str = "cubin"
+    sign_key: Path | None = None
+    context_length: int | None = None  # default: the checkpoint's, capped at 4096
+
+    def __post_init__(self) -> None:
+        for p in self.precisions:
+            if p not in LLM_PRECISIONS:
+                raise UsageError(f"unknown LLM precision '{p}'; choose from: {', '.join(LLM_PRECISIONS)}")
+
+
+def param_arrays(ck: Checkpoint, names: list[str], schemes: dict[str, str], dtype: str) -> list[np.ndarray]:
+    """The exported module's parameters, in ``names`` order, from the checkpoint's float32 weights.
+    ``schemes`` maps a weight-matrix prefix (``layers.3.attn.qkv.weight``) to its effective kind."""
+    w = ck.weights
+    cache: dict[str, dict[str, np.ndarray]] = {}
+
+    def source(prefix: str) -> np.ndarray:
+        parts = prefix.split(".")
+        if parts[0] in ("embed_tokens", "lm_head"):
+            return w[parts[0]]
+        i = parts[1]
+        if parts[2:4] == ["attn", "qkv"]:
+            return np.concatenate([w[f"layers.{i}.{x}"] for x in "qkv"])
+        if parts[2:4] == ["attn", "o"]:
+            return w[f"layers.{i}.o"]
+        if parts[2:4] == ["mlp", "gate_up"]:
+            return np.concatenate([w[f"layers.{i}.gate"], w[f"layers.{i}.up"]])
+        return w[f"layers.{i}.down"]
+
+    out = []
+    for name in names:
+        prefix, leaf = name.rsplit(".", 1)
+        if prefix in schemes:
+            if prefix not in cache:
+                cache[prefix] = quantize(source(prefix), schemes[prefix], dtype)
+            out.append(cache[prefix][leaf])
+        else:  # a norm weight: layers.3.input_layernorm.weight, norm.weight
+            out.append(w[prefix].astype(dtype))
+    return out
+
+
+def _matrix_schemes(model) -> dict[str, str]:
+    """Weight-matrix prefix -> effective kind, walking the module tree."""
+    from tvm.relax.frontend import nn
+
+    from inferx_edge.llm.quant import WeightMatrix
+
+    found: dict[str, str] = {}
+
+    def walk(m, prefix: str) -> None:
+        if isinstance(m, WeightMatrix):
+            found[prefix] = m.kind
+            return
+        items = enumerate(m) if isinstance(m, nn.ModuleList) else vars(m).items()
+        for key, child in items:
+            if isinstance(child, (nn.Module, nn.ModuleList)):
+                walk(child, f"{prefix}.{key}" if prefix else str(key))
+
+    walk(model, "")
+    return found
+
+
+def _compile(mod, spec: TargetSpec, target, out: Path, cuda_code: str) -> dict[str, Any]:
+    from tvm import relax
+
+    from inferx_edge.compiler.compile import cpu_features, linker, pass_config, plain
+    from inferx_edge.compiler.cuda import device_compiler
+
+    t0 = time.perf_counter()
+    import contextlib
+
+    ctx = device_compiler(spec, cuda_code, None) if spec.is_cuda else contextlib.nullcontext(None)
+    try:
+        with ctx as cuda_record, target, pass_config(False, async_copy=False):
+            ex = relax.build(mod, target, relax_pipeline=relax.get_default_pipeline(target), exec_mode="compiled")
+    except Exception as exc:
+        raise BuildError(f"compiling the LLM for {spec.name} failed: {type(exc).__name__}: {exc}") from exc
+    t1 = time.perf_counter()
+    fcompile = linker(spec)
+    try:
+        ex.export_library(str(out), **({"fcompile": fcompile} if fcompile is not None else {}))
+    except Exception as exc:
+        raise BuildError(f"linking the {spec.name} LLM library failed: {exc}") from exc
+    return {
+        "tvm_target": plain(target.export()),
+        "cpu_features": cpu_features(target),
+        "compile_s": round(t1 - t0, 3),
+        "link_s": round(time.perf_counter() - t1, 3),
+        "cuda": dict(cuda_record) if cuda_record else None,
+    }
+
+
+def export_model(cfg: LlamaConfig, precision: str, spec: TargetSpec, target, layer_precisions=None):
+    """The Relax module, its parameter names and each weight matrix's effective kind."""
+    from inferx_edge.llm.model import LlamaForCausalLM
+
+    layer_schemes = [get_scheme((layer_precisions or {}).get(i, precision)) for i in range(cfg.num_hidden_layers)]
+    model = LlamaForCausalLM(cfg, get_scheme(precision), activation_dtype(precision, spec), target, layer_schemes)
+    mod, params = model.export_tvm(spec=model.get_default_spec())
+    return mod, [n for n, _ in params], _matrix_schemes(model), model.dtype
+
+
+def build_llm_artifact(opts: LLMBuildOptions, log=print, checkpoint: Checkpoint | None = None) -> Manifest:
+    """Build ``opts.model`` for ``opts.target``: one variant per precision, packaged at ``opts.output``."""
+    import tvm
+
+    from inferx_edge.compiler.compile import cuda_requirements, resolve_tvm_target, toolchain_versions
+
+    spec = get_target(opts.target)
+    log(f"[1/4] reading {opts.model}")
+    t0 = time.perf_counter()
+    ck = checkpoint or load_checkpoint(opts.model)
+    cfg = ck.config
+    if opts.context_length:
+        cfg = dataclasses.replace(cfg, context_length=int(opts.context_length))
+    elif cfg.context_length > 4096:
+        cfg = dataclasses.replace(cfg, context_length=4096)
+    n_params = sum(int(a.size) for a in ck.weights.values())
+    log(
+        f"      {cfg.architecture}: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
+        f"{cfg.num_attention_heads}/{cfg.num_key_value_heads} heads, vocab {cfg.vocab_size}, "
+        f"{n_params / 1e6:.1f} M parameters ({time.perf_counter() - t0:.1f} s)"
+    )
+    target = resolve_tvm_target(spec)
+    variants, members, infos = [], {}, []
+    with scratch_dir("inferx-llm-") as tmp:
+        for i, precision in enumerate(opts.precisions, 1):
+            log(f"[2/4] compiling {precision} ({i}/{len(opts.precisions)}) for {spec.name}")
+            mod, names, schemes, dtype = export_model(cfg, precision, spec, target, opts.layer_precisions)
+            lib = tmp / f"{precision}.so"
+            info = _compile(mod, spec, target, lib, opts.cuda_code)
+            log(f"      compiled in {info['compile_s']:.1f} s, linked in {info['link_s']:.1f} s")
+            arrays = param_arrays(ck, names, schemes, dtype)
+            weights = tmp / f"{precision}.npz"
+            np.savez(weights, **dict(zip(names, arrays)))
+            kinds: dict[str, int] = {}
+            for k in schemes.values():
+                kinds[k] = kinds.get(k, 0) + 1
+            weight_bytes = int(sum(a.nbytes for a in arrays))
+            log(
+                f"      weights {weight_bytes / 2**20:.1f} MiB ({', '.join(f'{n} {k}' for k, n in kinds.items())} matrices)"
+            )
+            members[f"lib/{precision}.so"] = lib
+            members[f"weights/{precision}.npz"] = weights
+            variants.append(
+                Variant(
+                    name=precision,
+                    precision=precision,
+                    batch=1,
+                    library=f"lib/{precision}.so",
+                    weights=f"weights/{precision}.npz",
+                    params=tuple(names),
+                    inputs=(TensorSpec("input_ids", (None,), "int32"),),
+                    outputs=(TensorSpec("logits", (None, cfg.vocab_size), "float32"),),
+                    extra={
+                        "llm": {
+                            "dtype": dtype,
+                            "weight_kinds": kinds,
+                            "weight_bytes": weight_bytes,
+                            "layer_precisions": {str(k): v for k, v in (opts.layer_precisions or {}).items()},
+                        }
+                    },
+                )
+            )
+            infos.append(info)
+        log("[3/4] writing tokenizer and generation config")
+        (tmp / "config.json").write_text(
+            json.dumps({"config": cfg.to_json(), "chat_template": ck.chat_template}, indent=1)
+        )
+        members["llm/config.json"] = tmp / "config.json"
+        if ck.tokenizer_json:
+            (tmp / "tokenizer.json").write_text(ck.tokenizer_json)
+            members["llm/tokenizer.json"] = tmp / "tokenizer.json"
+        else:
+            log("      note: the checkpoint carries no tokenizer; the artifact takes token ids only")
+        info = infos[0]
+        target_record = spec.summary() | {"tvm_target": info["tvm_target"]}
+        if info["cpu_features"]:
+            target_record["cpu_features"] = info["cpu_features"]
+        if info["cuda"]:
+            target_record |= cuda_requirements(info["cuda"])
+        source = Path(opts.model)
+        manifest = Manifest(
+            inferx_edge_version=__version__,
+            tvm_version=tvm.__version__,
+            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            model={
+                "name": source.stem if source.is_file() else source.name,
+                "kind": "llm",
+                "source": source.name,
+                "sha256": sha256_file(source) if source.is_file() else None,
+                "format": ck.source,
+                "parameters": n_params,
+            },
+            target=target_record,
+            variants=tuple(variants),
+            default_variant=variants[0].name,
+            files={},
+            build={
+                "host": f"{platform.node()} {platform.machine()}",
+                "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+                "toolchain": toolchain_versions(spec),
+                "compile_s": round(sum(i["compile_s"] for i in infos), 3),
+            },
+        )
+        log(f"[4/4] packaging {opts.output}")
+        Path(opts.output).parent.mkdir(parents=True, exist_ok=True)
+        return write_artifact(opts.output, manifest, members, sign_key=opts.sign_key)
+
+
+__all__ = ["LLM_PRECISIONS", "LLMBuildOptions", "build_llm_artifact", "effective_kind", "is_llm_checkpoint"]
