@@ -24,6 +24,7 @@ COMMANDS = {
     "quantize": "calibrate for int8, measure per-layer sensitivity, choose mixed precision under an accuracy budget",
     "build": "compile a model ahead of time into an artifact for a target",
     "run": "run an artifact on input tensors (.npy/.npz) with the on-device runtime",
+    "generate": "generate text with an LLM artifact on this device (streamed), with TTFT/TPOT",
     "inspect": "verify an artifact and print its manifest",
     "profile": "sweep an artifact's variants on this device: FPS, latency, power, J/frame",
     "report": "render a profile: Pareto PNG, HTML page, Markdown/CSV tables, policy picks",

@@ -22,9 +22,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--precision",
-        default="fp32",
+        default=None,
         help=f"numeric precision, one of {', '.join(PRECISIONS)}: int8 is calibrated, mixed is int8 with fp32 "
-        "layers where an accuracy budget needs them; a comma list builds one variant per precision (default: fp32)",
+        "layers where an accuracy budget needs them; a comma list builds one variant per precision (default: "
+        "fp32). LLM checkpoints (.gguf, Hugging Face directories): q4, int8, fp16, fp32 (default: q4)",
+    )
+    p.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        help="LLMs: the longest prompt + output a sequence may reach (default: the checkpoint's, at most 4096)",
     )
     p.add_argument(
         "--batch-sizes",
@@ -79,14 +86,39 @@ def _batch_sizes(value: str | None) -> tuple[int, ...]:
         raise UsageError(f"--batch-sizes must be a comma list of integers, got '{value}'") from None
 
 
+def _run_llm(args: argparse.Namespace, spec) -> int:
+    from inferx_edge.errors import UsageError
+    from inferx_edge.llm.build import LLMBuildOptions, build_llm_artifact
+
+    if args.batch_sizes or args.input_shape or args.calib or args.tune_minutes:
+        raise UsageError("--batch-sizes, --input-shape, --calib and --tune-minutes apply to CNN models, not LLMs")
+    precisions = tuple(args.precision.split(",")) if args.precision else ("q4",)
+    output = args.output or Path("build") / f"{args.model.stem}-{spec.name}-{'+'.join(precisions)}.ixa"
+    opts = LLMBuildOptions(
+        model=args.model, target=spec.name, output=output, precisions=precisions, cuda_code=args.cuda_code,
+        sign_key=args.sign, context_length=args.context_length,
+    )  # fmt: skip
+    manifest = build_llm_artifact(opts)
+    print(
+        f"wrote {output} ({output.stat().st_size / 2**20:.1f} MiB; target {spec.name}; variants "
+        f"{', '.join(v.name for v in manifest.variants)}"
+        + (f"; signed with {args.sign}" if args.sign else "; unsigned")
+        + ")"
+    )
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from inferx_edge.build import BuildOptions, build_artifact, default_output
     from inferx_edge.frontend import parse_input_shapes
+    from inferx_edge.llm.build import is_llm_checkpoint
     from inferx_edge.targets import get_target, host_target_name
 
     model = args.model or DEFAULT_MODEL
     spec = get_target(args.target or host_target_name())
-    precisions = tuple(args.precision.split(","))
+    if is_llm_checkpoint(model):
+        return _run_llm(args, spec)
+    precisions = tuple((args.precision or "fp32").split(","))
     batch_sizes = _batch_sizes(args.batch_sizes)
     output = args.output or default_output(model, spec.name, precisions, batch_sizes)
     opts = BuildOptions(

@@ -222,8 +222,15 @@ def _load_hf(path: Path) -> Checkpoint:
         raise ModelError(
             f"{path}: model_type '{arch}' is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
-    if hf.get("rope_scaling"):
-        raise ModelError(f"{path}: rope_scaling {hf['rope_scaling']} is not supported")
+    rope = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+    if scaling:
+        raise ModelError(f"{path}: RoPE scaling {scaling} is not supported (plain rotary embeddings only)")
+    for flag in ("attention_bias", "mlp_bias"):
+        if hf.get(flag):
+            raise ModelError(f"{path}: {flag} is set; only bias-free Llama blocks are supported")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ModelError(f"{path}: hidden_act '{hf['hidden_act']}' is not supported (SwiGLU with silu only)")
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelError(f"{path}: no .safetensors weights")
@@ -247,7 +254,7 @@ def _load_hf(path: Path) -> Checkpoint:
         num_key_value_heads=int(hf.get("num_key_value_heads", n_head)),
         head_dim=int(hf.get("head_dim") or hf["hidden_size"] // n_head),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(hf.get("rope_theta", 10000.0)),
+        rope_theta=float(hf.get("rope_theta") or rope.get("rope_theta") or 10000.0),
         context_length=int(hf.get("max_position_embeddings", 2048)),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", "lm_head" not in weights)),
         architecture=arch,

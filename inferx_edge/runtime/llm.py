@@ -226,6 +226,31 @@ class LLMEngine:
             self.remove_sequence(seq_id)
         return nll
 
+    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        """The prompt text for OpenAI-style chat ``messages`` under the checkpoint's chat template
+        (Jinja, sandboxed as Hugging Face renders it)."""
+        if not self.chat_template:
+            raise InputError("this model has no chat template: use a completion (plain prompt) instead")
+        if not isinstance(messages, list) or not messages:
+            raise InputError("'messages' must be a non-empty list of {role, content} objects")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise InputError(f"messages[{i}] must be an object with string 'role' and 'content'")
+        try:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+        except ImportError as exc:
+            raise ArtifactError("chat prompts need 'jinja2': pip install 'inferx_edge[llm]'") from exc
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        try:
+            return env.from_string(self.chat_template).render(messages=messages, add_generation_prompt=True)
+        except Exception as exc:
+            raise InputError(f"the chat template failed on these messages: {exc}") from exc
+
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise InputError("this artifact carries no tokenizer: send token ids")
+        return self.tokenizer.encode(text)
+
     def close(self) -> None:
         with self._lock:
             self._params = []
