@@ -130,3 +130,23 @@ def rpc_tracker():
         for p in procs:  # the server forks popen workers: end the whole process group
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, 15)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    """A tiny random Llama checkpoint (Hugging Face layout, byte-level tokenizer, ChatML template)."""
+    pytest.importorskip("transformers")
+    from tests.llm_fixtures import write_tiny_llama
+
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llm_artifact(tiny_llama, tmp_path_factory):
+    """``tiny_llama`` built for this CPU: variants fp32, q4, int8."""
+    from inferx_edge.llm.build import LLMBuildOptions, build_llm_artifact
+
+    out = tmp_path_factory.mktemp("llm-art") / "tiny.ixa"
+    opts = LLMBuildOptions(model=tiny_llama, target="x86-cpu", output=out, precisions=("fp32", "q4", "int8"))
+    build_llm_artifact(opts, log=lambda s: None)
+    return out

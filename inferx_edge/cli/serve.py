@@ -127,6 +127,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--allow-nonfinite", action="store_true", help="accept NaN/Inf in float inputs (refused with 400 by default)"
     )
+    g = p.add_argument_group("LLM artifacts (text generation)")
+    g.add_argument("--max-sequences", type=int, default=8, help="sequences decoded together at most (default 8)")
+    g.add_argument(
+        "--kv-tokens",
+        type=int,
+        default=None,
+        help="KV-cache capacity in tokens over all sequences (default: max-sequences x context / 4, at least one context)",
+    )
+    g.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=256,
+        help="most prompt tokens one step reads; longer prompts are read between decode steps (default 256)",
+    )
 
 
 def _require_serve_extra() -> None:
@@ -137,8 +151,29 @@ def _require_serve_extra() -> None:
         raise UsageError(f"serve needs {', '.join(missing)}, from the serve extra: pip install 'inferx_edge[serve]'")
 
 
+def _run_llm(args: argparse.Namespace) -> int:
+    from inferx_edge.serve.llm_server import serve_llm
+    from inferx_edge.serve.server import read_token
+
+    if len(args.paths) != 1:
+        raise UsageError("an LLM artifact is served alone: pass exactly one path")
+    for flag, value in (("--max-sequences", args.max_sequences), ("--prefill-chunk", args.prefill_chunk)):
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+    return serve_llm(
+        args.paths[0], args.host, args.port, auth_token=read_token(args.auth_token_file) if args.auth_token_file else None,
+        insecure_bind=args.insecure_bind, variant=args.variant, device_id=args.device_id, trust=args.trust,
+        max_sequences=args.max_sequences, kv_tokens=args.kv_tokens, prefill_chunk=args.prefill_chunk,
+        max_queue=args.max_queue_size,
+    )  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
     _require_serve_extra()
+    from inferx_edge.serve.llm_server import is_llm_artifact
+
+    if any(is_llm_artifact(p) for p in args.paths):
+        return _run_llm(args)
     from inferx_edge.serve.batcher import BatchOptions
     from inferx_edge.serve.live import GovernorOptions
     from inferx_edge.serve.repository import ServeOptions

@@ -120,7 +120,7 @@ def _matrix_schemes(model) -> dict[str, str]:
 def _compile(mod, spec: TargetSpec, target, out: Path, cuda_code: str) -> dict[str, Any]:
     from tvm import relax
 
-    from inferx_edge.compiler.compile import cpu_features, linker, pass_config, plain
+    from inferx_edge.compiler.compile import cpu_features, linker, pass_config, plain, relax_pipeline
     from inferx_edge.compiler.cuda import device_compiler
 
     t0 = time.perf_counter()
@@ -129,7 +129,9 @@ def _compile(mod, spec: TargetSpec, target, out: Path, cuda_code: str) -> dict[s
     ctx = device_compiler(spec, cuda_code, None) if spec.is_cuda else contextlib.nullcontext(None)
     try:
         with ctx as cuda_record, target, pass_config(False, async_copy=False):
-            ex = relax.build(mod, target, relax_pipeline=relax.get_default_pipeline(target), exec_mode="compiled")
+            # CPUs: our pipeline (dlight's GEMV, then the default CPU schedules); GPUs: TVM's dlight rules
+            pipeline = relax.get_default_pipeline(target) if spec.is_cuda else relax_pipeline(spec, target)
+            ex = relax.build(mod, target, relax_pipeline=pipeline, exec_mode="compiled")
     except Exception as exc:
         raise BuildError(f"compiling the LLM for {spec.name} failed: {type(exc).__name__}: {exc}") from exc
     t1 = time.perf_counter()

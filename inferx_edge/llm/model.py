@@ -10,8 +10,8 @@ Functions the artifact exports (all batch shapes symbolic):
   allocated once by the runtime; sequences enter and leave it through ``vm.builtin.kv_state_*``.
 
 Linear layers and the embedding table hold their weights in one of the schemes of
-:mod:`inferx_edge.llm.quant`; each dequantizes inside the kernel that consumes it (FuseOps fuses the
-dequantize into the matmul or the gather).
+:mod:`inferx_edge.llm.quant`; each is dequantized inside the kernel that reads it (the matmul or the
+gather is one TE expression with the dequantization inlined).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class Linear(nn.Module):
         self.weight = WeightMatrix(out_features, in_features, scheme, dtype)
 
     def forward(self, x: Tensor) -> Tensor:
-        return op.matmul(x, op.permute_dims(self.weight.dequantize()))
+        return self.weight.matmul_nt(x)
 
 
 class Attention(nn.Module):
@@ -83,8 +83,7 @@ class LlamaForCausalLM(nn.Module):
 
     def _logits(self, h: Tensor) -> Tensor:
         table = self.embed_tokens if self.cfg.tie_word_embeddings else self.lm_head
-        logits = op.matmul(self.norm(h), op.permute_dims(table.dequantize()))
-        return logits.astype("float32") if logits.dtype != "float32" else logits
+        return table.matmul_nt(self.norm(h), out_dtype="float32")
 
     def _decoder(self, h: Tensor, kv: PagedKVCache) -> Tensor:
         for i, layer in enumerate(self.layers):
@@ -92,7 +91,7 @@ class LlamaForCausalLM(nn.Module):
         return h
 
     def _embed(self, input_ids: Tensor) -> Tensor:
-        return op.take(self.embed_tokens.dequantize(), input_ids, axis=0)
+        return self.embed_tokens.take_rows(input_ids)
 
     def batch_prefill(self, input_ids: Tensor, logit_positions: Tensor, kv: PagedKVCache):
         h = op.unsqueeze(self._embed(input_ids), 0)

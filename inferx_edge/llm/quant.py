@@ -64,23 +64,54 @@ class WeightMatrix(nn.Module):
             self.q = nn.Parameter((out_features, in_features // 8), "uint32")
             self.scale = nn.Parameter((out_features, in_features // GROUP), dtype)
 
-    def dequantize(self) -> nn.Tensor:
+    def params(self) -> list[nn.Parameter]:
+        return [self.weight] if self.kind == "dense" else [self.q, self.scale]
+
+    def element(self, params: list[te.Tensor]):
+        """``(row, col) -> weight[row, col]`` in ``dtype`` as a TE expression over ``params``, so the
+        dequantization is inlined into the kernel that reads the weight (one pass over the int4/int8
+        data; a separate dequantize would write the whole float matrix every step)."""
+        dtype = self.dtype
         if self.kind == "dense":
-            return self.weight
+            (w,) = params
+            return lambda i, j: w[i, j]
+        q, scale = params
         if self.kind == "int8":
-            return self.q.astype(self.dtype) * self.scale
-        out, inn, dtype = self.out, self.inn, self.dtype
+            return lambda i, j: q[i, j].astype(dtype) * scale[i, 0]
 
-        def unpack(q: te.Tensor, scale: te.Tensor) -> te.Tensor:
-            def value(i, j):
-                nib = tirx.bitwise_and(
-                    tirx.shift_right(q[i, j // 8], ((j % 8) * 4).astype("uint32")), tirx.const(15, "uint32")
-                )
-                return (nib.astype(dtype) - tirx.const(7, dtype)) * scale[i, j // GROUP]
+        def value(i, j):
+            nib = tirx.bitwise_and(
+                tirx.shift_right(q[i, j // 8], ((j % 8) * 4).astype("uint32")), tirx.const(15, "uint32")
+            )
+            return (nib.astype(dtype) - tirx.const(7, dtype)) * scale[i, j // GROUP]
 
-            return te.compute((out, inn), value, name="dequantize_q4")
+        return value
 
-        return op.tensor_expr_op(unpack, "dequantize_q4", [self.q, self.scale])
+    def matmul_nt(self, x: nn.Tensor, out_dtype: str | None = None) -> nn.Tensor:
+        """``x @ weight.T`` (``x``: ``[..., in]``), the weight dequantized inside the reduction."""
+        out_dtype = out_dtype or self.dtype
+
+        def compute(x: te.Tensor, *params: te.Tensor) -> te.Tensor:
+            el = self.element(list(params))
+            k = te.reduce_axis((0, self.inn), name="k")
+            lead = list(x.shape[:-1])
+
+            def body(*idx):
+                prod = x[(*idx[:-1], k)] * el(idx[-1], k)
+                return te.sum(prod.astype(out_dtype) if out_dtype != self.dtype else prod, axis=k)
+
+            return te.compute((*lead, self.out), body, name=f"matmul_nt_{self.kind}")
+
+        return op.tensor_expr_op(compute, f"matmul_nt_{self.kind}", [x, *self.params()])
+
+    def take_rows(self, ids: nn.Tensor) -> nn.Tensor:
+        """Rows ``ids`` (``[n]`` int32) of the weight, ``[n, in]`` in ``dtype`` (the embedding lookup)."""
+
+        def compute(ids: te.Tensor, *params: te.Tensor) -> te.Tensor:
+            el = self.element(list(params))
+            return te.compute((ids.shape[0], self.inn), lambda i, j: el(ids[i], j), name=f"take_{self.kind}")
+
+        return op.tensor_expr_op(compute, f"take_{self.kind}", [ids, *self.params()])
 
 
 def quantize(w: np.ndarray, kind: str, dtype: str) -> dict[str, np.ndarray]:

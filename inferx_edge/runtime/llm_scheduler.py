@@ -120,6 +120,9 @@ class Scheduler:
         ctx = self.engine.context_length
         if not req.prompt:
             raise InputError("the prompt is empty: it must hold at least one token")
+        vocab = self.engine.vocab_size
+        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in req.prompt):
+            raise InputError(f"the prompt's token ids must be integers in [0, {vocab})")
         if len(req.prompt) >= ctx:
             raise InputError(f"the prompt has {len(req.prompt)} tokens; the context holds {ctx}")
         if len(req.prompt) + req.params.max_tokens > ctx:

@@ -71,6 +71,10 @@ class LLMMetrics:
         self.tokens_per_s.labels(**lab).set(sum(n for t, n in self._recent if now - t < 10) / 10)
 
 
+class EngineError(Exception):
+    """The device failed a step this request was in (answered 500; the server keeps serving)."""
+
+
 class TextStream:
     """Token ids in, text deltas out; holds back an incomplete UTF-8 character."""
 
@@ -84,6 +88,13 @@ class TextStream:
         if text.endswith("\ufffd") or len(text) <= len(before):
             return ""
         self.prefix, self.read = self.read, len(self.ids)
+        return text[len(before) :]
+
+    def flush(self) -> str:
+        """What is held back at the end of the stream (bytes that never became a valid character)."""
+        before = self.tk.decode(self.ids[self.prefix : self.read])
+        text = self.tk.decode(self.ids[self.prefix :])
+        self.prefix = self.read = len(self.ids)
         return text[len(before) :]
 
 
@@ -128,7 +139,7 @@ class LLMService:
     async def events(self, req: GenerationRequest, queue: asyncio.Queue, request: Request, stops: list[str]):
         """``(delta_text, finish_reason)`` pairs until the request finishes; cancels it when the client
         disconnects or a stop string appears."""
-        stream, text = TextStream(self.engine.tokenizer), ""
+        stream, pending = TextStream(self.engine.tokenizer), ""  # pending: text held back from the client
         try:
             while True:
                 try:
@@ -138,23 +149,23 @@ class LLMService:
                         self.scheduler.cancel(req)
                         return
                     continue
-                if ev[0] == "token":
-                    delta = stream.push(ev[1])
-                    if stops and delta:
-                        hit = [i for i in (((text + delta).find(s)) for s in stops) if i >= 0]
-                        if hit:
-                            cut = min(hit)
-                            self.scheduler.cancel(req)
-                            yield (text + delta)[len(text) : cut], "stop"
-                            return
-                    text += delta
-                    if delta:
-                        yield delta, None
-                elif ev[0] == "done":
-                    yield "", ("stop" if ev[1] == "cancelled" else ev[1])
+                if ev[0] == "error":
+                    raise EngineError(ev[1])
+                done = ev[0] == "done"
+                pending += stream.flush() if done else stream.push(ev[1])
+                hits = [i for i in (pending.find(s) for s in stops) if i >= 0]
+                if hits:
+                    self.scheduler.cancel(req)
+                    yield pending[: min(hits)], "stop"
                     return
-                else:
-                    raise RuntimeError(ev[1])
+                # a suffix that may begin a stop string waits for the next token
+                keep = max((k for s in stops for k in range(len(s) - 1, 0, -1) if pending.endswith(s[:k])), default=0)
+                if done:
+                    yield pending, ("stop" if ev[1] == "cancelled" else ev[1])
+                    return
+                if len(pending) > keep:
+                    yield pending[: len(pending) - keep], None
+                    pending = pending[len(pending) - keep :]
         finally:
             if req.finished is None:
                 self.scheduler.cancel(req)
@@ -205,15 +216,21 @@ def make_llm_app(service: LLMService, auth_token: str | None = None) -> Starlett
         if body.get("stream"):
 
             async def sse():
-                async for delta, reason in service.events(req, queue, request, stops):
-                    yield f"data: {json.dumps(shape.chunk(rid, delta, reason, service.name))}\n\n"
+                try:
+                    async for delta, reason in service.events(req, queue, request, stops):
+                        yield f"data: {json.dumps(shape.chunk(rid, delta, reason, service.name))}\n\n"
+                except EngineError as exc:
+                    yield f"data: {json.dumps({'error': f'generation failed: {exc}'})}\n\n"
                 if shape.done_marker:
                     yield "data: [DONE]\n\n"
 
             return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         text, reason = "", None
-        async for delta, r in service.events(req, queue, request, stops):
-            text, reason = text + delta, r or reason
+        try:
+            async for delta, r in service.events(req, queue, request, stops):
+                text, reason = text + delta, r or reason
+        except EngineError as exc:
+            return _error(500, f"generation failed: {exc}")
         usage = {
             "prompt_tokens": len(ids),
             "completion_tokens": len(req.output),

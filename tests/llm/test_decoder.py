@@ -13,23 +13,16 @@ torch = pytest.importorskip("torch")
 
 from inferx_edge.errors import InputError, ModelError, UsageError  # noqa: E402
 from inferx_edge.llm import quant  # noqa: E402
-from tests.llm_fixtures import write_tiny_llama  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+def tiny(tiny_llama):
+    return tiny_llama
 
 
 @pytest.fixture(scope="module")
-def artifact(tiny, tmp_path_factory):
-    from inferx_edge.llm.build import LLMBuildOptions, build_llm_artifact
-
-    out = tmp_path_factory.mktemp("llm-art") / "tiny.ixa"
-    build_llm_artifact(
-        LLMBuildOptions(model=tiny, target="x86-cpu", output=out, precisions=("fp32", "q4", "int8")), log=lambda s: None
-    )
-    return out
+def artifact(tiny_llm_artifact):
+    return tiny_llm_artifact
 
 
 @pytest.fixture(scope="module")
@@ -218,6 +211,8 @@ def test_scheduler_rejects_bad_requests_and_frees_cancelled(artifact):
         assert a.finish_reason == "cancelled" and ("done", "cancelled") in events
         s.run_until_idle()
         assert e.free_pages == free and s.reserved_pages == 0
+        with pytest.raises(InputError, match=r"token ids must be integers in \[0, 259\)"):
+            s.submit(GenerationRequest([5, 900], SamplingParams(), events.append))
         with pytest.raises(InputError, match=r"token ids must lie in \[0, 259\)"):
             e.add_sequence(7)
             e.prefill([7], [[5000]])
