@@ -65,9 +65,9 @@ class LLMBuildOptions:
                 raise UsageError(f"unknown LLM precision '{p}'; choose from: {', '.join(LLM_PRECISIONS)}")
 
 
-def param_arrays(ck: Checkpoint, names: list[str], schemes: dict[str, str], dtype: str) -> list[np.ndarray]:
+def param_arrays(ck: Checkpoint, names: list[str], schemes: dict[str, tuple[str, str]], dtype: str) -> list[np.ndarray]:
     """The exported module's parameters, in ``names`` order, from the checkpoint's float32 weights.
-    ``schemes`` maps a weight-matrix prefix (``layers.3.attn.qkv.weight``) to its effective kind."""
+    ``schemes`` maps a weight-matrix prefix (``layers.3.attn.qkv.weight``) to its (kind, layout)."""
     w = ck.weights
     cache: dict[str, dict[str, np.ndarray]] = {}
 
@@ -89,24 +89,25 @@ def param_arrays(ck: Checkpoint, names: list[str], schemes: dict[str, str], dtyp
         prefix, leaf = name.rsplit(".", 1)
         if prefix in schemes:
             if prefix not in cache:
-                cache[prefix] = quantize(source(prefix), schemes[prefix], dtype)
+                kind, layout = schemes[prefix]
+                cache[prefix] = quantize(source(prefix), kind, dtype, layout)
             out.append(cache[prefix][leaf])
         else:  # a norm weight: layers.3.input_layernorm.weight, norm.weight
             out.append(w[prefix].astype(dtype))
     return out
 
 
-def _matrix_schemes(model) -> dict[str, str]:
-    """Weight-matrix prefix -> effective kind, walking the module tree."""
+def _matrix_schemes(model) -> dict[str, tuple[str, str]]:
+    """Weight-matrix prefix -> (effective kind, layout), walking the module tree."""
     from tvm.relax.frontend import nn
 
     from inferx_edge.llm.quant import WeightMatrix
 
-    found: dict[str, str] = {}
+    found: dict[str, tuple[str, str]] = {}
 
     def walk(m, prefix: str) -> None:
         if isinstance(m, WeightMatrix):
-            found[prefix] = m.kind
+            found[prefix] = (m.kind, m.layout)
             return
         items = enumerate(m) if isinstance(m, nn.ModuleList) else vars(m).items()
         for key, child in items:
@@ -117,10 +118,43 @@ def _matrix_schemes(model) -> dict[str, str]:
     return found
 
 
+def llm_pipeline(spec: TargetSpec, target):
+    """GPUs: TVM's default pipeline (dlight GEMV/matmul rules). CPUs: TVM's CPU pipeline with
+    :class:`~inferx_edge.llm.cpu_schedule.LLMMatmulCPU` for the weight-reading kernels, then our
+    default CPU schedules and dlight's for the rest (attention, norms)."""
+    import tvm
+    from tvm import relax
+
+    if spec.is_cuda:
+        return relax.get_default_pipeline(target)
+    from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
+    from tvm.s_tir import dlight as dl
+
+    from inferx_edge.compiler.cpu.default_schedule import CPUDefaultSchedule, _as_dlight_rule
+    from inferx_edge.compiler.guarded_schedule import guarded_default_schedule
+    from inferx_edge.llm.cpu_schedule import LLMMatmulCPU
+
+    rules = [_as_dlight_rule(LLMMatmulCPU()), dl.cpu.GEMV(), _as_dlight_rule(CPUDefaultSchedule()), dl.cpu.Reduction()]
+
+    @tvm.transform.module_pass(opt_level=0, name="InferxLLMCPUPipeline")
+    def _pipeline(mod, _ctx):
+        with target:
+            seq = tvm.transform.Sequential(
+                cpu_generic.library_dispatch_passes(target)
+                + cpu_generic.legalize_passes(target)
+                + [guarded_default_schedule(*rules)]
+                + cpu_generic.dataflow_lower_passes(target)
+                + cpu_generic.finalize_passes(target)
+            )
+            return seq(mod)
+
+    return _pipeline
+
+
 def _compile(mod, spec: TargetSpec, target, out: Path, cuda_code: str) -> dict[str, Any]:
     from tvm import relax
 
-    from inferx_edge.compiler.compile import cpu_features, linker, pass_config, plain, relax_pipeline
+    from inferx_edge.compiler.compile import cpu_features, linker, pass_config, plain
     from inferx_edge.compiler.cuda import device_compiler
 
     t0 = time.perf_counter()
@@ -129,9 +163,7 @@ def _compile(mod, spec: TargetSpec, target, out: Path, cuda_code: str) -> dict[s
     ctx = device_compiler(spec, cuda_code, None) if spec.is_cuda else contextlib.nullcontext(None)
     try:
         with ctx as cuda_record, target, pass_config(False, async_copy=False):
-            # CPUs: our pipeline (dlight's GEMV, then the default CPU schedules); GPUs: TVM's dlight rules
-            pipeline = relax.get_default_pipeline(target) if spec.is_cuda else relax_pipeline(spec, target)
-            ex = relax.build(mod, target, relax_pipeline=pipeline, exec_mode="compiled")
+            ex = relax.build(mod, target, relax_pipeline=llm_pipeline(spec, target), exec_mode="compiled")
     except Exception as exc:
         raise BuildError(f"compiling the LLM for {spec.name} failed: {type(exc).__name__}: {exc}") from exc
     t1 = time.perf_counter()
@@ -154,7 +186,11 @@ def export_model(cfg: LlamaConfig, precision: str, spec: TargetSpec, target, lay
     from inferx_edge.llm.model import LlamaForCausalLM
 
     layer_schemes = [get_scheme((layer_precisions or {}).get(i, precision)) for i in range(cfg.num_hidden_layers)]
-    model = LlamaForCausalLM(cfg, get_scheme(precision), activation_dtype(precision, spec), target, layer_schemes)
+    # GPUs reduce along contiguous memory (dlight's GEMV/matmul rules); CPUs vectorize across outputs
+    layout = "nt" if spec.is_cuda else "kn"
+    model = LlamaForCausalLM(
+        cfg, get_scheme(precision), activation_dtype(precision, spec), target, layer_schemes, layout=layout
+    )
     mod, params = model.export_tvm(spec=model.get_default_spec())
     return mod, [n for n, _ in params], _matrix_schemes(model), model.dtype
 
@@ -193,7 +229,7 @@ def build_llm_artifact(opts: LLMBuildOptions, log=print, checkpoint: Checkpoint 
             weights = tmp / f"{precision}.npz"
             np.savez(weights, **dict(zip(names, arrays)))
             kinds: dict[str, int] = {}
-            for k in schemes.values():
+            for k, _layout in schemes.values():
                 kinds[k] = kinds.get(k, 0) + 1
             weight_bytes = int(sum(a.nbytes for a in arrays))
             log(
@@ -215,6 +251,7 @@ def build_llm_artifact(opts: LLMBuildOptions, log=print, checkpoint: Checkpoint 
                         "llm": {
                             "dtype": dtype,
                             "weight_kinds": kinds,
+                            "weight_layout": "nt" if spec.is_cuda else "kn",
                             "weight_bytes": weight_bytes,
                             "layer_precisions": {str(k): v for k, v in (opts.layer_precisions or {}).items()},
                         }

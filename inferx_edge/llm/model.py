@@ -28,18 +28,18 @@ from inferx_edge.llm.quant import Scheme, WeightMatrix
 
 
 class Linear(nn.Module):
-    def __init__(self, out_features: int, in_features: int, scheme: Scheme, dtype: str):
-        self.weight = WeightMatrix(out_features, in_features, scheme, dtype)
+    def __init__(self, out_features: int, in_features: int, scheme: Scheme, dtype: str, layout: str):
+        self.weight = WeightMatrix(out_features, in_features, scheme, dtype, layout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.weight.matmul_nt(x)
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: LlamaConfig, scheme: Scheme, dtype: str):
+    def __init__(self, cfg: LlamaConfig, scheme: Scheme, dtype: str, layout: str):
         self.nq, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.qkv = Linear((self.nq + 2 * self.nkv) * self.hd, cfg.hidden_size, scheme, dtype)
-        self.o = Linear(cfg.hidden_size, self.nq * self.hd, scheme, dtype)
+        self.qkv = Linear((self.nq + 2 * self.nkv) * self.hd, cfg.hidden_size, scheme, dtype, layout)
+        self.o = Linear(cfg.hidden_size, self.nq * self.hd, scheme, dtype, layout)
 
     def forward(self, x: Tensor, kv: PagedKVCache, layer_id: int) -> Tensor:
         b, s, _ = x.shape
@@ -49,10 +49,10 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: LlamaConfig, scheme: Scheme, dtype: str):
+    def __init__(self, cfg: LlamaConfig, scheme: Scheme, dtype: str, layout: str):
         self.ffn = cfg.intermediate_size
-        self.gate_up = Linear(2 * self.ffn, cfg.hidden_size, scheme, dtype)
-        self.down = Linear(cfg.hidden_size, self.ffn, scheme, dtype)
+        self.gate_up = Linear(2 * self.ffn, cfg.hidden_size, scheme, dtype, layout)
+        self.down = Linear(cfg.hidden_size, self.ffn, scheme, dtype, layout)
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = op.split(self.gate_up(x), 2, axis=-1)
@@ -60,11 +60,11 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: LlamaConfig, scheme: Scheme, dtype: str):
+    def __init__(self, cfg: LlamaConfig, scheme: Scheme, dtype: str, layout: str):
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False, dtype=dtype)
-        self.attn = Attention(cfg, scheme, dtype)
+        self.attn = Attention(cfg, scheme, dtype, layout)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False, dtype=dtype)
-        self.mlp = MLP(cfg, scheme, dtype)
+        self.mlp = MLP(cfg, scheme, dtype, layout)
 
     def forward(self, x: Tensor, kv: PagedKVCache, layer_id: int) -> Tensor:
         x = x + self.attn(self.input_layernorm(x), kv, layer_id)
@@ -72,14 +72,16 @@ class Block(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: LlamaConfig, scheme: Scheme, dtype: str, target: Any, layer_schemes=None):
+    def __init__(
+        self, cfg: LlamaConfig, scheme: Scheme, dtype: str, target: Any, layer_schemes=None, layout: str = "nt"
+    ):
         self.cfg, self.dtype, self.target = cfg, dtype, target
         schemes = layer_schemes or [scheme] * cfg.num_hidden_layers
-        self.embed_tokens = WeightMatrix(cfg.vocab_size, cfg.hidden_size, scheme, dtype)
-        self.layers = nn.ModuleList([Block(cfg, s, dtype) for s in schemes])
+        self.embed_tokens = WeightMatrix(cfg.vocab_size, cfg.hidden_size, scheme, dtype, layout)
+        self.layers = nn.ModuleList([Block(cfg, s, dtype, layout) for s in schemes])
         self.norm = nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False, dtype=dtype)
         if not cfg.tie_word_embeddings:
-            self.lm_head = WeightMatrix(cfg.vocab_size, cfg.hidden_size, scheme, dtype)
+            self.lm_head = WeightMatrix(cfg.vocab_size, cfg.hidden_size, scheme, dtype, layout)
 
     def _logits(self, h: Tensor) -> Tensor:
         table = self.embed_tokens if self.cfg.tie_word_embeddings else self.lm_head

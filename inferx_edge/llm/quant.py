@@ -1,11 +1,14 @@
 """Weight schemes for LLM artifacts: dense, int8 per output channel, int4 in groups of 32.
 
 ``q4`` is the scheme MLC-LLM calls ``q4f{16,32}_1``: symmetric int4, one scale per 32 consecutive
-input weights of a row, eight values packed little-end first into a ``uint32``; the activations keep
-the artifact's dtype (fp16 on GPUs, fp32 on CPUs). ``int8`` keeps one scale per output row. A matrix
-whose input width is not a multiple of the group falls back to ``int8`` (recorded in the manifest).
-Quantization happens here in numpy on the build host; dequantization is a TE expression the model
-fuses into the kernel that reads the weight.
+input weights of an output row, eight 4-bit values packed little-end first into a ``uint32``; the
+activations keep the artifact's dtype (fp16 on GPUs, fp32 on CPUs). ``int8`` keeps one scale per
+output row. A matrix whose input width is not a multiple of the group falls back to ``int8``.
+
+Two storage layouts of the same numbers: ``nt`` (``[out, in]``, packed along ``in``: GPU kernels
+reduce along contiguous memory) and ``kn`` (``[in, out]``, packed along ``out``: CPU kernels keep
+vectors of outputs and read each weight row contiguously). Quantization happens here in numpy on the
+build host; dequantization is a TE expression inlined into the kernel that reads the weight.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from tvm.relax.frontend.nn import op
 from inferx_edge.errors import UsageError
 
 GROUP = 32
+LAYOUTS = ("nt", "kn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,49 +47,62 @@ def get_scheme(name: str) -> Scheme:
     return SCHEMES[name]
 
 
-def effective_kind(scheme: Scheme, in_features: int) -> str:
-    if scheme.kind == "q4" and in_features % GROUP:
+def effective_kind(scheme: Scheme, in_features: int, out_features: int | None = None, layout: str = "nt") -> str:
+    packed = in_features if layout == "nt" else (out_features or 0)
+    if scheme.kind == "q4" and (in_features % GROUP or packed % 8):
         return "int8"
     return scheme.kind
 
 
-class WeightMatrix(nn.Module):
-    """An ``[out, in]`` weight held in ``scheme``; :meth:`dequantize` yields it in ``dtype``."""
+def _shapes(kind: str, out: int, inn: int, layout: str) -> dict[str, tuple[tuple[int, ...], str | None]]:
+    """Parameter name -> (shape, dtype; None: the activation dtype)."""
+    if kind == "dense":
+        return {"weight": ((out, inn) if layout == "nt" else (inn, out), None)}
+    if kind == "int8":
+        return {
+            "q": ((out, inn) if layout == "nt" else (inn, out), "int8"),
+            "scale": ((out, 1) if layout == "nt" else (1, out), None),
+        }
+    if layout == "nt":
+        return {"q": ((out, inn // 8), "uint32"), "scale": ((out, inn // GROUP), None)}
+    return {"q": ((inn, out // 8), "uint32"), "scale": ((inn // GROUP, out), None)}
 
-    def __init__(self, out_features: int, in_features: int, scheme: Scheme, dtype: str):
-        self.out, self.inn, self.dtype = out_features, in_features, dtype
-        self.kind = effective_kind(scheme, in_features)
-        if self.kind == "dense":
-            self.weight = nn.Parameter((out_features, in_features), dtype)
-        elif self.kind == "int8":
-            self.q = nn.Parameter((out_features, in_features), "int8")
-            self.scale = nn.Parameter((out_features, 1), dtype)
-        else:
-            self.q = nn.Parameter((out_features, in_features // 8), "uint32")
-            self.scale = nn.Parameter((out_features, in_features // GROUP), dtype)
+
+class WeightMatrix(nn.Module):
+    """An ``[out, in]`` weight held in ``scheme`` and ``layout``, read as ``dtype``."""
+
+    def __init__(self, out_features: int, in_features: int, scheme: Scheme, dtype: str, layout: str = "nt"):
+        if layout not in LAYOUTS:
+            raise UsageError(f"unknown weight layout '{layout}'; valid: {', '.join(LAYOUTS)}")
+        self.out, self.inn, self.dtype, self.layout = out_features, in_features, dtype, layout
+        self.kind = effective_kind(scheme, in_features, out_features, layout)
+        for name, (shape, dt) in _shapes(self.kind, out_features, in_features, layout).items():
+            setattr(self, name, nn.Parameter(shape, dt or dtype))
 
     def params(self) -> list[nn.Parameter]:
         return [self.weight] if self.kind == "dense" else [self.q, self.scale]
 
     def element(self, params: list[te.Tensor]):
-        """``(row, col) -> weight[row, col]`` in ``dtype`` as a TE expression over ``params``, so the
+        """``(o, i) -> weight[o, i]`` in ``dtype`` as a TE expression over ``params``, so the
         dequantization is inlined into the kernel that reads the weight (one pass over the int4/int8
         data; a separate dequantize would write the whole float matrix every step)."""
-        dtype = self.dtype
+        dtype, nt = self.dtype, self.layout == "nt"
         if self.kind == "dense":
             (w,) = params
-            return lambda i, j: w[i, j]
+            return (lambda o, i: w[o, i]) if nt else (lambda o, i: w[i, o])
         q, scale = params
         if self.kind == "int8":
-            return lambda i, j: q[i, j].astype(dtype) * scale[i, 0]
+            if nt:
+                return lambda o, i: q[o, i].astype(dtype) * scale[o, 0]
+            return lambda o, i: q[i, o].astype(dtype) * scale[0, o]
 
-        def value(i, j):
-            nib = tirx.bitwise_and(
-                tirx.shift_right(q[i, j // 8], ((j % 8) * 4).astype("uint32")), tirx.const(15, "uint32")
-            )
-            return (nib.astype(dtype) - tirx.const(7, dtype)) * scale[i, j // GROUP]
+        def nibble(word, lane):
+            return tirx.bitwise_and(tirx.shift_right(word, (lane * 4).astype("uint32")), tirx.const(15, "uint32"))
 
-        return value
+        seven = tirx.const(7, dtype)
+        if nt:
+            return lambda o, i: (nibble(q[o, i // 8], i % 8).astype(dtype) - seven) * scale[o, i // GROUP]
+        return lambda o, i: (nibble(q[i, o // 8], o % 8).astype(dtype) - seven) * scale[i // GROUP, o]
 
     def matmul_nt(self, x: nn.Tensor, out_dtype: str | None = None) -> nn.Tensor:
         """``x @ weight.T`` (``x``: ``[..., in]``), the weight dequantized inside the reduction."""
@@ -100,50 +117,56 @@ class WeightMatrix(nn.Module):
                 prod = x[(*idx[:-1], k)] * el(idx[-1], k)
                 return te.sum(prod.astype(out_dtype) if out_dtype != self.dtype else prod, axis=k)
 
-            return te.compute((*lead, self.out), body, name=f"matmul_nt_{self.kind}")
+            return te.compute((*lead, self.out), body, name=f"matmul_{self.layout}_{self.kind}")
 
-        return op.tensor_expr_op(compute, f"matmul_nt_{self.kind}", [x, *self.params()])
+        return op.tensor_expr_op(compute, f"matmul_{self.layout}_{self.kind}", [x, *self.params()])
 
     def take_rows(self, ids: nn.Tensor) -> nn.Tensor:
         """Rows ``ids`` (``[n]`` int32) of the weight, ``[n, in]`` in ``dtype`` (the embedding lookup)."""
 
         def compute(ids: te.Tensor, *params: te.Tensor) -> te.Tensor:
             el = self.element(list(params))
-            return te.compute((ids.shape[0], self.inn), lambda i, j: el(ids[i], j), name=f"take_{self.kind}")
+            return te.compute((ids.shape[0], self.inn), lambda n, i: el(ids[n], i), name=f"take_{self.kind}")
 
         return op.tensor_expr_op(compute, f"take_{self.kind}", [ids, *self.params()])
 
 
-def quantize(w: np.ndarray, kind: str, dtype: str) -> dict[str, np.ndarray]:
-    """The parameter arrays of one :class:`WeightMatrix` (keys: its parameter names)."""
+def quantize(w: np.ndarray, kind: str, dtype: str, layout: str = "nt") -> dict[str, np.ndarray]:
+    """The parameter arrays of one :class:`WeightMatrix` (keys: its parameter names) for the
+    float32 ``[out, in]`` matrix ``w``."""
     w = np.asarray(w, dtype=np.float32)
+    out, inn = w.shape
     if kind == "dense":
-        return {"weight": w.astype(dtype)}
+        return {"weight": (w if layout == "nt" else w.T).astype(dtype)}
     if kind == "int8":
         scale = np.abs(w).max(axis=1, keepdims=True) / 127.0
         scale = np.where(scale == 0, 1.0, scale).astype(dtype)
         q = np.clip(np.rint(w / scale.astype(np.float32)), -127, 127).astype(np.int8)
-        return {"q": q, "scale": scale}
-    out, inn = w.shape
+        return {"q": q, "scale": scale} if layout == "nt" else {"q": np.ascontiguousarray(q.T), "scale": scale.T.copy()}
     g = w.reshape(out, inn // GROUP, GROUP)
     scale = np.abs(g).max(axis=2) / 7.0
     scale = np.where(scale == 0, 1.0, scale).astype(dtype)
-    q = np.clip(np.rint(g / scale.astype(np.float32)[..., None]) + 7, 0, 14).astype(np.uint32)
-    q = q.reshape(out, inn // 8, 8)
-    packed = np.zeros((out, inn // 8), dtype=np.uint32)
+    q = np.clip(np.rint(g / scale.astype(np.float32)[..., None]) + 7, 0, 14).astype(np.uint32).reshape(out, inn)
+    if layout == "kn":
+        q, scale = q.T, np.ascontiguousarray(scale.T)
+    rows, cols = q.shape
+    q = q.reshape(rows, cols // 8, 8)
+    packed = np.zeros((rows, cols // 8), dtype=np.uint32)
     for k in range(8):
         packed |= q[..., k] << np.uint32(4 * k)
     return {"q": packed, "scale": scale}
 
 
-def dequantize(params: dict[str, np.ndarray], kind: str) -> np.ndarray:
-    """float32 weights back from :func:`quantize` (for error reports and sensitivity)."""
+def dequantize(params: dict[str, np.ndarray], kind: str, layout: str = "nt") -> np.ndarray:
+    """The float32 ``[out, in]`` matrix back from :func:`quantize` (error reports, sensitivity)."""
     if kind == "dense":
-        return params["weight"].astype(np.float32)
-    if kind == "int8":
-        return params["q"].astype(np.float32) * params["scale"].astype(np.float32)
-    packed = params["q"]
-    nibbles = np.stack([(packed >> np.uint32(4 * k)) & np.uint32(15) for k in range(8)], axis=-1)
-    q = nibbles.reshape(packed.shape[0], -1).astype(np.float32) - 7.0
-    scale = np.repeat(params["scale"].astype(np.float32), GROUP, axis=1)
-    return q * scale
+        w = params["weight"].astype(np.float32)
+    elif kind == "int8":
+        w = params["q"].astype(np.float32) * params["scale"].astype(np.float32)
+    else:
+        packed = params["q"]
+        nibbles = np.stack([(packed >> np.uint32(4 * k)) & np.uint32(15) for k in range(8)], axis=-1)
+        q = nibbles.reshape(packed.shape[0], -1).astype(np.float32) - 7.0
+        s = params["scale"].astype(np.float32)
+        w = q * (np.repeat(s, GROUP, axis=1) if layout == "nt" else np.repeat(s, GROUP, axis=0))
+    return w if layout == "nt" else w.T

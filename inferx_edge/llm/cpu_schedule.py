@@ -1,0 +1,69 @@
+"""CPU schedule for the LLM's weight-reading kernels (``matmul_kn_*``, dequantization inlined).
+
+Rows (tokens: symbolic, 1 in decode, hundreds in prefill) are tiled by :data:`ROWS` with a guarded
+tail, outputs by up to six vectors (:data:`VECTORS`; 4 x 6 AVX-512 accumulators measured fastest on
+SmolLM2's matrices, 8 spills); the reduction runs between them, so each weight row segment read (and
+dequantized) once serves every row of the tile, and the accumulators of the tile stay in registers.
+The row-tile x output-tile loop is parallel. Epilogues (residual add, cast) are computed per tile.
+Kernels of another shape are left to the next rule.
+"""
+
+from __future__ import annotations
+
+ROWS = 4
+VECTORS = (6, 4, 3, 2, 1)  # output vectors per tile, first that divides; x ROWS accumulators in registers
+
+
+def _lanes(target) -> int:
+    from tvm.target import codegen
+
+    host = target.host or target
+    feats = {str(f) for f in codegen.llvm_get_cpu_features(host)} if host.kind.name == "llvm" else set()
+    return 16 if "avx512f" in feats else 8 if "avx2" in feats or "avx" in feats else 4
+
+
+class LLMMatmulCPU:
+    """A dlight schedule rule (``apply(func, target, tunable)``) for ``matmul_kn_*`` kernels."""
+
+    def apply(self, func, target, _tunable: bool):
+        from tvm import s_tir, tirx
+        from tvm.s_tir.dlight.analysis import get_root_block
+
+        if not isinstance(func, tirx.PrimFunc) or (func.attrs is not None and "tirx.is_scheduled" in func.attrs):
+            return None
+        try:
+            sch = s_tir.Schedule(func)
+            blocks = sch.get_child_blocks(get_root_block(sch))
+            names = [sch.get(b).name_hint for b in blocks]
+            main = [b for b, n in zip(blocks, names) if n.startswith("matmul_kn_")]
+            if len(main) != 1:
+                return None
+            block = main[0]
+            epilogue = blocks[blocks.index(block) + 1 :] if block in blocks else []
+            loops = sch.get_loops(block)
+            kinds = [iv.iter_type for iv in sch.get(block).iter_vars]
+            if kinds[-1] != tirx.IterVar.CommReduce or any(k != tirx.IterVar.DataPar for k in kinds[:-1]):
+                return None
+            *lead, j, k = loops
+            n_out = int(sch.get(j).extent)
+            lanes = _lanes(target)
+            width = next(v * lanes for v in VECTORS if n_out % (v * lanes) == 0)
+            if n_out % width:
+                return None
+            m = sch.fuse(*lead) if len(lead) > 1 else lead[0]
+            m_o, m_i = sch.split(m, [None, ROWS])
+            j_o, j_v, j_l = sch.split(j, [None, width // lanes, lanes])
+            sch.reorder(m_o, j_o, k, m_i, j_v, j_l)
+            par = sch.fuse(m_o, j_o)
+            sch.parallel(par)
+            sch.unroll(m_i)
+            sch.unroll(j_v)
+            sch.vectorize(j_l)
+            init = sch.decompose_reduction(block, k)
+            sch.vectorize(sch.get_loops(init)[-1])
+            for epi in epilogue:
+                sch.reverse_compute_at(epi, par)
+                sch.vectorize(sch.split(sch.get_loops(epi)[-1], [None, lanes])[-1])
+            return sch
+        except Exception:  # noqa: BLE001 - a kernel this rule does not cover: the next rule
+            return None
