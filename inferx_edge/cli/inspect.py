@@ -40,8 +40,20 @@ def run(args: argparse.Namespace) -> int:
         f"  target   {t['name']} ({t['device']}, {t['host_triple']}{', ' + t['cuda_arch'] if t.get('cuda_arch') else ''})"
     )
     print(f"  built    {m.created} by inferx_edge {m.inferx_edge_version}, TVM {m.tvm_version}")
+    if m.model.get("kind") == "llm":
+        c = m.model["config"]
+        print(
+            f"  LLM      {c['architecture']}: {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, "
+            f"{c['num_attention_heads']}/{c['num_key_value_heads']} heads, vocab {c['vocab_size']}, "
+            f"context {c['context_length']}, {m.model['parameters'] / 1e6:.1f} M parameters"
+        )
     for v in m.variants:
         mark = "*" if v.name == m.default_variant else " "
+        llm = v.extra.get("llm")
+        if llm:
+            kinds = ", ".join(f"{n} {k}" for k, n in llm["weight_kinds"].items())
+            print(f"  {mark}variant {v.name}: {llm['dtype']} activations, weights {llm['weight_bytes'] / 2**20:.1f} MiB ({kinds} matrices)")  # fmt: skip
+            continue
         print(f"  {mark}variant {v.name}: {v.precision}, batch {v.batch}")
         for s in v.inputs:
             print(f"      in  {s.describe()}")

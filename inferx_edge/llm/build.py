@@ -118,6 +118,18 @@ def _matrix_schemes(model) -> dict[str, tuple[str, str]]:
     return found
 
 
+def _source_digest(path: Path) -> str:
+    """sha256 of a checkpoint file, or of a directory's (name, sha256) list."""
+    import hashlib
+
+    if path.is_file():
+        return sha256_file(path)
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.iterdir() if p.is_file()):
+        h.update(f"{f.name}:{sha256_file(f)}\n".encode())
+    return h.hexdigest()
+
+
 def llm_pipeline(spec: TargetSpec, target):
     """GPUs: TVM's default pipeline (dlight GEMV/matmul rules). CPUs: TVM's CPU pipeline with
     :class:`~inferx_edge.llm.cpu_schedule.LLMMatmulCPU` for the weight-reading kernels, then our
@@ -284,9 +296,11 @@ def build_llm_artifact(opts: LLMBuildOptions, log=print, checkpoint: Checkpoint 
                 "name": source.stem if source.is_file() else source.name,
                 "kind": "llm",
                 "source": source.name,
-                "sha256": sha256_file(source) if source.is_file() else None,
-                "format": ck.source,
+                "sha256": _source_digest(source),
+                "format": ck.source["format"],
+                "checkpoint": ck.source,
                 "parameters": n_params,
+                "config": cfg.to_json(),
             },
             target=target_record,
             variants=tuple(variants),
