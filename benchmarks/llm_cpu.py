@@ -7,7 +7,9 @@ transformers, perplexity and greedy agreement per precision, and speed against l
   (torch, fp32, CPU; its own GGUF loader), and the prompt logits' largest difference;
 - perplexity of the first ``--ppl-tokens`` tokens of a licence text Debian ships
   (/usr/share/common-licenses/GPL-3) for every precision and for transformers fp32;
-- greedy-token agreement of each precision with fp32 (position by position over the 5 x 32 tokens);
+- greedy-token agreement of each precision with fp32 (position by position over the 5 x 32 tokens:
+  harsh, everything after a first divergence counts as a miss) and teacher-forced top-1 agreement
+  (each precision fed fp32's continuation: does its next-token argmax match);
 - speed, same thread count: prefill tokens/s (128-token prompt) and decode tokens/s (batch 1),
   against llama.cpp (llama-cpp-python built from source) on the same GGUF weights.
 Needs transformers, accelerate and llama-cpp-python (benchmark-only dependencies).
@@ -96,7 +98,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gguf", type=Path, required=True)
     ap.add_argument("--artifact", type=Path, default=Path("build/smollm2-x86-cpu.ixa"))
-    ap.add_argument("--precisions", default="fp32,fp16,int8,q4")
+    ap.add_argument("--precisions", default="fp32,fp16,int8,q4,q4_1")
     ap.add_argument("--ppl-tokens", type=int, default=1024)
     ap.add_argument("--name", default="llm_cpu_smollm2")
     args = ap.parse_args()
@@ -142,6 +144,16 @@ def main() -> None:
                 e.remove_sequence(200 + k)
                 errs.append(float(np.abs(got - ref_logits[k]).max() / np.abs(ref_logits[k]).max()))
             row["prompt_logits_max_rel_error_vs_transformers"] = round(max(errs), 7)
+            if "fp32" in outputs:  # teacher-forced: fed the fp32 continuation, does the next-token argmax agree?
+                hits = total = 0
+                for k, ids in enumerate(prompt_ids):
+                    seq = ids + outputs["fp32"][k]
+                    e.add_sequence(300 + k)
+                    top = e.prefill([300 + k], [seq], all_logits=True).argmax(1)
+                    e.remove_sequence(300 + k)
+                    hits += int((top[len(ids) - 1 : -1] == np.array(outputs["fp32"][k])).sum())
+                    total += len(outputs["fp32"][k])
+                row["teacher_forced_top1_agreement_with_fp32"] = round(hits / total, 4)
             row["perplexity"] = round(math.exp(e.score(text_ids) / (len(text_ids) - 1)), 4)
             row["speed"] = _speed(e, vocab)
             results[f"inferx_{p}"] = row

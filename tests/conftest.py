@@ -143,10 +143,10 @@ def tiny_llama(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_llm_artifact(tiny_llama, tmp_path_factory):
-    """``tiny_llama`` built for this CPU: variants fp32, q4, int8."""
+    """``tiny_llama`` built for this CPU: variants fp32, q4, q4_1, int8."""
     from inferx_edge.llm.build import LLMBuildOptions, build_llm_artifact
 
     out = tmp_path_factory.mktemp("llm-art") / "tiny.ixa"
-    opts = LLMBuildOptions(model=tiny_llama, target="x86-cpu", output=out, precisions=("fp32", "q4", "int8"))
+    opts = LLMBuildOptions(model=tiny_llama, target="x86-cpu", output=out, precisions=("fp32", "q4", "q4_1", "int8"))
     build_llm_artifact(opts, log=lambda s: None)
     return out

@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help=f"numeric precision, one of {', '.join(PRECISIONS)}: int8 is calibrated, mixed is int8 with fp32 "
         "layers where an accuracy budget needs them; a comma list builds one variant per precision (default: "
-        "fp32). LLM checkpoints (.gguf, Hugging Face directories): q4, int8, fp16, fp32 (default: q4)",
+        "fp32). LLM checkpoints (.gguf, Hugging Face directories): q4, q4_1 (Q4_1 GGUFs without loss), int8, fp16, fp32 (default: q4)",
     )
     p.add_argument(
         "--context-length",

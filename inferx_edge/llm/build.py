@@ -29,7 +29,7 @@ from inferx_edge.package.bundle import sha256_file, write_artifact
 from inferx_edge.package.scratch import scratch_dir
 from inferx_edge.targets import TargetSpec, get_target
 
-LLM_PRECISIONS = ("q4", "int8", "fp16", "fp32")
+LLM_PRECISIONS = ("q4", "q4_1", "int8", "fp16", "fp32")
 
 
 def is_llm_checkpoint(path: Path) -> bool:

@@ -2,8 +2,10 @@
 
 ``q4`` is the scheme MLC-LLM calls ``q4f{16,32}_1``: symmetric int4, one scale per 32 consecutive
 input weights of an output row, eight 4-bit values packed little-end first into a ``uint32``; the
-activations keep the artifact's dtype (fp16 on GPUs, fp32 on CPUs). ``int8`` keeps one scale per
-output row. A matrix whose input width is not a multiple of the group falls back to ``int8``.
+activations keep the artifact's dtype (fp16 on GPUs, fp32 on CPUs). ``q4_1`` adds a minimum per group
+(``w = q * scale + min``, q in 0..15): llama.cpp's Q4_1, so a Q4_1 GGUF's blocks (32 inputs wide)
+are reproduced exactly instead of being quantized a second time. ``int8`` keeps one scale per output
+row. A matrix whose input width is not a multiple of the group falls back to ``int8``.
 
 Two storage layouts of the same numbers: ``nt`` (``[out, in]``, packed along ``in``: GPU kernels
 reduce along contiguous memory) and ``kn`` (``[in, out]``, packed along ``out``: CPU kernels keep
@@ -38,6 +40,7 @@ SCHEMES = {
     "fp16": Scheme("fp16", "dense", "float16 weights and activations: half the memory traffic"),
     "int8": Scheme("int8", "int8", "int8 weights, one scale per output channel: a quarter of fp32"),
     "q4": Scheme("q4", "q4", "int4 weights in groups of 32 with a scale each: about 1/7 of fp32"),
+    "q4_1": Scheme("q4_1", "q4_1", "int4 in groups of 32 with a scale and a minimum each: Q4_1 GGUFs exactly"),
 }
 
 
@@ -49,7 +52,7 @@ def get_scheme(name: str) -> Scheme:
 
 def effective_kind(scheme: Scheme, in_features: int, out_features: int | None = None, layout: str = "nt") -> str:
     packed = in_features if layout == "nt" else (out_features or 0)
-    if scheme.kind == "q4" and (in_features % GROUP or packed % 8):
+    if scheme.kind in ("q4", "q4_1") and (in_features % GROUP or packed % 8):
         return "int8"
     return scheme.kind
 
@@ -64,8 +67,12 @@ def _shapes(kind: str, out: int, inn: int, layout: str) -> dict[str, tuple[tuple
             "scale": ((out, 1) if layout == "nt" else (1, out), None),
         }
     if layout == "nt":
-        return {"q": ((out, inn // 8), "uint32"), "scale": ((out, inn // GROUP), None)}
-    return {"q": ((inn, out // 8), "uint32"), "scale": ((inn // GROUP, out), None)}
+        shapes = {"q": ((out, inn // 8), "uint32"), "scale": ((out, inn // GROUP), None)}
+    else:
+        shapes = {"q": ((inn, out // 8), "uint32"), "scale": ((inn // GROUP, out), None)}
+    if kind == "q4_1":
+        shapes["minimum"] = (shapes["scale"][0], None)
+    return shapes
 
 
 class WeightMatrix(nn.Module):
@@ -80,7 +87,9 @@ class WeightMatrix(nn.Module):
             setattr(self, name, nn.Parameter(shape, dt or dtype))
 
     def params(self) -> list[nn.Parameter]:
-        return [self.weight] if self.kind == "dense" else [self.q, self.scale]
+        if self.kind == "dense":
+            return [self.weight]
+        return [self.q, self.scale, self.minimum] if self.kind == "q4_1" else [self.q, self.scale]
 
     def element(self, params: list[te.Tensor]):
         """``(o, i) -> weight[o, i]`` in ``dtype`` as a TE expression over ``params``, so the
@@ -90,7 +99,7 @@ class WeightMatrix(nn.Module):
         if self.kind == "dense":
             (w,) = params
             return (lambda o, i: w[o, i]) if nt else (lambda o, i: w[i, o])
-        q, scale = params
+        q, scale = params[:2]
         if self.kind == "int8":
             if nt:
                 return lambda o, i: q[o, i].astype(dtype) * scale[o, 0]
@@ -99,6 +108,11 @@ class WeightMatrix(nn.Module):
         def nibble(word, lane):
             return tirx.bitwise_and(tirx.shift_right(word, (lane * 4).astype("uint32")), tirx.const(15, "uint32"))
 
+        if self.kind == "q4_1":
+            mn = params[2]
+            if nt:
+                return lambda o, i: nibble(q[o, i // 8], i % 8).astype(dtype) * scale[o, i // GROUP] + mn[o, i // GROUP]
+            return lambda o, i: nibble(q[i, o // 8], o % 8).astype(dtype) * scale[i // GROUP, o] + mn[i // GROUP, o]
         seven = tirx.const(7, dtype)
         if nt:
             return lambda o, i: (nibble(q[o, i // 8], i % 8).astype(dtype) - seven) * scale[o, i // GROUP]
@@ -144,9 +158,18 @@ def quantize(w: np.ndarray, kind: str, dtype: str, layout: str = "nt") -> dict[s
         q = np.clip(np.rint(w / scale.astype(np.float32)), -127, 127).astype(np.int8)
         return {"q": q, "scale": scale} if layout == "nt" else {"q": np.ascontiguousarray(q.T), "scale": scale.T.copy()}
     g = w.reshape(out, inn // GROUP, GROUP)
-    scale = np.abs(g).max(axis=2) / 7.0
-    scale = np.where(scale == 0, 1.0, scale).astype(dtype)
-    q = np.clip(np.rint(g / scale.astype(np.float32)[..., None]) + 7, 0, 14).astype(np.uint32).reshape(out, inn)
+    extra = {}
+    if kind == "q4_1":
+        lo, hi = g.min(axis=2), g.max(axis=2)
+        scale = np.where(hi > lo, (hi - lo) / 15.0, 1.0).astype(dtype)
+        minimum = lo.astype(dtype)
+        q = np.rint((g - minimum.astype(np.float32)[..., None]) / scale.astype(np.float32)[..., None])
+        q = np.clip(q, 0, 15).astype(np.uint32).reshape(out, inn)
+        extra["minimum"] = minimum if layout == "nt" else np.ascontiguousarray(minimum.T)
+    else:
+        scale = np.abs(g).max(axis=2) / 7.0
+        scale = np.where(scale == 0, 1.0, scale).astype(dtype)
+        q = np.clip(np.rint(g / scale.astype(np.float32)[..., None]) + 7, 0, 14).astype(np.uint32).reshape(out, inn)
     if layout == "kn":
         q, scale = q.T, np.ascontiguousarray(scale.T)
     rows, cols = q.shape
@@ -154,7 +177,7 @@ def quantize(w: np.ndarray, kind: str, dtype: str, layout: str = "nt") -> dict[s
     packed = np.zeros((rows, cols // 8), dtype=np.uint32)
     for k in range(8):
         packed |= q[..., k] << np.uint32(4 * k)
-    return {"q": packed, "scale": scale}
+    return {"q": packed, "scale": scale, **extra}
 
 
 def dequantize(params: dict[str, np.ndarray], kind: str, layout: str = "nt") -> np.ndarray:
@@ -166,7 +189,11 @@ def dequantize(params: dict[str, np.ndarray], kind: str, layout: str = "nt") -> 
     else:
         packed = params["q"]
         nibbles = np.stack([(packed >> np.uint32(4 * k)) & np.uint32(15) for k in range(8)], axis=-1)
-        q = nibbles.reshape(packed.shape[0], -1).astype(np.float32) - 7.0
-        s = params["scale"].astype(np.float32)
-        w = q * (np.repeat(s, GROUP, axis=1) if layout == "nt" else np.repeat(s, GROUP, axis=0))
+        q = nibbles.reshape(packed.shape[0], -1).astype(np.float32)
+        axis = 1 if layout == "nt" else 0
+        s = np.repeat(params["scale"].astype(np.float32), GROUP, axis=axis)
+        if kind == "q4_1":
+            w = q * s + np.repeat(params["minimum"].astype(np.float32), GROUP, axis=axis)
+        else:
+            w = (q - 7.0) * s
     return w if layout == "nt" else w.T

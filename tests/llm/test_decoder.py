@@ -51,6 +51,15 @@ def test_quantize_roundtrip_bounds_error():
         amax = np.repeat(np.abs(w.reshape(48, -1, group)).max(axis=2), group, axis=1)
         assert (np.abs(back["nt"] - w) <= amax * bound + 1e-6).all()
     assert quant.quantize(w, "q4", "float32")["q"].dtype == np.uint32
+    # q4_1 reproduces llama.cpp Q4_1 blocks (q * d + m, q in 0..15) exactly, in either layout
+    q = rng.integers(0, 16, (48, 3, 32))
+    q[..., 0], q[..., 1] = 0, 15  # every block spans the full range, as Q4_1's quantizer makes it
+    d = rng.uniform(0.01, 0.1, (48, 3, 1)).astype(np.float16).astype(np.float32)
+    m = rng.uniform(-1, 0, (48, 3, 1)).astype(np.float16).astype(np.float32)
+    blocks = (q * d + m).reshape(48, 96).astype(np.float32)
+    for layout in ("nt", "kn"):
+        again = quant.dequantize(quant.quantize(blocks, "q4_1", "float32", layout), "q4_1", layout)
+        np.testing.assert_allclose(again, blocks, rtol=0, atol=1e-6)
     assert quant.effective_kind(quant.get_scheme("q4"), 40) == "int8"  # 40 is no multiple of the group
     with pytest.raises(UsageError, match="choose one of"):
         quant.get_scheme("q3")
@@ -164,7 +173,7 @@ def test_quantized_variants_compute_their_dequantized_model(artifact, reference)
 
     ids = list(range(40, 72))
     ref = _ref_logits(reference, ids)
-    for variant in ("int8", "q4"):
+    for variant in ("int8", "q4", "q4_1"):
         twin = copy.deepcopy(reference)
         with torch.no_grad():
             for _, p in twin.named_parameters():
@@ -181,7 +190,7 @@ def test_quantized_variants_compute_their_dequantized_model(artifact, reference)
             assert (got.argmax(1) == ref.argmax(1)).mean() > 0.5
         # qkv, o, gate_up, down per layer; the 259-row embedding cannot pack int4 by 8 rows: int8
         kinds = e.manifest.variant(variant).extra["llm"]["weight_kinds"]
-        assert kinds == ({"int8": 9} if variant == "int8" else {"q4": 8, "int8": 1})
+        assert kinds == ({"int8": 9} if variant == "int8" else {variant: 8, "int8": 1})
 
 
 def test_scheduler_rejects_bad_requests_and_frees_cancelled(artifact):
