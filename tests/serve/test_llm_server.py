@@ -181,3 +181,19 @@ def test_stop_strings_end_the_text(server, expected):
     out = json.loads(body)
     assert status == 200 and out["choices"][0]["finish_reason"] == "stop"
     assert out["choices"][0]["text"] == full[: full.index(stop)]
+
+
+def test_llm_loadgen_reports_ttft_and_tpot(server):
+    from inferx_edge.serve.llm_loadgen import LLMLoadOptions, run_llm_load
+
+    opts = LLMLoadOptions(
+        url=f"http://127.0.0.1:{server.port}",
+        requests=6,
+        concurrency=3,
+        prompt_len=(4, 20),
+        output_len=(3, 9),
+        vocab=250,
+    )
+    rec = run_llm_load(opts, progress=lambda s: None)
+    assert rec["completed"] == 6 and rec["errors"] == 0
+    assert rec["ttft_ms"]["p50"] > 0 and rec["tpot_ms"]["p50"] > 0 and rec["output_tokens_per_s"] > 0
