@@ -28,6 +28,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "fp32). LLM checkpoints (.gguf, Hugging Face directories): q4, q4_1 (Q4_1 GGUFs without loss), int8, fp16, fp32 (default: q4)",
     )
     p.add_argument(
+        "--max-perplexity-increase",
+        type=float,
+        default=None,
+        metavar="PCT",
+        help="LLMs, q4/q4_1: keep the most sensitive layers in int8 until perplexity on --calib TEXT is within "
+        "PCT per cent of fp32 (per-layer sensitivity table in the manifest)",
+    )
+    p.add_argument(
         "--context-length",
         type=int,
         default=None,
@@ -90,13 +98,14 @@ def _run_llm(args: argparse.Namespace, spec) -> int:
     from inferx_edge.errors import UsageError
     from inferx_edge.llm.build import LLMBuildOptions, build_llm_artifact
 
-    if args.batch_sizes or args.input_shape or args.calib or args.tune_minutes:
-        raise UsageError("--batch-sizes, --input-shape, --calib and --tune-minutes apply to CNN models, not LLMs")
+    if args.batch_sizes or args.input_shape or args.tune_minutes:
+        raise UsageError("--batch-sizes, --input-shape and --tune-minutes apply to CNN models, not LLMs")
     precisions = tuple(args.precision.split(",")) if args.precision else ("q4",)
     output = args.output or Path("build") / f"{args.model.stem}-{spec.name}-{'+'.join(precisions)}.ixa"
     opts = LLMBuildOptions(
         model=args.model, target=spec.name, output=output, precisions=precisions, cuda_code=args.cuda_code,
-        sign_key=args.sign, context_length=args.context_length,
+        sign_key=args.sign, context_length=args.context_length, calib_text=args.calib,
+        max_ppl_increase=args.max_perplexity_increase,
     )  # fmt: skip
     manifest = build_llm_artifact(opts)
     print(

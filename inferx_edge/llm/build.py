@@ -58,11 +58,20 @@ class LLMBuildOptions:
     cuda_code: str = "cubin"
     sign_key: Path | None = None
     context_length: int | None = None  # default: the checkpoint's, capped at 4096
+    calib_text: Path | None = None  # text for the per-layer sensitivity (with max_ppl_increase)
+    max_ppl_increase: float | None = None  # per cent over fp32: mixed q4/int8 layers under this budget
 
     def __post_init__(self) -> None:
         for p in self.precisions:
             if p not in LLM_PRECISIONS:
                 raise UsageError(f"unknown LLM precision '{p}'; choose from: {', '.join(LLM_PRECISIONS)}")
+        if self.max_ppl_increase is not None:
+            if self.calib_text is None:
+                raise UsageError("a perplexity budget needs calibration text: --calib TEXT_FILE")
+            if not set(self.precisions) <= {"q4", "q4_1"}:
+                raise UsageError("a perplexity budget mixes int4 with int8 layers: use --precision q4 or q4_1")
+            if self.max_ppl_increase < 0:
+                raise UsageError(f"the perplexity budget must be >= 0 per cent, got {self.max_ppl_increase}")
 
 
 def param_arrays(ck: Checkpoint, names: list[str], schemes: dict[str, tuple[str, str]], dtype: str) -> list[np.ndarray]:
@@ -193,6 +202,27 @@ def _compile(mod, spec: TargetSpec, target, out: Path, cuda_code: str) -> dict[s
     }
 
 
+def _mixed(ck: Checkpoint, precision: str, opts: LLMBuildOptions, log) -> tuple[dict[int, str], dict]:
+    """Per-layer sensitivity on the calibration text and the int8 layers the budget needs."""
+    from inferx_edge.llm.sensitivity import choose_layer_precisions, layer_sensitivity
+
+    if not ck.tokenizer_json:
+        raise UsageError("a perplexity budget needs the checkpoint's tokenizer (to read --calib text)")
+    from tokenizers import Tokenizer
+
+    try:
+        text = Path(opts.calib_text).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read calibration text {opts.calib_text}: {exc}") from exc
+    ids = Tokenizer.from_str(ck.tokenizer_json).encode(text).ids[:256]
+    log(f"      sensitivity of each layer in {precision} on {len(ids)} tokens of {opts.calib_text}")
+    table = layer_sensitivity(ck, precision, ids, progress=log)
+    chosen, search = choose_layer_precisions(ck, table, ids, opts.max_ppl_increase, progress=log)
+    log(f"      budget +{opts.max_ppl_increase} % met with {len(chosen)} layers in int8: {sorted(chosen)}")
+    table.pop("_quantized")
+    return chosen, table | {"search": search}
+
+
 def export_model(cfg: LlamaConfig, precision: str, spec: TargetSpec, target, layer_precisions=None):
     """The Relax module, its parameter names and each weight matrix's effective kind."""
     from inferx_edge.llm.model import LlamaForCausalLM
@@ -232,8 +262,11 @@ def build_llm_artifact(opts: LLMBuildOptions, log=print, checkpoint: Checkpoint 
     variants, members, infos = [], {}, []
     with scratch_dir("inferx-llm-") as tmp:
         for i, precision in enumerate(opts.precisions, 1):
+            layer_precisions, sensitivity = opts.layer_precisions, None
+            if opts.max_ppl_increase is not None:
+                layer_precisions, sensitivity = _mixed(ck, precision, opts, log)
             log(f"[2/4] compiling {precision} ({i}/{len(opts.precisions)}) for {spec.name}")
-            mod, names, schemes, dtype = export_model(cfg, precision, spec, target, opts.layer_precisions)
+            mod, names, schemes, dtype = export_model(cfg, precision, spec, target, layer_precisions)
             lib = tmp / f"{precision}.so"
             info = _compile(mod, spec, target, lib, opts.cuda_code)
             log(f"      compiled in {info['compile_s']:.1f} s, linked in {info['link_s']:.1f} s")
@@ -265,8 +298,9 @@ def build_llm_artifact(opts: LLMBuildOptions, log=print, checkpoint: Checkpoint 
                             "weight_kinds": kinds,
                             "weight_layout": "nt" if spec.is_cuda else "kn",
                             "weight_bytes": weight_bytes,
-                            "layer_precisions": {str(k): v for k, v in (opts.layer_precisions or {}).items()},
+                            "layer_precisions": {str(k): v for k, v in (layer_precisions or {}).items()},
                         }
+                        | ({"sensitivity": sensitivity} if sensitivity else {})
                     },
                 )
             )

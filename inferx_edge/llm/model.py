@@ -24,7 +24,7 @@ from tvm.relax.frontend.nn import Tensor, op
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode, TIRPagedKVCache
 
 from inferx_edge.llm.config import LlamaConfig
-from inferx_edge.llm.quant import Scheme, WeightMatrix
+from inferx_edge.llm.quant import Scheme, WeightMatrix, embedding_scheme
 
 
 class Linear(nn.Module):
@@ -77,11 +77,12 @@ class LlamaForCausalLM(nn.Module):
     ):
         self.cfg, self.dtype, self.target = cfg, dtype, target
         schemes = layer_schemes or [scheme] * cfg.num_hidden_layers
-        self.embed_tokens = WeightMatrix(cfg.vocab_size, cfg.hidden_size, scheme, dtype, layout)
+        emb = embedding_scheme(scheme)
+        self.embed_tokens = WeightMatrix(cfg.vocab_size, cfg.hidden_size, emb, dtype, layout)
         self.layers = nn.ModuleList([Block(cfg, s, dtype, layout) for s in schemes])
         self.norm = nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False, dtype=dtype)
         if not cfg.tie_word_embeddings:
-            self.lm_head = WeightMatrix(cfg.vocab_size, cfg.hidden_size, scheme, dtype, layout)
+            self.lm_head = WeightMatrix(cfg.vocab_size, cfg.hidden_size, emb, dtype, layout)
 
     def _logits(self, h: Tensor) -> Tensor:
         table = self.embed_tokens if self.cfg.tie_word_embeddings else self.lm_head

@@ -50,6 +50,13 @@ def get_scheme(name: str) -> Scheme:
     return SCHEMES[name]
 
 
+def embedding_scheme(scheme: Scheme) -> Scheme:
+    """The embedding table (and the tied vocabulary projection) of int4 artifacts is int8: it is the
+    matrix the whole vocabulary's logits come from, and GGUFs keep it at 8 bits too (SmolLM2 Q4_1:
+    Q8_0). In q4_1 it cost +3.3 % perplexity in int4 (19.28 -> 19.91 on a licence text)."""
+    return SCHEMES["int8"] if scheme.kind in ("q4", "q4_1") else scheme
+
+
 def effective_kind(scheme: Scheme, in_features: int, out_features: int | None = None, layout: str = "nt") -> str:
     packed = in_features if layout == "nt" else (out_features or 0)
     if scheme.kind in ("q4", "q4_1") and (in_features % GROUP or packed % 8):

@@ -178,7 +178,10 @@ def test_quantized_variants_compute_their_dequantized_model(artifact, reference)
         with torch.no_grad():
             for _, p in twin.named_parameters():
                 if p.ndim == 2:  # every matrix, the tied embedding included (CPU artifacts: kn layout)
-                    kind = quant.effective_kind(quant.get_scheme(variant), p.shape[1], p.shape[0], "kn")
+                    scheme = quant.get_scheme(variant)
+                    if p.shape[0] == reference.config.vocab_size:
+                        scheme = quant.embedding_scheme(scheme)
+                    kind = quant.effective_kind(scheme, p.shape[1], p.shape[0], "kn")
                     w = quant.dequantize(quant.quantize(p.numpy(), kind, "float32", "kn"), kind, "kn")
                     p.copy_(torch.from_numpy(w))
         want = _ref_logits(twin, ids)
@@ -188,7 +191,7 @@ def test_quantized_variants_compute_their_dequantized_model(artifact, reference)
         np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max())
         if variant == "int8":  # q4 on random weights says nothing; real-weight agreement: benchmarks/llm_cpu.py
             assert (got.argmax(1) == ref.argmax(1)).mean() > 0.5
-        # qkv, o, gate_up, down per layer; the 259-row embedding cannot pack int4 by 8 rows: int8
+        # qkv, o, gate_up, down per layer; the embedding of int4 artifacts is int8
         kinds = e.manifest.variant(variant).extra["llm"]["weight_kinds"]
         assert kinds == ({"int8": 9} if variant == "int8" else {variant: 8, "int8": 1})
 
