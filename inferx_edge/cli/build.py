@@ -120,7 +120,7 @@ def _run_llm(args: argparse.Namespace, spec) -> int:
 def run(args: argparse.Namespace) -> int:
     from inferx_edge.build import BuildOptions, build_artifact, default_output
     from inferx_edge.frontend import parse_input_shapes
-    from inferx_edge.llm.build import is_llm_checkpoint
+    from inferx_edge.llm import is_llm_checkpoint
     from inferx_edge.targets import get_target, host_target_name
 
     model = args.model or DEFAULT_MODEL

@@ -32,12 +32,6 @@ from inferx_edge.targets import TargetSpec, get_target
 LLM_PRECISIONS = ("q4", "q4_1", "int8", "fp16", "fp32")
 
 
-def is_llm_checkpoint(path: Path) -> bool:
-    """A ``.gguf`` file or a Hugging Face directory with ``config.json``: built by this module."""
-    path = Path(path)
-    return path.suffix == ".gguf" or (path.is_dir() and (path / "config.json").is_file())
-
-
 def activation_dtype(precision: str, spec: TargetSpec) -> str:
     """fp32 keeps fp32; on GPUs everything else computes in fp16. CPUs compute quantized weights in fp32
     (x86 and most Arm cores have no fast fp16 arithmetic; the weights still shrink 4-7x)."""
@@ -352,4 +346,4 @@ def build_llm_artifact(opts: LLMBuildOptions, log=print, checkpoint: Checkpoint 
         return write_artifact(opts.output, manifest, members, sign_key=opts.sign_key)
 
 
-__all__ = ["LLM_PRECISIONS", "LLMBuildOptions", "build_llm_artifact", "effective_kind", "is_llm_checkpoint"]
+__all__ = ["LLM_PRECISIONS", "LLMBuildOptions", "build_llm_artifact", "effective_kind"]

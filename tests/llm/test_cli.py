@@ -1,0 +1,31 @@
+"""The LLM commands end to end: build from a checkpoint, inspect, generate; bad flags answered."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from inferx_edge.__main__ import main  # noqa: E402
+
+
+def test_build_inspect_generate(tiny_llama, tiny_llm_artifact, tmp_path, capsys):
+    out = tmp_path / "cli.ixa"
+    assert main(["build", "-m", str(tiny_llama), "--precision", "q4_1", "-o", str(out)]) == 0
+    assert "variants q4_1" in capsys.readouterr().out
+    assert main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "LLM      llama: 2 layers" in text and "variant q4_1: float32 activations" in text
+    assert main(["generate", str(tiny_llm_artifact), "--variant", "fp32", "-p", "Hello", "--max-tokens", "5"]) == 0
+    captured = capsys.readouterr()
+    assert "prompt tokens, 5 generated (length)" in captured.err or "generated (stop)" in captured.err
+    assert main(["generate", str(tiny_llm_artifact), "--chat", "-p", "hi", "-p", "yo", "--max-tokens", "3"]) == 0
+    assert captured.out.count("---") == 0 and capsys.readouterr().out.count("---") == 2
+
+
+def test_bad_llm_flags_are_usage_errors(tiny_llama, tiny_llm_artifact, tmp_path, capsys):
+    assert main(["build", "-m", str(tiny_llama), "--precision", "q3", "-o", str(tmp_path / "x.ixa")]) == 2
+    assert "choose from: q4, q4_1, int8, fp16, fp32" in capsys.readouterr().err
+    assert main(["build", "-m", str(tiny_llama), "--batch-sizes", "1,2", "-o", str(tmp_path / "x.ixa")]) == 2
+    assert main(["generate", str(tiny_llm_artifact), "-p", "hi", "--temperature", "9"]) == 6
+    assert "temperature" in capsys.readouterr().err
