@@ -7,8 +7,6 @@ CLI's ``build`` and ``evaluate`` call :func:`build_artifact`; so can any program
 from __future__ import annotations
 
 import datetime as _dt
-import platform
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,7 +167,7 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
     set_default_cpu_threads()  # calibration and build-time weight transforms run on this CPU
     import tvm
 
-    from inferx_edge.compiler.compile import compile_variant, cuda_requirements, resolve_tvm_target, toolchain_versions
+    from inferx_edge.compiler.compile import build_record, compile_variant, cuda_requirements, resolve_tvm_target
     from inferx_edge.compiler.variant import prepare_variant, variant_layout
     from inferx_edge.frontend import import_model
     from inferx_edge.package import write_artifact
@@ -281,12 +279,7 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
             variants=tuple(variants),
             default_variant=variants[0].name,
             files={},
-            build={
-                "host": f"{platform.node()} {platform.machine()}",
-                "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-                "toolchain": toolchain_versions(spec),
-                "compile_s": round(sum(i["compile_s"] for i in infos), 3),
-            },
+            build=build_record(spec, infos),
         )
         log(f"[4/4] packaging {opts.output}")
         if not opts.force:

@@ -142,6 +142,18 @@ def toolchain_versions(spec: TargetSpec) -> dict[str, str]:
     return versions
 
 
+def build_record(spec: TargetSpec, infos: list[dict[str, Any]]) -> dict[str, Any]:
+    """The manifest's ``build`` entry: host, command line, toolchain, total compile time."""
+    import sys
+
+    return {
+        "host": f"{platform.node()} {platform.machine()}",
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "toolchain": toolchain_versions(spec),
+        "compile_s": round(sum(i["compile_s"] for i in infos), 3),
+    }
+
+
 def compile_variant(
     prepared: PreparedVariant,
     spec: TargetSpec,

@@ -11,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import json
-import platform
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -235,7 +233,7 @@ def build_llm_artifact(opts: LLMBuildOptions, log=print, checkpoint: Checkpoint 
     """Build ``opts.model`` for ``opts.target``: one variant per precision, packaged at ``opts.output``."""
     import tvm
 
-    from inferx_edge.compiler.compile import cuda_requirements, resolve_tvm_target, toolchain_versions
+    from inferx_edge.compiler.compile import build_record, cuda_requirements, resolve_tvm_target
 
     spec = get_target(opts.target)
     log(f"[1/4] reading {opts.model}")
@@ -334,12 +332,7 @@ def build_llm_artifact(opts: LLMBuildOptions, log=print, checkpoint: Checkpoint 
             variants=tuple(variants),
             default_variant=variants[0].name,
             files={},
-            build={
-                "host": f"{platform.node()} {platform.machine()}",
-                "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-                "toolchain": toolchain_versions(spec),
-                "compile_s": round(sum(i["compile_s"] for i in infos), 3),
-            },
+            build=build_record(spec, infos),
         )
         log(f"[4/4] packaging {opts.output}")
         Path(opts.output).parent.mkdir(parents=True, exist_ok=True)

@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import socket
-import sys
 import threading
 from pathlib import Path
-
-from inferx_edge.errors import UsageError
-from inferx_edge.serve.app import is_loopback
 
 
 def is_llm_artifact(path: Path) -> bool:
@@ -45,17 +40,9 @@ class LLMServer:
     ) -> None:
         from inferx_edge.runtime.llm import LLMEngine
         from inferx_edge.serve.llm_app import LLMService, make_llm_app
+        from inferx_edge.serve.server import listen
 
-        if not is_loopback(host) and not auth_token and not insecure_bind:
-            raise UsageError(
-                f"binding {host} exposes the server beyond this machine: pass --auth-token-file FILE "
-                "(clients send Authorization: Bearer TOKEN), or --insecure-bind to serve without authentication"
-            )
-        try:
-            self.sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
-        except OSError as exc:
-            raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = listen(host, port, auth_token, insecure_bind)
         try:
             engine = LLMEngine(
                 path, variant=variant, device_id=device_id, trust=trust, max_sequences=max_sequences,
@@ -106,8 +93,6 @@ def serve_llm(path: Path, host: str, port: int, **kwargs) -> int:
         "Triton /v2/models/NAME/generate[_stream]; /metrics)",
         flush=True,
     )
-    if not is_loopback(host) and not kwargs.get("auth_token"):
-        print(f"warning: serving on {host} without authentication (--insecure-bind)", file=sys.stderr)
     server.run()
     print("stopped", flush=True)
     return 0

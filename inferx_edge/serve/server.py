@@ -54,6 +54,24 @@ def read_token(path: Path) -> str:
     return token
 
 
+def listen(host: str, port: int, auth_token: str | None, insecure_bind: bool) -> socket.socket:
+    """The server's socket, refusing a non-loopback bind without a token unless told (``--insecure-bind``)."""
+    if not is_loopback(host) and not auth_token and not insecure_bind:
+        raise UsageError(
+            f"binding {host} exposes the server beyond this machine: pass --auth-token-file FILE "
+            "(clients send Authorization: Bearer TOKEN), or --insecure-bind to serve without authentication"
+        )
+    if not is_loopback(host) and not auth_token:
+        print(f"warning: serving on {host} without authentication (--insecure-bind)", file=sys.stderr)
+    try:
+        sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    # accepted sockets inherit it: a response's header and body writes must not wait on Nagle
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
 class Server:
     """The server on one socket. ``run()`` blocks until SIGTERM/SIGINT (or :meth:`stop`), then drains."""
 
@@ -72,23 +90,11 @@ class Server:
         shared_memory: bool = False,
         progress=print,
     ) -> None:
-        if not is_loopback(host) and not auth_token and not insecure_bind:
-            raise UsageError(
-                f"binding {host} exposes the server beyond this machine: pass --auth-token-file FILE "
-                "(clients send Authorization: Bearer TOKEN), or --insecure-bind to serve without authentication"
-            )
-        if not is_loopback(host) and not auth_token:
-            print(f"warning: serving on {host} without authentication (--insecure-bind)", file=sys.stderr)
+        self.sock = listen(host, port, auth_token, insecure_bind)
         self.log = DecisionLog(decision_log)
         self.metrics = ServerMetrics()
         sources = discover(paths)
         progress(f"loading {len(sources)} model(s): {', '.join(sorted(sources))} (probing every variant)")
-        try:
-            self.sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
-        except OSError as exc:
-            raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
-        # accepted sockets inherit it: a response's header and body writes must not wait on Nagle
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             self.repository = Repository(sources, options, self.metrics, self.log)
         except BaseException:
