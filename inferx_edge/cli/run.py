@@ -97,9 +97,55 @@ def _write_outputs(path: Path, outputs: dict[str, np.ndarray]) -> None:
             np.savez(f, **outputs)
 
 
+def _run_llm(args: argparse.Namespace) -> int:
+    """An LLM artifact: prefill the token ids of ``--input`` (an int .npy; default 16 seeded ids),
+    decode ``--repeat`` tokens greedily, print them and the step times (deploy's self-test runs this)."""
+    import time
+
+    from inferx_edge.runtime.llm import LLMEngine
+
+    with LLMEngine(args.artifact, variant=args.variant, device_id=args.device_id, trust=args.trust) as engine:
+        if len(args.input) > 1:
+            raise UsageError("an LLM artifact takes one --input: a .npy of token ids")
+        if args.input:
+            ids = np.asarray(_load_array(args.input[0]))
+            if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+                raise InputError(f"--input must be a 1-D integer array of token ids, got {ids.dtype}{list(ids.shape)}")
+        else:
+            ids = np.random.default_rng(0).integers(0, engine.vocab_size, 16)
+        engine.add_sequence(0)
+        t0 = time.perf_counter()
+        logits = engine.prefill([0], [ids.tolist()[: engine.prefill_chunk]])
+        prefill_ms = (time.perf_counter() - t0) * 1e3
+        out, steps = [int(logits[0].argmax())], []
+        for _ in range(max(0, min(args.repeat, engine.context_length - len(ids) - 1))):
+            t0 = time.perf_counter()
+            out.append(int(engine.decode([0], [out[-1]])[0].argmax()))
+            steps.append(time.perf_counter() - t0)
+        if not np.isfinite(logits).all():
+            raise InputError("the model produced non-finite logits")
+        print(f"{args.artifact.name}: {engine.provenance.line()}")
+        print(f"  prefill {len(ids)} tokens: {prefill_ms:.2f} ms; greedy tokens {out[:16]}")
+        if steps:
+            print(
+                f"  decode: {len(steps)} steps, p50 {np.median(steps) * 1e3:.2f} ms ({1 / np.median(steps):.1f} tokens/s)"
+            )
+        if args.output is not None:
+            _write_outputs(args.output, {"tokens": np.asarray(out, dtype=np.int32)})
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    from inferx_edge.errors import InferxError
+    from inferx_edge.package import read_manifest
     from inferx_edge.runtime import Engine
 
+    try:
+        is_llm = args.artifact.is_file() and read_manifest(args.artifact).model.get("kind") == "llm"
+    except InferxError:
+        is_llm = False  # the Engine below names what is wrong with it
+    if is_llm:
+        return _run_llm(args)
     if args.output is not None and args.output.suffix.lower() not in (".npy", ".npz"):
         raise UsageError(f"--output must end in .npy or .npz, got '{args.output.name}'")
     for flag in ("repeat", "warmup"):

@@ -135,6 +135,11 @@ class LLMEngine:
         return self._extracted.manifest
 
     @property
+    def provenance(self):
+        """Who signed the artifact and whether it was verified (as :attr:`Engine.provenance`)."""
+        return self._extracted.provenance
+
+    @property
     def vocab_size(self) -> int:
         return int(self.config["vocab_size"])
 

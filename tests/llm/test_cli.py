@@ -29,3 +29,26 @@ def test_bad_llm_flags_are_usage_errors(tiny_llama, tiny_llm_artifact, tmp_path,
     assert main(["build", "-m", str(tiny_llama), "--batch-sizes", "1,2", "-o", str(tmp_path / "x.ixa")]) == 2
     assert main(["generate", str(tiny_llm_artifact), "-p", "hi", "--temperature", "9"]) == 6
     assert "temperature" in capsys.readouterr().err
+
+
+def test_run_smoke_tests_an_llm_artifact(tiny_llm_artifact, tmp_path, capsys):
+    """``run`` (deploy's self-test) on an LLM artifact: prefill + greedy decode, tokens written."""
+    import numpy as np
+
+    ids = tmp_path / "ids.npy"
+    np.save(ids, np.array([72, 101, 108, 108, 111], dtype=np.int64))
+    out = tmp_path / "tokens.npy"
+    assert main(["run", str(tiny_llm_artifact), "--variant", "fp32", "--input", str(ids), "--repeat", "6", "-o", str(out)]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    assert "prefill 5 tokens" in text and "decode: 6 steps" in text
+    assert np.load(out).shape == (7,)
+    bad = tmp_path / "bad.npy"
+    np.save(bad, np.zeros((2, 2), dtype=np.float32))
+    assert main(["run", str(tiny_llm_artifact), "--input", str(bad)]) == 6
+
+
+def test_deploy_installs_and_self_tests_an_llm_artifact(tiny_llm_artifact, tmp_path, capsys):
+    dest = tmp_path / "device"
+    assert main(["deploy", str(tiny_llm_artifact), "--to", str(dest)]) == 0
+    assert "decode:" in capsys.readouterr().out or (dest / "current").exists()
+    assert (dest / "current").exists()
