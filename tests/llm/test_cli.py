@@ -52,3 +52,21 @@ def test_deploy_installs_and_self_tests_an_llm_artifact(tiny_llm_artifact, tmp_p
     assert main(["deploy", str(tiny_llm_artifact), "--to", str(dest)]) == 0
     assert "decode:" in capsys.readouterr().out or (dest / "current").exists()
     assert (dest / "current").exists()
+
+
+def test_signed_llm_artifact_is_verified(tiny_llama, tmp_path, capsys):
+    keys, other = tmp_path / "keys", tmp_path / "other"
+    assert main(["keygen", "--out", str(keys)]) == 0
+    assert main(["keygen", "--out", str(other)]) == 0
+    priv = (
+        next(keys.glob("*.key"))
+        if list(keys.glob("*.key"))
+        else next(p for p in keys.iterdir() if not p.name.endswith(".pub"))
+    )
+    out = tmp_path / "signed.ixa"
+    assert main(["build", "-m", str(tiny_llama), "--precision", "int8", "-o", str(out), "--sign", str(priv)]) == 0
+    pub, wrong = next(keys.glob("*.pub")), next(other.glob("*.pub"))
+    assert main(["generate", str(out), "-p", "hi", "--max-tokens", "2", "--trust", str(pub)]) == 0
+    capsys.readouterr()
+    assert main(["generate", str(out), "-p", "hi", "--max-tokens", "2", "--trust", str(wrong)]) == 5
+    assert "sign" in capsys.readouterr().err.lower()
