@@ -6,14 +6,12 @@ CLI's ``build`` and ``evaluate`` call :func:`build_artifact`; so can any program
 
 from __future__ import annotations
 
-import datetime as _dt
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from inferx_edge import __version__
 from inferx_edge.compiler.variant import PRECISIONS, QUANTIZED
 from inferx_edge.errors import UsageError, check_choice
 from inferx_edge.package import Manifest, Variant
@@ -165,9 +163,8 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
     from inferx_edge.runtime._tvm import set_default_cpu_threads
 
     set_default_cpu_threads()  # calibration and build-time weight transforms run on this CPU
-    import tvm
 
-    from inferx_edge.compiler.compile import build_record, compile_variant, cuda_requirements, resolve_tvm_target
+    from inferx_edge.compiler.compile import compile_variant, new_manifest, resolve_tvm_target
     from inferx_edge.compiler.variant import prepare_variant, variant_layout
     from inferx_edge.frontend import import_model
     from inferx_edge.package import write_artifact
@@ -264,23 +261,9 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
             members[member] = path
 
         info = infos[0]
-        target_record = spec.summary() | {"tvm_target": info["tvm_target"]}
-        if info["cpu_features"]:
-            target_record["cpu_features"] = info["cpu_features"]
         if info["cuda"]:
-            target_record |= cuda_requirements(info["cuda"])
             log(f"      device code: {info['cuda']['code']} for {info['cuda']['arch']} by {info['cuda']['toolkit']}")
-        manifest = Manifest(
-            inferx_edge_version=__version__,
-            tvm_version=tvm.__version__,
-            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            model=base.describe(),
-            target=target_record,
-            variants=tuple(variants),
-            default_variant=variants[0].name,
-            files={},
-            build=build_record(spec, infos),
-        )
+        manifest = new_manifest(spec, infos, base.describe(), variants)
         log(f"[4/4] packaging {opts.output}")
         if not opts.force:
             _keep_other_build(Path(opts.output), manifest, log)

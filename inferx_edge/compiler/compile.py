@@ -154,6 +154,52 @@ def build_record(spec: TargetSpec, infos: list[dict[str, Any]]) -> dict[str, Any
     }
 
 
+def target_record(spec: TargetSpec, info: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's ``target`` entry from the first variant's compile record: the registry entry, the
+    resolved TVM target, the CPU features the host code uses, the CUDA driver/JetPack it needs."""
+    record = spec.summary() | {"tvm_target": info["tvm_target"]}
+    if info["cpu_features"]:
+        record["cpu_features"] = info["cpu_features"]
+    if info["cuda"]:
+        record |= cuda_requirements(info["cuda"])
+    return record
+
+
+def new_manifest(spec: TargetSpec, infos: list[dict[str, Any]], model: dict[str, Any], variants: list) -> Any:
+    """The manifest of a build (``files`` are filled in by ``write_artifact``); the first variant is the default."""
+    import datetime as _dt
+
+    import tvm
+
+    from inferx_edge import __version__
+    from inferx_edge.package import Manifest
+
+    return Manifest(
+        inferx_edge_version=__version__,
+        tvm_version=tvm.__version__,
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        model=model,
+        target=target_record(spec, infos[0]),
+        variants=tuple(variants),
+        default_variant=variants[0].name,
+        files={},
+        build=build_record(spec, infos),
+    )
+
+
+def export_library(executable, spec: TargetSpec, out_path: Path) -> None:
+    """Link ``executable`` into the shared library at ``out_path`` (the target's cross compiler when
+    the build host differs)."""
+    fcompile = linker(spec)
+    try:
+        if fcompile is None:
+            executable.export_library(str(out_path))
+        else:
+            executable.export_library(str(out_path), fcompile=fcompile)
+    except Exception as exc:
+        raise BuildError(f"linking the {spec.name} library failed: {exc}") from exc
+
+
 def compile_variant(
     prepared: PreparedVariant,
     spec: TargetSpec,
@@ -196,20 +242,13 @@ def compile_variant(
     if spec.is_cuda and not cuda_record["kernels_modules"]:
         raise BuildError(f"no CUDA kernels were compiled ahead of time for {spec.name}; refusing to ship CUDA source")
     t1 = time.perf_counter()
-    fcompile = linker(spec)
-    try:
-        if fcompile is None:
-            executable.export_library(str(out_path))
-        else:
-            executable.export_library(str(out_path), fcompile=fcompile)
-    except Exception as exc:
-        raise BuildError(f"linking the {spec.name} library failed: {exc}") from exc
+    export_library(executable, spec, out_path)
     return {
         "tvm_target": plain(target.export()),
         "cpu_features": cpu_features(target),
         "compile_s": round(t1 - t0, 3),
         "link_s": round(time.perf_counter() - t1, 3),
-        "linker": spec.cross_compiler if fcompile is not None else "host",
+        "linker": spec.cross_compiler if linker(spec) is not None else "host",
         "cuda": cuda_record,
         "cuda_graph": cuda_graph,
         "conv_layout": prepared.layout.conv,

@@ -1,15 +1,16 @@
 """Building an LLM artifact: checkpoint -> per-precision prefill/decode libraries + weights + tokenizer.
 
 The artifact uses the CNN artifact format (manifest, checksums, signature, deploy, rollback) with
-``model.kind == "llm"``; each variant is one precision (``q4``, ``int8``, ``fp16``, ``fp32``) holding
-``embed``/``batch_prefill``/``batch_decode``/``create_paged_kv_cache`` in one library. Members
+``model.kind == "llm"``; each variant is one precision (:data:`LLM_PRECISIONS`) holding
+``batch_prefill``/``batch_decode``/``create_paged_kv_cache`` in one library. Members
 beside the libraries: ``weights/<precision>.npz``, ``llm/tokenizer.json``, ``llm/config.json``.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
-import datetime as _dt
 import json
 import time
 from pathlib import Path
@@ -17,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from inferx_edge import __version__
 from inferx_edge.errors import BuildError, UsageError
 from inferx_edge.llm.checkpoint import Checkpoint, load_checkpoint
 from inferx_edge.llm.config import LlamaConfig
@@ -28,6 +28,12 @@ from inferx_edge.package.scratch import scratch_dir
 from inferx_edge.targets import TargetSpec, get_target
 
 LLM_PRECISIONS = ("q4", "q4_1", "int8", "fp16", "fp32")
+
+
+def weight_layout(spec: TargetSpec) -> str:
+    """GPUs reduce along contiguous memory (dlight's GEMV/matmul rules): ``nt``; CPUs vectorize across
+    outputs: ``kn`` (:mod:`inferx_edge.llm.quant`)."""
+    return "nt" if spec.is_cuda else "kn"
 
 
 def activation_dtype(precision: str, spec: TargetSpec) -> str:
@@ -135,44 +141,23 @@ def llm_pipeline(spec: TargetSpec, target):
     """GPUs: TVM's default pipeline (dlight GEMV/matmul rules). CPUs: TVM's CPU pipeline with
     :class:`~inferx_edge.llm.cpu_schedule.LLMMatmulCPU` for the weight-reading kernels, then our
     default CPU schedules and dlight's for the rest (attention, norms)."""
-    import tvm
     from tvm import relax
 
     if spec.is_cuda:
         return relax.get_default_pipeline(target)
-    from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
-    from tvm.s_tir import dlight as dl
-
-    from inferx_edge.compiler.cpu.default_schedule import CPUDefaultSchedule, _as_dlight_rule
-    from inferx_edge.compiler.guarded_schedule import guarded_default_schedule
+    from inferx_edge.compiler.cpu import cpu_pipeline
     from inferx_edge.llm.cpu_schedule import LLMMatmulCPU
 
-    rules = [_as_dlight_rule(LLMMatmulCPU()), dl.cpu.GEMV(), _as_dlight_rule(CPUDefaultSchedule()), dl.cpu.Reduction()]
-
-    @tvm.transform.module_pass(opt_level=0, name="InferxLLMCPUPipeline")
-    def _pipeline(mod, _ctx):
-        with target:
-            seq = tvm.transform.Sequential(
-                cpu_generic.library_dispatch_passes(target)
-                + cpu_generic.legalize_passes(target)
-                + [guarded_default_schedule(*rules)]
-                + cpu_generic.dataflow_lower_passes(target)
-                + cpu_generic.finalize_passes(target)
-            )
-            return seq(mod)
-
-    return _pipeline
+    return cpu_pipeline(target, first_rules=[LLMMatmulCPU()])
 
 
 def _compile(mod, spec: TargetSpec, target, out: Path, cuda_code: str) -> dict[str, Any]:
     from tvm import relax
 
-    from inferx_edge.compiler.compile import cpu_features, linker, pass_config, plain
+    from inferx_edge.compiler.compile import cpu_features, export_library, pass_config, plain
     from inferx_edge.compiler.cuda import device_compiler
 
     t0 = time.perf_counter()
-    import contextlib
-
     ctx = device_compiler(spec, cuda_code, None) if spec.is_cuda else contextlib.nullcontext(None)
     try:
         with ctx as cuda_record, target, pass_config(False, async_copy=False):
@@ -180,11 +165,7 @@ def _compile(mod, spec: TargetSpec, target, out: Path, cuda_code: str) -> dict[s
     except Exception as exc:
         raise BuildError(f"compiling the LLM for {spec.name} failed: {type(exc).__name__}: {exc}") from exc
     t1 = time.perf_counter()
-    fcompile = linker(spec)
-    try:
-        ex.export_library(str(out), **({"fcompile": fcompile} if fcompile is not None else {}))
-    except Exception as exc:
-        raise BuildError(f"linking the {spec.name} LLM library failed: {exc}") from exc
+    export_library(ex, spec, out)
     return {
         "tvm_target": plain(target.export()),
         "cpu_features": cpu_features(target),
@@ -220,10 +201,8 @@ def export_model(cfg: LlamaConfig, precision: str, spec: TargetSpec, target, lay
     from inferx_edge.llm.model import LlamaForCausalLM
 
     layer_schemes = [get_scheme((layer_precisions or {}).get(i, precision)) for i in range(cfg.num_hidden_layers)]
-    # GPUs reduce along contiguous memory (dlight's GEMV/matmul rules); CPUs vectorize across outputs
-    layout = "nt" if spec.is_cuda else "kn"
     model = LlamaForCausalLM(
-        cfg, get_scheme(precision), activation_dtype(precision, spec), target, layer_schemes, layout=layout
+        cfg, get_scheme(precision), activation_dtype(precision, spec), target, layer_schemes, layout=weight_layout(spec)
     )
     mod, params = model.export_tvm(spec=model.get_default_spec())
     return mod, [n for n, _ in params], _matrix_schemes(model), model.dtype
@@ -231,9 +210,7 @@ def export_model(cfg: LlamaConfig, precision: str, spec: TargetSpec, target, lay
 
 def build_llm_artifact(opts: LLMBuildOptions, log=print, checkpoint: Checkpoint | None = None) -> Manifest:
     """Build ``opts.model`` for ``opts.target``: one variant per precision, packaged at ``opts.output``."""
-    import tvm
-
-    from inferx_edge.compiler.compile import build_record, cuda_requirements, resolve_tvm_target
+    from inferx_edge.compiler.compile import new_manifest, resolve_tvm_target
 
     spec = get_target(opts.target)
     log(f"[1/4] reading {opts.model}")
@@ -265,9 +242,7 @@ def build_llm_artifact(opts: LLMBuildOptions, log=print, checkpoint: Checkpoint 
             arrays = param_arrays(ck, names, schemes, dtype)
             weights = tmp / f"{precision}.npz"
             np.savez(weights, **dict(zip(names, arrays)))
-            kinds: dict[str, int] = {}
-            for k, _layout in schemes.values():
-                kinds[k] = kinds.get(k, 0) + 1
+            kinds = dict(collections.Counter(kind for kind, _layout in schemes.values()))
             weight_bytes = int(sum(a.nbytes for a in arrays))
             log(
                 f"      weights {weight_bytes / 2**20:.1f} MiB ({', '.join(f'{n} {k}' for k, n in kinds.items())} matrices)"
@@ -288,7 +263,7 @@ def build_llm_artifact(opts: LLMBuildOptions, log=print, checkpoint: Checkpoint 
                         "llm": {
                             "dtype": dtype,
                             "weight_kinds": kinds,
-                            "weight_layout": "nt" if spec.is_cuda else "kn",
+                            "weight_layout": weight_layout(spec),
                             "weight_bytes": weight_bytes,
                             "layer_precisions": {str(k): v for k, v in (layer_precisions or {}).items()},
                         }
@@ -307,33 +282,18 @@ def build_llm_artifact(opts: LLMBuildOptions, log=print, checkpoint: Checkpoint 
             members["llm/tokenizer.json"] = tmp / "tokenizer.json"
         else:
             log("      note: the checkpoint carries no tokenizer; the artifact takes token ids only")
-        info = infos[0]
-        target_record = spec.summary() | {"tvm_target": info["tvm_target"]}
-        if info["cpu_features"]:
-            target_record["cpu_features"] = info["cpu_features"]
-        if info["cuda"]:
-            target_record |= cuda_requirements(info["cuda"])
         source = Path(opts.model)
-        manifest = Manifest(
-            inferx_edge_version=__version__,
-            tvm_version=tvm.__version__,
-            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            model={
-                "name": source.stem if source.is_file() else source.name,
-                "kind": "llm",
-                "source": source.name,
-                "sha256": _source_digest(source),
-                "format": ck.source["format"],
-                "checkpoint": ck.source,
-                "parameters": n_params,
-                "config": cfg.to_json(),
-            },
-            target=target_record,
-            variants=tuple(variants),
-            default_variant=variants[0].name,
-            files={},
-            build=build_record(spec, infos),
-        )
+        model = {
+            "name": source.stem if source.is_file() else source.name,
+            "kind": "llm",
+            "source": source.name,
+            "sha256": _source_digest(source),
+            "format": ck.source["format"],
+            "checkpoint": ck.source,
+            "parameters": n_params,
+            "config": cfg.to_json(),
+        }
+        manifest = new_manifest(spec, infos, model, variants)
         log(f"[4/4] packaging {opts.output}")
         Path(opts.output).parent.mkdir(parents=True, exist_ok=True)
         return write_artifact(opts.output, manifest, members, sign_key=opts.sign_key)

@@ -210,11 +210,12 @@ def _is_reduction(sch, block) -> bool:
     return any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(block).iter_vars)
 
 
-def cpu_pipeline(target):
+def cpu_pipeline(target, first_rules=()):
     """TVM's default CPU Relax pipeline with :class:`CPUDefaultSchedule` after fusion: dlight's GEMV
     rule first, ours next, dlight's general reduction rule for what ours declines (functions with
     several reductions: softmax, normalizations). Ours must come before dlight's reduction rule, which
-    also claims convolutions and schedules them an order of magnitude slower."""
+    also claims convolutions and schedules them an order of magnitude slower. ``first_rules`` (objects
+    with dlight's ``apply(func, target, tunable)``) are tried before all of them."""
     import tvm
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
     from tvm.s_tir import dlight as dl
@@ -222,6 +223,7 @@ def cpu_pipeline(target):
     from inferx_edge.compiler.guarded_schedule import guarded_default_schedule
 
     rule = _as_dlight_rule(CPUDefaultSchedule())
+    extra = [_as_dlight_rule(r) for r in first_rules]
 
     @tvm.transform.module_pass(opt_level=0, name="InferxCPUPipeline")
     def _pipeline(mod, _ctx):
@@ -229,7 +231,7 @@ def cpu_pipeline(target):
             seq = tvm.transform.Sequential(
                 cpu_generic.library_dispatch_passes(target)
                 + cpu_generic.legalize_passes(target)
-                + [guarded_default_schedule(dl.cpu.GEMV(), rule, dl.cpu.Reduction())]
+                + [guarded_default_schedule(*extra, dl.cpu.GEMV(), rule, dl.cpu.Reduction())]
                 + cpu_generic.dataflow_lower_passes(target)
                 + cpu_generic.finalize_passes(target)
             )
