@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from inferx_edge.runtime.llm import LLMEngine
+    from inferx_edge.runtime.llm import LLMEngine, TextStream
     from inferx_edge.runtime.llm_scheduler import GenerationRequest, SamplingParams, Scheduler
 
     params = SamplingParams(
@@ -41,16 +41,16 @@ def run(args: argparse.Namespace) -> int:
         sched = Scheduler(engine, max_queue=len(texts))
         stream = len(texts) == 1
         reqs = []
+        text_stream = TextStream(engine.tokenizer) if stream else None
+
+        def emit(ev):
+            if ev[0] == "error":
+                print(f"error: {ev[1]}", file=sys.stderr)
+            elif text_stream is not None:
+                sys.stdout.write(text_stream.push(ev[1]) if ev[0] == "token" else text_stream.flush())
+                sys.stdout.flush()
+
         for text in texts:
-
-            def emit(ev, out=[]):  # noqa: B006 - per-request buffer bound at definition
-                if ev[0] == "token" and stream:
-                    out.append(ev[1])
-                    sys.stdout.write(engine.tokenizer.decode(out)[len(engine.tokenizer.decode(out[:-1])) :])
-                    sys.stdout.flush()
-                elif ev[0] == "error":
-                    print(f"error: {ev[1]}", file=sys.stderr)
-
             reqs.append(sched.submit(GenerationRequest(engine.encode(text), params, emit)))
         t0 = time.perf_counter()
         sched.run_until_idle()

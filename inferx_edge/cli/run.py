@@ -136,15 +136,10 @@ def _run_llm(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from inferx_edge.errors import InferxError
-    from inferx_edge.package import read_manifest
     from inferx_edge.runtime import Engine
+    from inferx_edge.runtime.llm import is_llm_artifact
 
-    try:
-        is_llm = args.artifact.is_file() and read_manifest(args.artifact).model.get("kind") == "llm"
-    except InferxError:
-        is_llm = False  # the Engine below names what is wrong with it
-    if is_llm:
+    if is_llm_artifact(args.artifact):  # an unreadable file goes on to the Engine, which names the fault
         return _run_llm(args)
     if args.output is not None and args.output.suffix.lower() not in (".npy", ".npz"):
         raise UsageError(f"--output must end in .npy or .npz, got '{args.output.name}'")

@@ -170,7 +170,7 @@ def _run_llm(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     _require_serve_extra()
-    from inferx_edge.serve.llm_server import is_llm_artifact
+    from inferx_edge.runtime.llm import is_llm_artifact
 
     if any(is_llm_artifact(p) for p in args.paths):
         return _run_llm(args)

@@ -44,8 +44,25 @@ class LatencyStats:
         )
 
 
-class _LoadedVariant:
-    def __init__(self, tvm, variant: Variant, extracted: ExtractedArtifact, device) -> None:
+def open_device(tvm, extracted: ExtractedArtifact, variant: str | None, device_id: int, path: Path, trust):
+    """Check that the artifact belongs on this machine (TVM version; for CUDA artifacts the host code,
+    the CUDA runtime and the GPU) and return the TVM device its variants run on."""
+    manifest = extracted.manifest
+    compat.check_tvm_version(manifest.tvm_version, tvm.__version__)
+    target = manifest.target
+    if target["device"] != "cuda":
+        return tvm.cpu(0)
+    compat.check_host(target, extracted.member(manifest.variant(variant).library))
+    load_cuda_backend(tvm, near=path, trust=trust)
+    compat.check_cuda_device(tvm, target, device_id)
+    return tvm.cuda(device_id)
+
+
+class LoadedVariant:
+    """One variant's library on ``device`` as a Relax VM, with its weights in ``params`` order;
+    ``main`` is its entry function (None: the caller picks functions from ``vm``)."""
+
+    def __init__(self, tvm, variant: Variant, extracted: ExtractedArtifact, device, entry: str | None = "main") -> None:
         self.variant = variant
         library = extracted.member(variant.library)
         compat.check_host(extracted.manifest.target, library)
@@ -54,7 +71,7 @@ class _LoadedVariant:
             self.vm = tvm.runtime.vm.VirtualMachine(self.module, device)
         except Exception as exc:  # a TVM error here means a library this runtime cannot load
             raise ArtifactError(f"cannot load library of variant '{variant.name}': {exc}") from exc
-        self.main = self.vm["main"]
+        self.main = self.vm[entry] if entry else None
         self.params = []
         if variant.weights:
             with np.load(extracted.member(variant.weights), allow_pickle=False) as npz:
@@ -118,16 +135,8 @@ class Engine:
         self._finalizer = weakref.finalize(self, self._extracted.close)
         try:
             manifest = self._extracted.manifest
-            compat.check_tvm_version(manifest.tvm_version, self._tvm.__version__)
-            target = manifest.target
-            if target["device"] == "cuda":
-                compat.check_host(target, self._extracted.member(manifest.variant(variant).library))
-                load_cuda_backend(self._tvm, near=self.path, trust=trust)
-                compat.check_cuda_device(self._tvm, target, device_id)
-                self.device = self._tvm.cuda(device_id)
-            else:
-                self.device = self._tvm.cpu(0)
-            self._loaded: dict[str, _LoadedVariant] = {}
+            self.device = open_device(self._tvm, self._extracted, variant, device_id, self.path, trust)
+            self._loaded: dict[str, LoadedVariant] = {}
             self._current = self._load(manifest.variant(variant).name)
             if preload:
                 for v in manifest.variants:
@@ -163,12 +172,10 @@ class Engine:
         """Who signed the artifact and whether it was verified (:class:`~inferx_edge.package.bundle.Provenance`)."""
         return self._extracted.provenance
 
-    def _load(self, name: str) -> _LoadedVariant:
+    def _load(self, name: str) -> LoadedVariant:
         with self._lock:
             if name not in self._loaded:
-                self._loaded[name] = _LoadedVariant(
-                    self._tvm, self.manifest.variant(name), self._extracted, self.device
-                )
+                self._loaded[name] = LoadedVariant(self._tvm, self.manifest.variant(name), self._extracted, self.device)
             return self._loaded[name]
 
     def select(self, name: str) -> Variant:

@@ -21,8 +21,8 @@ import numpy as np
 
 from inferx_edge.errors import ArtifactError, InputError
 from inferx_edge.package import open_artifact
-from inferx_edge.runtime import compat
-from inferx_edge.runtime._tvm import import_tvm_runtime, load_cuda_backend
+from inferx_edge.runtime._tvm import import_tvm_runtime
+from inferx_edge.runtime.engine import LoadedVariant, open_device
 
 
 class Tokenizer:
@@ -43,6 +43,43 @@ class Tokenizer:
 
     def token_id(self, token: str) -> int | None:
         return self._tk.token_to_id(token)
+
+
+class TextStream:
+    """Token ids in, text deltas out; holds back an incomplete UTF-8 character."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tk, self.ids, self.prefix, self.read = tokenizer, [], 0, 0
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        before = self.tk.decode(self.ids[self.prefix : self.read])
+        text = self.tk.decode(self.ids[self.prefix :])
+        if text.endswith("\ufffd") or len(text) <= len(before):
+            return ""
+        self.prefix, self.read = self.read, len(self.ids)
+        return text[len(before) :]
+
+    def flush(self) -> str:
+        """What is held back at the end of the stream (bytes that never became a valid character)."""
+        before = self.tk.decode(self.ids[self.prefix : self.read])
+        text = self.tk.decode(self.ids[self.prefix :])
+        self.prefix = self.read = len(self.ids)
+        return text[len(before) :]
+
+
+def is_llm_artifact(path) -> bool:
+    """Whether ``path`` is an artifact file whose manifest says ``model.kind == "llm"`` (False for
+    directories and for files that are no readable artifact: their own loader names the fault)."""
+    from inferx_edge.errors import InferxError
+    from inferx_edge.package import read_manifest
+
+    if not Path(path).is_file():
+        return False
+    try:
+        return read_manifest(path).model.get("kind") == "llm"
+    except InferxError:
+        return False
 
 
 class LLMEngine:
@@ -78,30 +115,14 @@ class LLMEngine:
                 raise ArtifactError(
                     f"{self.path} is not an LLM artifact (model kind '{manifest.model.get('kind', 'cnn')}')"
                 )
-            compat.check_tvm_version(manifest.tvm_version, tvm.__version__)
-            self.variant = manifest.variant(variant)
-            library = self._extracted.member(self.variant.library)
-            compat.check_host(manifest.target, library)
-            if manifest.target["device"] == "cuda":
-                load_cuda_backend(tvm, near=self.path, trust=trust)
-                compat.check_cuda_device(tvm, manifest.target, device_id)
-                self.device = tvm.cuda(device_id)
-            else:
-                self.device = tvm.cpu(0)
+            self.device = open_device(tvm, self._extracted, variant, device_id, self.path, trust)
+            loaded = LoadedVariant(tvm, manifest.variant(variant), self._extracted, self.device, entry=None)
+            self.variant, self._vm, self._params = loaded.variant, loaded.vm, loaded.params
             meta = json.loads(self._extracted.member("llm/config.json").read_text())
             self.config: dict[str, Any] = meta["config"]
             self.chat_template: str | None = meta.get("chat_template")
             tok = "llm/tokenizer.json"
             self.tokenizer = Tokenizer(self._extracted.member(tok)) if tok in manifest.files else None
-            try:
-                self._vm = tvm.runtime.vm.VirtualMachine(tvm.runtime.load_module(str(library)), self.device)
-            except Exception as exc:
-                raise ArtifactError(f"cannot load the LLM library of variant '{self.variant.name}': {exc}") from exc
-            with np.load(self._extracted.member(self.variant.weights), allow_pickle=False) as npz:
-                missing = [p for p in self.variant.params if p not in npz.files]
-                if missing:
-                    raise ArtifactError(f"weights of variant '{self.variant.name}' lack {missing[:5]}")
-                self._params = [tvm.runtime.tensor(npz[p], self.device) for p in self.variant.params]
             self.dtype = self.variant.extra["llm"]["dtype"]
             self._prefill = self._vm["batch_prefill"]
             self._decode = self._vm["batch_decode"]

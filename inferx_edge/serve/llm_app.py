@@ -23,7 +23,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from inferx_edge.errors import InputError
+from inferx_edge.runtime.llm import TextStream
 from inferx_edge.runtime.llm_scheduler import GenerationRequest, QueueFull, SamplingParams, Scheduler
+from inferx_edge.serve.app import BearerAuth, _error
 
 _SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "ignore_eos")
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -73,33 +75,6 @@ class LLMMetrics:
 
 class EngineError(Exception):
     """The device failed a step this request was in (answered 500; the server keeps serving)."""
-
-
-class TextStream:
-    """Token ids in, text deltas out; holds back an incomplete UTF-8 character."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tk, self.ids, self.prefix, self.read = tokenizer, [], 0, 0
-
-    def push(self, token: int) -> str:
-        self.ids.append(token)
-        before = self.tk.decode(self.ids[self.prefix : self.read])
-        text = self.tk.decode(self.ids[self.prefix :])
-        if text.endswith("\ufffd") or len(text) <= len(before):
-            return ""
-        self.prefix, self.read = self.read, len(self.ids)
-        return text[len(before) :]
-
-    def flush(self) -> str:
-        """What is held back at the end of the stream (bytes that never became a valid character)."""
-        before = self.tk.decode(self.ids[self.prefix : self.read])
-        text = self.tk.decode(self.ids[self.prefix :])
-        self.prefix = self.read = len(self.ids)
-        return text[len(before) :]
-
-
-def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 def _sampling(body: dict[str, Any], stop_ids: tuple[int, ...] = ()) -> SamplingParams:
@@ -289,8 +264,6 @@ def make_llm_app(service: LLMService, auth_token: str | None = None) -> Starlett
     ]
     app = Starlette(routes=routes)
     if auth_token:
-        from inferx_edge.serve.app import BearerAuth
-
         return BearerAuth(app, auth_token)
     return app
 

@@ -6,18 +6,6 @@ import threading
 from pathlib import Path
 
 
-def is_llm_artifact(path: Path) -> bool:
-    from inferx_edge.errors import InferxError
-    from inferx_edge.package import read_manifest
-
-    if not Path(path).is_file():
-        return False
-    try:
-        return read_manifest(path).model.get("kind") == "llm"
-    except InferxError:
-        return False
-
-
 class LLMServer:
     """Serve ``path`` on one socket; :meth:`run` blocks until SIGTERM/SIGINT or :meth:`stop`."""
 
