@@ -8,7 +8,6 @@ aarch64 library, sm_87 cubins by a CUDA 12 compiler, JetPack 6 requirement, and 
 from __future__ import annotations
 
 import argparse
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -16,12 +15,10 @@ from pathlib import Path
 ORIN_NANO_BYTES = 8 * 2**30  # shared by CPU and GPU
 
 
-def _readelf(lib: Path) -> dict:
-    head = subprocess.run(["readelf", "-h", str(lib)], capture_output=True, text=True).stdout
-    dyn = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True).stdout
-    needed = [line.split("[")[1].rstrip("]") for line in dyn.splitlines() if "(NEEDED)" in line]
-    machine = next((line.split(":", 1)[1].strip() for line in head.splitlines() if "Machine:" in line), None)
-    return {"machine": machine, "needed": needed}
+def _elf(lib: Path) -> dict:
+    from inferx_edge.package.elf import elf_machine, embedded_cuda_code, needed_libraries
+
+    return {"machine": elf_machine(lib), "needed": needed_libraries(lib), "cuda_code": embedded_cuda_code(lib)}
 
 
 def main() -> None:
@@ -53,11 +50,12 @@ def main() -> None:
         rows = {}
         with open_artifact(out) as art:
             for v in m.variants:
-                elf = _readelf(art.member(v.library))
+                elf = _elf(art.member(v.library))
                 weights = v.extra["llm"]["weight_bytes"]
                 rows[v.name] = {
                     "elf": elf,
-                    "aarch64": elf["machine"] == "AArch64",
+                    "aarch64": elf["machine"] == "aarch64",
+                    "sm_87_cubin": "sm_87" in elf["cuda_code"].get("cubin", []),
                     "no_cudart_13": not any("cudart.so.13" in n for n in elf["needed"]),
                     "weight_bytes": weights,
                     "weight_kinds": v.extra["llm"]["weight_kinds"],

@@ -15,6 +15,7 @@ import numpy as np
 from inferx_edge.compiler.variant import PRECISIONS, QUANTIZED
 from inferx_edge.errors import UsageError, check_choice
 from inferx_edge.package import Manifest, Variant
+from inferx_edge.package.bundle import keep_other_build
 from inferx_edge.package.scratch import scratch_dir
 from inferx_edge.quantize.driver import QuantOptions
 from inferx_edge.targets import TargetSpec, get_target
@@ -266,33 +267,5 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
         manifest = new_manifest(spec, infos, base.describe(), variants)
         log(f"[4/4] packaging {opts.output}")
         if not opts.force:
-            _keep_other_build(Path(opts.output), manifest, log)
+            keep_other_build(Path(opts.output), manifest, log)
         return write_artifact(opts.output, manifest, members, sign_key=opts.sign_key)
-
-
-def _same_build(a: Manifest, b: Manifest) -> bool:
-    return (
-        a.model.get("sha256") == b.model.get("sha256")
-        and a.target.get("name") == b.target.get("name")
-        and [v.name for v in a.variants] == [v.name for v in b.variants]
-    )
-
-
-def _keep_other_build(output: Path, manifest: Manifest, log) -> None:
-    """An artifact already at ``output`` that holds another build is renamed to the next free
-    ``<stem>.<n><suffix>`` (a rebuild of the same model, target and variants is simply replaced)."""
-    if not output.exists():
-        return
-    from inferx_edge.errors import InferxError
-    from inferx_edge.package import read_manifest
-
-    try:
-        if _same_build(read_manifest(output), manifest):
-            return
-    except InferxError:
-        pass  # not a readable artifact: keep it too
-    n = 1
-    while (backup := output.with_name(f"{output.stem}.{n}{output.suffix}")).exists():
-        n += 1
-    output.rename(backup)
-    log(f"      {output} held another build: kept as {backup} (--force replaces it)")

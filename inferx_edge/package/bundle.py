@@ -342,3 +342,30 @@ def open_artifact(
         if dest is None:
             shutil.rmtree(root, ignore_errors=True)
         raise
+
+
+def _same_build(a: Manifest, b: Manifest) -> bool:
+    return (
+        a.model.get("sha256") == b.model.get("sha256")
+        and a.target.get("name") == b.target.get("name")
+        and [v.name for v in a.variants] == [v.name for v in b.variants]
+    )
+
+
+def keep_other_build(output: Path, manifest: Manifest, log) -> None:
+    """An artifact already at ``output`` that holds another build is renamed to the next free
+    ``<stem>.<n><suffix>`` (a rebuild of the same model, target and variants is simply replaced)."""
+    if not output.exists():
+        return
+    from inferx_edge.errors import InferxError
+
+    try:
+        if _same_build(read_manifest(output), manifest):
+            return
+    except InferxError:
+        pass  # not a readable artifact: keep it too
+    n = 1
+    while (backup := output.with_name(f"{output.stem}.{n}{output.suffix}")).exists():
+        n += 1
+    output.rename(backup)
+    log(f"      {output} held another build: kept as {backup} (--force replaces it)")
