@@ -105,7 +105,7 @@ def _run_llm(args: argparse.Namespace, spec) -> int:
     opts = LLMBuildOptions(
         model=args.model, target=spec.name, output=output, precisions=precisions, cuda_code=args.cuda_code,
         sign_key=args.sign, context_length=args.context_length, calib_text=args.calib,
-        max_ppl_increase=args.max_perplexity_increase,
+        max_ppl_increase=args.max_perplexity_increase, force=args.force,
     )  # fmt: skip
     manifest = build_llm_artifact(opts)
     print(

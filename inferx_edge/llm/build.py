@@ -23,7 +23,7 @@ from inferx_edge.llm.checkpoint import Checkpoint, load_checkpoint
 from inferx_edge.llm.config import LlamaConfig
 from inferx_edge.llm.quant import effective_kind, get_scheme, quantize
 from inferx_edge.package import Manifest, TensorSpec, Variant
-from inferx_edge.package.bundle import sha256_file, write_artifact
+from inferx_edge.package.bundle import keep_other_build, sha256_file, write_artifact
 from inferx_edge.package.scratch import scratch_dir
 from inferx_edge.targets import TargetSpec, get_target
 
@@ -58,6 +58,7 @@ class LLMBuildOptions:
     context_length: int | None = None  # default: the checkpoint's, capped at 4096
     calib_text: Path | None = None  # text for the per-layer sensitivity (with max_ppl_increase)
     max_ppl_increase: float | None = None  # per cent over fp32: mixed q4/int8 layers under this budget
+    force: bool = False  # replace an artifact of another build at ``output`` (default: keep it as NAME.N.ixa)
 
     def __post_init__(self) -> None:
         for p in self.precisions:
@@ -296,6 +297,8 @@ def build_llm_artifact(opts: LLMBuildOptions, log=print, checkpoint: Checkpoint 
         manifest = new_manifest(spec, infos, model, variants)
         log(f"[4/4] packaging {opts.output}")
         Path(opts.output).parent.mkdir(parents=True, exist_ok=True)
+        if not opts.force:
+            keep_other_build(Path(opts.output), manifest, log)
         return write_artifact(opts.output, manifest, members, sign_key=opts.sign_key)
 
 

@@ -70,3 +70,12 @@ def test_signed_llm_artifact_is_verified(tiny_llama, tmp_path, capsys):
     capsys.readouterr()
     assert main(["generate", str(out), "-p", "hi", "--max-tokens", "2", "--trust", str(wrong)]) == 5
     assert "sign" in capsys.readouterr().err.lower()
+
+
+def test_llm_build_keeps_another_build_at_the_output(tiny_llama, tmp_path, capsys):
+    out = tmp_path / "m.ixa"
+    assert main(["build", "-m", str(tiny_llama), "--precision", "int8", "-o", str(out)]) == 0
+    assert main(["build", "-m", str(tiny_llama), "--precision", "q4", "-o", str(out)]) == 0  # another build
+    assert (tmp_path / "m.1.ixa").exists() and "kept as" in capsys.readouterr().out
+    assert main(["build", "-m", str(tiny_llama), "--precision", "fp32", "-o", str(out), "--force"]) == 0
+    assert not (tmp_path / "m.2.ixa").exists()
