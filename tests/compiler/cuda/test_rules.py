@@ -1,4 +1,4 @@
-"""The dlight rules of the CUDA pipeline: small reductions in registers, vectorized elementwise kernels."""
+"""The dlight rules of the CUDA pipeline: small and window reductions in registers, vectorized elementwise kernels."""
 
 from __future__ import annotations
 
@@ -7,7 +7,14 @@ import re
 import numpy as np
 import pytest
 
-from tests.helpers import kernel_source, needs_nvrtc, nhwc_fp16_small_reduction, schedule_and_compile, small_conv_module
+from tests.helpers import (
+    grouped_conv,
+    kernel_source,
+    needs_nvrtc,
+    nhwc_fp16_small_reduction,
+    schedule_and_compile,
+    small_conv_module,
+)
 
 
 @needs_nvrtc
@@ -60,3 +67,51 @@ def test_large_elementwise_kernels_are_vectorized():
         bb.emit_func_output(out)
     scripts = schedule_and_compile("h200", bb.get())
     assert len(scripts) == 2 and all("T.vectorized(T.int64(4))" in s for s in scripts)
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("target", ["a100", "h200"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_grouped_convolutions_get_a_register_tile_per_thread(target, dtype):
+    """dlight gave each output of a grouped conv (144 products) a 256-thread block; now a thread
+    accumulates 4 pixels x 4 channels in registers over a serial reduction loop, bias and ReLU applied
+    in the thread."""
+    kernel = kernel_source(target, grouped_conv(dtype=dtype)).split("__global__")[-1]
+    assert "__launch_bounds__(128)" in kernel
+    assert "tvm_thread_allreduce" not in kernel and "__shared__" not in kernel
+    assert re.search(r"(float|half) group_conv2d_nhwc\w*_local\w*\[16\]", kernel)  # the 4x4 tile
+
+
+def test_window_tile_shrinks_for_small_outputs_and_follows_divisibility():
+    from inferx_edge.compiler.cuda.rules.window_reduction import MIN_WINDOW_THREADS, window_tile
+
+    assert window_tile([64, 28, 28, 128]) == (4, 4)
+    assert window_tile([64, 28, 30, 6]) == (2, 2)  # 30 and 6: 2 divides, 4 does not
+    assert window_tile([1, 7, 7, 784]) == (1, 1)  # 38,416 outputs: one per thread
+    p, c = window_tile([1, 56, 56, 64])
+    assert 56 * 56 * 64 // (p * c) >= MIN_WINDOW_THREADS and (p, c) != (1, 1)
+
+
+@needs_nvrtc
+def test_row_reductions_are_left_to_dlight():
+    """A softmax-like row sum has no window (no index mixes an output and a reduction axis): one thread
+    per row would stride across rows, so the window rule declines it."""
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.cuda.pipeline import fusion_passes
+    from inferx_edge.compiler.cuda.rules.window_reduction import window_reduction_rule
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([65536, 200], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.sum(x, axis=[1]))
+        bb.emit_func_output(out)
+    mod = tvm.transform.Sequential(fusion_passes())(bb.get())
+    (func,) = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    assert window_reduction_rule().apply(func, target, False) is None
+    grouped = tvm.transform.Sequential(fusion_passes())(grouped_conv())
+    (conv,) = [f for _, f in grouped.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert window_reduction_rule().apply(conv, target, False) is not None

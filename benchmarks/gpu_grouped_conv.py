@@ -1,0 +1,191 @@
+"""Grouped 3x3 convolutions (RegNet, ResNeXt shapes) on one GPU: the window-reduction register tile
+against dlight's reduction rules and cuDNN, in one process.
+
+    python -m benchmarks.gpu_grouped_conv [--batches 64,1] [--dtypes float32,float16] [--name NAME]
+
+Each case is an NHWC grouped conv with bias and ReLU (OHWI weights), legalized and fused as ``build``
+does, scheduled with :func:`~inferx_edge.compiler.cuda.rules.window_reduction.window_reduction_rule`
+(the default pipeline) and without it ("before": the small-reduction rule, then dlight's
+reductions, as builds ran until then), timed with TVM's
+time evaluator; torch runs the same conv + bias + ReLU (cuDNN, NCHW fp32 with TF32 off, fp16
+channels-last) timed with CUDA events. Outputs are checked against torch fp32 on the same inputs.
+Writes ``results/<name>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+from benchmarks._record import gpu_driver, versions, write_record
+
+#: (network, input H=W, channels, group width, stride)
+CASES = [
+    ("regnet_y_800mf", 56, 64, 16, 1),
+    ("regnet_y_800mf", 56, 144, 16, 2),
+    ("regnet_y_800mf", 28, 144, 16, 1),
+    ("regnet_y_800mf", 14, 320, 16, 1),
+    ("regnet_y_800mf", 7, 784, 16, 1),
+    ("resnext50_32x4d", 56, 128, 4, 1),
+    ("resnext50_32x4d", 28, 256, 8, 1),
+    ("resnext50_32x4d", 14, 512, 16, 1),
+    ("resnext50_32x4d", 7, 1024, 32, 1),
+]
+
+
+def grouped_conv_func(n, hw, c, group_width, stride, dtype):
+    """The fused PrimFunc of conv + bias + ReLU as the build's legalization and fusion make it."""
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.cuda.pipeline import fusion_passes
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([n, hw, hw, c], dtype))
+    w = relax.Var("w", relax.TensorType([c, 3, 3, group_width], dtype))
+    b = relax.Var("b", relax.TensorType([1, 1, 1, c], dtype))
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            y = relax.op.nn.conv2d(
+                x, w, strides=[stride, stride], padding=[1, 1, 1, 1], groups=c // group_width,
+                data_layout="NHWC", kernel_layout="OHWI",
+            )  # fmt: skip
+            out = bb.emit_output(relax.op.nn.relu(relax.op.add(y, b)))
+        bb.emit_func_output(out)
+    mod = tvm.transform.Sequential(fusion_passes())(bb.get())
+    (func,) = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    return func
+
+
+def compile_kernel(func, target: str, window: bool):
+    import tvm
+    from tvm.s_tir import dlight as dl
+
+    from inferx_edge.compiler.compile import pass_config, resolve_tvm_target
+    from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.compiler.cuda.rules.small_reduction import small_reduction_rule
+    from inferx_edge.compiler.cuda.rules.window_reduction import window_reduction_rule
+    from inferx_edge.targets import get_target
+
+    spec = get_target(target)
+    tvm_target = resolve_tvm_target(spec)
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    rules = [small_reduction_rule(), *([window_reduction_rule()] if window else [])]
+    with tvm_target:
+        mod = dl.ApplyDefaultSchedule(*rules, dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
+    with device_compiler(spec, "cubin"), tvm_target, pass_config(async_copy=False):
+        return tvm.compile(mod, target=tvm_target)
+
+
+def torch_us(fn, iters: int = 50) -> float:
+    import torch
+
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / iters)
+    return float(np.median(times))
+
+
+def run_case(case, batch: int, dtype: str, target: str) -> dict:
+    import torch
+    import torch.nn.functional as F
+    import tvm
+
+    net, hw, c, gw, stride = case
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, hw, hw, c)).astype(dtype)
+    w = (rng.standard_normal((c, 3, 3, gw)) / np.sqrt(9 * gw)).astype(dtype)
+    b = (0.1 * rng.standard_normal((1, 1, 1, c))).astype(dtype)
+    row = {"network": net, "batch": batch, "dtype": dtype, "hw": hw, "channels": c, "group_width": gw}
+    row |= {"stride": stride, "gflop": 2 * batch * (hw // stride) ** 2 * c * 9 * gw / 1e9}
+
+    dev = tvm.cuda(0)
+    tx = torch.from_numpy(x.astype(np.float32)).cuda().permute(0, 3, 1, 2).contiguous()
+    tw = torch.from_numpy(w.astype(np.float32)).cuda().permute(0, 3, 1, 2).contiguous()
+    tb = torch.from_numpy(b.astype(np.float32).reshape(-1)).cuda()
+    torch.backends.cudnn.allow_tf32 = False
+    groups = c // gw
+    with torch.inference_mode():
+        ref = F.relu(F.conv2d(tx, tw, tb, stride, 1, 1, groups)).permute(0, 2, 3, 1).cpu().numpy()
+        row["cudnn fp32 us"] = torch_us(lambda: F.relu(F.conv2d(tx, tw, tb, stride, 1, 1, groups)))
+        hx = tx.half().contiguous(memory_format=torch.channels_last)
+        hw_ = tw.half().contiguous(memory_format=torch.channels_last)
+        hb = tb.half()
+        row["cudnn fp16 channels-last us"] = torch_us(lambda: F.relu(F.conv2d(hx, hw_, hb, stride, 1, 1, groups)))
+    func = grouped_conv_func(batch, hw, c, gw, stride, dtype)
+    for variant, window in (("window rule", True), ("before", False)):
+        lib = compile_kernel(func, target, window)
+        out_shape = ref.shape
+        tensors = [tvm.runtime.tensor(a, dev) for a in (x, w, b)] + [
+            tvm.runtime.tensor(np.zeros(out_shape, dtype), dev)
+        ]
+        lib["main"](*tensors)
+        got = tensors[-1].numpy().astype(np.float32)
+        row[f"{variant} rel error"] = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+        timer = lib.mod.time_evaluator("main", dev, number=10, repeat=5, min_repeat_ms=50)
+        row[f"{variant} us"] = float(np.median(timer(*tensors).results)) * 1e6
+    peer = "cudnn fp16 channels-last us" if dtype == "float16" else "cudnn fp32 us"
+    row["speedup vs before"] = row["before us"] / row["window rule us"]
+    row["window rule / cudnn (time ratio)"] = row["window rule us"] / row[peer]
+    row["window rule TFLOPS"] = row["gflop"] / row["window rule us"] * 1e-3
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", default="64,1")
+    ap.add_argument("--dtypes", default="float32,float16")
+    ap.add_argument("--target", default="h200")
+    ap.add_argument("--name", default=None)
+    args = ap.parse_args()
+    import torch
+
+    results = []
+    for batch in (int(b) for b in args.batches.split(",")):
+        for dtype in args.dtypes.split(","):
+            for case in CASES:
+                try:
+                    row = run_case(case, batch, dtype, args.target)
+                except Exception as exc:  # recorded, the other cases still run
+                    row = {"network": case[0], "case": list(case), "batch": batch, "dtype": dtype}
+                    row["error"] = f"{type(exc).__name__}: {exc}"[:600]
+                results.append(row)
+                print(json.dumps(row), flush=True)
+    totals = {}
+    for batch in {r["batch"] for r in results}:
+        for dtype in {r["dtype"] for r in results}:
+            for net in {r["network"] for r in results}:
+                rows = [r for r in results if (r["batch"], r["dtype"], r["network"]) == (batch, dtype, net)]
+                if rows and all("error" not in r for r in rows):
+                    key = f"{net} b{batch} {dtype}"
+                    totals[key] = {
+                        k: round(sum(r[k] for r in rows), 1)
+                        for k in ("window rule us", "before us", "cudnn fp32 us", "cudnn fp16 channels-last us")
+                    }
+    print(json.dumps(totals, indent=1))
+    path = write_record(
+        args.name or f"gpu_grouped_conv_{args.target}",
+        {
+            "device": torch.cuda.get_device_name(0),
+            "driver": gpu_driver(),
+            "versions": versions("apache-tvm", "torch", "inferx_edge"),
+            "totals_us": totals,
+            "results": results,
+        },
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
