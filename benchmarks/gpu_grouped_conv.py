@@ -151,7 +151,29 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    results = []
+    results: list[dict] = []
+
+    def save():
+        totals = {}
+        for key in sorted({(r["network"], r["batch"], r["dtype"]) for r in results}):
+            rows = [r for r in results if (r["network"], r["batch"], r["dtype"]) == key and "error" not in r]
+            if rows:
+                cols = ("window rule us", "before us", "cudnn fp32 us", "cudnn fp16 channels-last us")
+                totals[f"{key[0]} b{key[1]} {key[2]} ({len(rows)} convs)"] = {
+                    k: round(sum(r[k] for r in rows), 1) for k in cols
+                }
+        path = write_record(
+            args.name or f"gpu_grouped_conv_{args.target}",
+            {
+                "device": torch.cuda.get_device_name(0),
+                "driver": gpu_driver(),
+                "versions": versions("apache-tvm", "torch", "inferx_edge"),
+                "totals_us": totals,
+                "results": results,
+            },
+        )
+        return path, totals
+
     for batch in (int(b) for b in args.batches.split(",")):
         for dtype in args.dtypes.split(","):
             for case in CASES:
@@ -162,28 +184,9 @@ def main() -> None:
                     row["error"] = f"{type(exc).__name__}: {exc}"[:600]
                 results.append(row)
                 print(json.dumps(row), flush=True)
-    totals = {}
-    for batch in {r["batch"] for r in results}:
-        for dtype in {r["dtype"] for r in results}:
-            for net in {r["network"] for r in results}:
-                rows = [r for r in results if (r["batch"], r["dtype"], r["network"]) == (batch, dtype, net)]
-                if rows and all("error" not in r for r in rows):
-                    key = f"{net} b{batch} {dtype}"
-                    totals[key] = {
-                        k: round(sum(r[k] for r in rows), 1)
-                        for k in ("window rule us", "before us", "cudnn fp32 us", "cudnn fp16 channels-last us")
-                    }
+                save()
+    path, totals = save()
     print(json.dumps(totals, indent=1))
-    path = write_record(
-        args.name or f"gpu_grouped_conv_{args.target}",
-        {
-            "device": torch.cuda.get_device_name(0),
-            "driver": gpu_driver(),
-            "versions": versions("apache-tvm", "torch", "inferx_edge"),
-            "totals_us": totals,
-            "results": results,
-        },
-    )
     print(f"wrote {path}")
 
 
