@@ -3,11 +3,11 @@ against dlight's reduction rules and cuDNN, in one process.
 
     python -m benchmarks.gpu_grouped_conv [--batches 64,1] [--dtypes float32,float16] [--name NAME]
 
-Each case is an NHWC grouped conv with bias and ReLU (OHWI weights), legalized and fused as ``build``
-does, scheduled with :func:`~inferx_edge.compiler.cuda.rules.window_reduction.window_reduction_rule`
-(the default pipeline) and without it ("before": the small-reduction rule, then dlight's
-reductions, as builds ran until then), timed with TVM's
-time evaluator; torch runs the same conv + bias + ReLU (cuDNN, NCHW fp32 with TF32 off, fp16
+Each case is an NHWC grouped conv with bias and ReLU, legalized and fused as ``build`` does, and
+scheduled three ways: :func:`~inferx_edge.compiler.cuda.rules.window_reduction.window_reduction_rule`
+on HWIO weights (the build's default), the same rule on OHWI weights, and without the rule ("before":
+the small-reduction rule, then dlight's reductions, as builds ran until then); timed with TVM's time
+evaluator; torch runs the same conv + bias + ReLU (cuDNN, NCHW fp32 with TF32 off, fp16
 channels-last) timed with CUDA events. Outputs are checked against torch fp32 on the same inputs.
 Writes ``results/<name>.json``.
 """
@@ -35,8 +35,13 @@ CASES = [
 ]
 
 
-def grouped_conv_func(n, hw, c, group_width, stride, dtype):
-    """The fused PrimFunc of conv + bias + ReLU as the build's legalization and fusion make it."""
+#: (name, window-reduction rule, HWIO weights): the build's default first
+VARIANTS = [("window rule", True, True), ("window rule OHWI", True, False), ("before", False, False)]
+
+
+def grouped_conv_func(n, hw, c, group_width, stride, dtype, hwio: bool):
+    """The fused PrimFunc of conv + bias + ReLU as the build's legalization and fusion make it, with
+    OHWI weights or (``hwio``) after :func:`~inferx_edge.compiler.passes.grouped_conv_hwio`."""
     import tvm
     from tvm import relax
 
@@ -54,8 +59,13 @@ def grouped_conv_func(n, hw, c, group_width, stride, dtype):
             )  # fmt: skip
             out = bb.emit_output(relax.op.nn.relu(relax.op.add(y, b)))
         bb.emit_func_output(out)
-    mod = tvm.transform.Sequential(fusion_passes())(bb.get())
-    (func,) = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    mod = bb.get()
+    if hwio:
+        from inferx_edge.compiler.passes import grouped_conv_hwio
+
+        mod = grouped_conv_hwio(mod)
+    mod = tvm.transform.Sequential(fusion_passes())(mod)
+    (func,) = [f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and "conv" in gv.name_hint]
     return func
 
 
@@ -158,7 +168,13 @@ def main() -> None:
         for key in sorted({(r["network"], r["batch"], r["dtype"]) for r in results}):
             rows = [r for r in results if (r["network"], r["batch"], r["dtype"]) == key and "error" not in r]
             if rows:
-                cols = ("window rule us", "before us", "cudnn fp32 us", "cudnn fp16 channels-last us")
+                cols = (
+                    "window rule us",
+                    "window rule OHWI us",
+                    "before us",
+                    "cudnn fp32 us",
+                    "cudnn fp16 channels-last us",
+                )
                 totals[f"{key[0]} b{key[1]} {key[2]} ({len(rows)} convs)"] = {
                     k: round(sum(r[k] for r in rows), 1) for k in cols
                 }

@@ -15,6 +15,7 @@ from typing import Any
 from inferx_edge.compiler.passes.bake_weight_transforms import MAX_BAKED_GROWTH, bake_weight_transforms
 from inferx_edge.compiler.passes.clip_to_min_max import clip_to_min_max
 from inferx_edge.compiler.passes.fp16_bounded_depthwise import FP16_MAX, fp16_bounded_depthwise
+from inferx_edge.compiler.passes.grouped_conv_hwio import grouped_conv_hwio
 from inferx_edge.compiler.passes.pad_int8_conv_channels import pad_int8_conv_channels
 from inferx_edge.compiler.passes.space_to_depth_int8_convs import space_to_depth_int8_convs
 from inferx_edge.compiler.passes.unit_transposes_to_reshapes import unit_transposes_to_reshapes
@@ -66,6 +67,8 @@ class Pass:
 PASSES: tuple[Pass, ...] = (
     Pass("to_fp16", lambda v: v.precision == "fp16", lambda mod, v: to_fp16(mod)),
     Pass("convert_layout", lambda v: v.conv != "NCHW", lambda mod, v: convert_layout(mod, v.conv, v.kernel)),
+    # CUDA: grouped convs' weights contiguous along output channels for the window-reduction kernel
+    Pass("grouped_conv_hwio", lambda v: v.conv == "NHWC" and v.kernel == "OHWI", lambda mod, v: grouped_conv_hwio(mod)),
     # CUDA int8/mixed: their float depthwise convs
     Pass(
         "fp16_bounded_depthwise", lambda v: v.conv == "NHWC" and v.quantized, lambda mod, v: fp16_bounded_depthwise(mod)
@@ -81,6 +84,7 @@ __all__ = [
     "clip_to_min_max",
     "convert_layout",
     "fp16_bounded_depthwise",
+    "grouped_conv_hwio",
     "pad_int8_conv_channels",
     "space_to_depth_int8_convs",
     "to_fp16",
