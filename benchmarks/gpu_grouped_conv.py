@@ -133,13 +133,11 @@ def run_case(case, batch: int, dtype: str, target: str) -> dict:
         hw_ = tw.half().contiguous(memory_format=torch.channels_last)
         hb = tb.half()
         row["cudnn fp16 channels-last us"] = torch_us(lambda: F.relu(F.conv2d(hx, hw_, hb, stride, 1, 1, groups)))
-    func = grouped_conv_func(batch, hw, c, gw, stride, dtype)
-    for variant, window in (("window rule", True), ("before", False)):
-        lib = compile_kernel(func, target, window)
-        out_shape = ref.shape
-        tensors = [tvm.runtime.tensor(a, dev) for a in (x, w, b)] + [
-            tvm.runtime.tensor(np.zeros(out_shape, dtype), dev)
-        ]
+    for variant, window, hwio in VARIANTS:
+        lib = compile_kernel(grouped_conv_func(batch, hw, c, gw, stride, dtype, hwio), target, window)
+        weights = np.ascontiguousarray(w.transpose(1, 2, 3, 0)) if hwio else w
+        tensors = [tvm.runtime.tensor(a, dev) for a in (x, weights, b)]
+        tensors.append(tvm.runtime.tensor(np.zeros(ref.shape, dtype), dev))
         lib["main"](*tensors)
         got = tensors[-1].numpy().astype(np.float32)
         row[f"{variant} rel error"] = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
