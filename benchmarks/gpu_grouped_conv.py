@@ -146,7 +146,7 @@ def run_case(case, batch: int, dtype: str, target: str) -> dict:
     peer = "cudnn fp16 channels-last us" if dtype == "float16" else "cudnn fp32 us"
     row["speedup vs before"] = row["before us"] / row["window rule us"]
     row["window rule / cudnn (time ratio)"] = row["window rule us"] / row[peer]
-    row["window rule TFLOPS"] = row["gflop"] / row["window rule us"] * 1e-3
+    row["window rule TFLOPS"] = row["gflop"] / row["window rule us"] * 1e3
     return row
 
 
