@@ -125,6 +125,12 @@ class CPUDefaultSchedule:
         if not spatial or not reduce:
             return []
         last = _extent(spatial[-1], sch)
+        group = _group_width(sch.get(block), [i for i, k in enumerate(kinds) if k == tirx.IterVar.DataPar][-1])
+        if group is not None and group < lanes:
+            # grouped conv with groups narrower than a vector: a vector of output channels spanning
+            # several groups would gather its inputs (ResNeXt's 4-wide groups ran at 7 GFLOPS); one
+            # group's channels per vector broadcast one input instead
+            lanes = group & -group  # its largest power-of-two divisor
         v = _vector_width(last, lanes)
         ragged = v is None and last is not None and last >= 2 * lanes
         if ragged:  # e.g. 197 tokens: pad the output axis to whole vectors (a padded copy, then sliced)
@@ -169,6 +175,31 @@ class CPUDefaultSchedule:
             vec_outer, _ = sch.split(inner, [vectors, None])
             unroll.append(vec_outer)
         return unroll
+
+
+def _group_width(block, spatial_index: int) -> int | None:
+    """The group width ``k`` of a grouped reduction: some read indexes by ``v // k`` (times ``k``) where
+    ``v`` is the block's spatial iterator ``spatial_index`` (a grouped conv's output channel); else None."""
+    import tvm
+    from tvm import tirx
+
+    var = block.iter_vars[spatial_index].var
+    found: list[int] = []
+
+    def walk(e) -> None:
+        if isinstance(e, tirx.FloorDiv) and isinstance(e.a, tirx.Var) and e.a.same_as(var):
+            if isinstance(e.b, tirx.IntImm) and int(e.b.value) > 1:
+                found.append(int(e.b.value))
+            return
+        for child in ("a", "b"):
+            sub = getattr(e, child, None)
+            if isinstance(sub, tvm.ir.expr.Expr):
+                walk(sub)
+
+    for region in block.reads:
+        for rng in region.region:
+            walk(rng.min)
+    return min(found) if found else None
 
 
 def _row_tile(extent: int | None, at_most: int) -> int:
