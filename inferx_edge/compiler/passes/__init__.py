@@ -17,6 +17,7 @@ from inferx_edge.compiler.passes.clip_to_min_max import clip_to_min_max
 from inferx_edge.compiler.passes.fp16_bounded_depthwise import FP16_MAX, fp16_bounded_depthwise
 from inferx_edge.compiler.passes.grouped_conv_hwio import grouped_conv_hwio
 from inferx_edge.compiler.passes.pad_int8_conv_channels import pad_int8_conv_channels
+from inferx_edge.compiler.passes.pad_ragged_conv_outputs import PAD_TO, pad_ragged_conv_outputs
 from inferx_edge.compiler.passes.space_to_depth_int8_convs import space_to_depth_int8_convs
 from inferx_edge.compiler.passes.unit_transposes_to_reshapes import unit_transposes_to_reshapes
 
@@ -69,6 +70,12 @@ PASSES: tuple[Pass, ...] = (
     Pass("convert_layout", lambda v: v.conv != "NCHW", lambda mod, v: convert_layout(mod, v.conv, v.kernel)),
     # CUDA: grouped convs' weights contiguous along output channels for the window-reduction kernel
     Pass("grouped_conv_hwio", lambda v: v.conv == "NHWC" and v.kernel == "OHWI", lambda mod, v: grouped_conv_hwio(mod)),
+    # CPU: float convs with output channels no vector width divides compute whole vectors
+    Pass(
+        "pad_ragged_conv_outputs",
+        lambda v: v.conv == "NHWC" and v.kernel == "HWIO",
+        lambda mod, v: pad_ragged_conv_outputs(mod),
+    ),
     # CUDA int8/mixed: their float depthwise convs
     Pass(
         "fp16_bounded_depthwise", lambda v: v.conv == "NHWC" and v.quantized, lambda mod, v: fp16_bounded_depthwise(mod)
@@ -78,6 +85,7 @@ PASSES: tuple[Pass, ...] = (
 __all__ = [
     "FP16_MAX",
     "MAX_BAKED_GROWTH",
+    "PAD_TO",
     "PASSES",
     "Pass",
     "bake_weight_transforms",
@@ -86,6 +94,7 @@ __all__ = [
     "fp16_bounded_depthwise",
     "grouped_conv_hwio",
     "pad_int8_conv_channels",
+    "pad_ragged_conv_outputs",
     "space_to_depth_int8_convs",
     "to_fp16",
     "unit_transposes_to_reshapes",
