@@ -39,13 +39,9 @@ CASES = [
 VARIANTS = [("window rule", True, True), ("window rule OHWI", True, False), ("before", False, False)]
 
 
-def grouped_conv_func(n, hw, c, group_width, stride, dtype, hwio: bool):
-    """The fused PrimFunc of conv + bias + ReLU as the build's legalization and fusion make it, with
-    OHWI weights or (``hwio``) after :func:`~inferx_edge.compiler.passes.grouped_conv_hwio`."""
-    import tvm
+def grouped_conv_module(n, hw, c, group_width, stride=1, dtype="float32"):
+    """Relax ``main(x, w, b)``: NHWC grouped 3x3 conv (OHWI weights) + bias + ReLU."""
     from tvm import relax
-
-    from inferx_edge.compiler.cuda.pipeline import fusion_passes
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType([n, hw, hw, c], dtype))
@@ -59,7 +55,17 @@ def grouped_conv_func(n, hw, c, group_width, stride, dtype, hwio: bool):
             )  # fmt: skip
             out = bb.emit_output(relax.op.nn.relu(relax.op.add(y, b)))
         bb.emit_func_output(out)
-    mod = bb.get()
+    return bb.get()
+
+
+def grouped_conv_func(n, hw, c, group_width, stride, dtype, hwio: bool):
+    """The fused PrimFunc of :func:`grouped_conv_module` as the build's legalization and fusion make
+    it, with OHWI weights or (``hwio``) after :func:`~inferx_edge.compiler.passes.grouped_conv_hwio`."""
+    import tvm
+
+    from inferx_edge.compiler.cuda.pipeline import fusion_passes
+
+    mod = grouped_conv_module(n, hw, c, group_width, stride, dtype)
     if hwio:
         from inferx_edge.compiler.passes import grouped_conv_hwio
 
@@ -90,21 +96,10 @@ def compile_kernel(func, target: str, window: bool):
 
 
 def torch_us(fn, iters: int = 50) -> float:
-    import torch
+    """Median of 5 CUDA-event timings, microseconds per call."""
+    from benchmarks.gpu_int8_matmul import time_cuda
 
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / iters)
-    return float(np.median(times))
+    return float(np.median([time_cuda(fn, iters) for _ in range(5)])) * 1e3
 
 
 def run_case(case, batch: int, dtype: str, target: str) -> dict:

@@ -241,20 +241,9 @@ def nhwc_fp16_small_reduction(kind: str, channels: int = 96):
 
 def grouped_conv(n: int = 8, hw: int = 28, c: int = 128, group_width: int = 16, dtype: str = "float32"):
     """A RegNet/ResNeXt-style grouped 3x3 conv (NHWC, OHWI weights) with bias and ReLU."""
-    from tvm import relax
+    from benchmarks.gpu_grouped_conv import grouped_conv_module
 
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([n, hw, hw, c], dtype))
-    w = relax.Var("w", relax.TensorType([c, 3, 3, group_width], dtype))
-    b = relax.Var("b", relax.TensorType([1, 1, 1, c], dtype))
-    with bb.function("main", [x, w, b]):
-        with bb.dataflow():
-            y = relax.op.nn.conv2d(
-                x, w, padding=[1, 1, 1, 1], groups=c // group_width, data_layout="NHWC", kernel_layout="OHWI"
-            )
-            out = bb.emit_output(relax.op.nn.relu(relax.op.add(y, b)))
-        bb.emit_func_output(out)
-    return bb.get()
+    return grouped_conv_module(n, hw, c, group_width, 1, dtype)
 
 
 def kernel_source(target: str, mod, tile: str | None = None) -> str:

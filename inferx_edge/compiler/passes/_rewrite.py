@@ -18,3 +18,12 @@ def rewrite_calls(mod, rewrite):
         if isinstance(func, relax.Function):
             mod[gv] = _Rewriter(mod).visit_expr(func)
     return mod
+
+
+def rewrite_convs(mod, rewrite):
+    """``mod`` with every ``relax.nn.conv2d`` call passed through ``rewrite(call, attrs, data, weight)``
+    (None: keep it)."""
+    import tvm
+
+    conv = tvm.ir.Op.get("relax.nn.conv2d")
+    return rewrite_calls(mod, lambda call: rewrite(call, call.attrs, *call.args) if call.op == conv else None)

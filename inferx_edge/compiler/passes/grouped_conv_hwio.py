@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inferx_edge.compiler.passes._rewrite import rewrite_calls
+from inferx_edge.compiler.passes._rewrite import rewrite_convs
 
 
 def grouped_conv_hwio(mod):
@@ -14,13 +14,9 @@ def grouped_conv_hwio(mod):
     import tvm
     from tvm import relax
 
-    conv = tvm.ir.Op.get("relax.nn.conv2d")
-
-    def rewrite(call):
-        a = call.attrs if call.op == conv else None
-        if a is None or int(a.groups) == 1 or a.data_layout != "NHWC" or a.kernel_layout != "OHWI":
+    def rewrite(call, a, x, w):
+        if int(a.groups) == 1 or a.data_layout != "NHWC" or a.kernel_layout != "OHWI":
             return None
-        x, w = call.args
         shape = getattr(w.ty, "shape", None)
         if shape is None or not isinstance(shape[3], tvm.tirx.IntImm) or int(shape[3]) == 1:  # depthwise
             return None
@@ -29,4 +25,4 @@ def grouped_conv_hwio(mod):
             "HWIO", a.out_layout, a.out_dtype,
         )  # fmt: skip
 
-    return rewrite_calls(mod, rewrite)
+    return rewrite_convs(mod, rewrite)

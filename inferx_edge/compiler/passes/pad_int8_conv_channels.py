@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inferx_edge.compiler.passes._rewrite import rewrite_calls
+from inferx_edge.compiler.passes._rewrite import rewrite_convs
 
 
 def pad_int8_conv_channels(mod, multiple: int = 4):
@@ -11,13 +11,7 @@ def pad_int8_conv_channels(mod, multiple: int = 4):
     import tvm
     from tvm import relax
 
-    conv = tvm.ir.Op.get("relax.nn.conv2d")
-
-    def rewrite(call):
-        if call.op != conv:
-            return None
-        a = call.attrs
-        x, w = call.args
+    def rewrite(call, a, x, w):
         xs, ws = x.ty, w.ty
         if (
             a.data_layout != "NHWC"
@@ -37,4 +31,4 @@ def pad_int8_conv_channels(mod, multiple: int = 4):
         w = relax.op.nn.pad(w, [0, 0, 0, 0, 0, 0, 0, extra])
         return relax.op.nn.conv2d(x, w, a.strides, a.padding, a.dilation, 1, "NHWC", "OHWI", a.out_layout, a.out_dtype)
 
-    return rewrite_calls(mod, rewrite)
+    return rewrite_convs(mod, rewrite)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inferx_edge.compiler.passes._rewrite import rewrite_calls
+from inferx_edge.compiler.passes._rewrite import rewrite_convs
 
 #: output channels are padded up to a multiple of this (a 512-bit vector of fp32)
 PAD_TO = 16
@@ -20,13 +20,7 @@ def pad_ragged_conv_outputs(mod, multiple: int = PAD_TO):
     import tvm
     from tvm import relax
 
-    conv = tvm.ir.Op.get("relax.nn.conv2d")
-
-    def rewrite(call):
-        if call.op != conv:
-            return None
-        a = call.attrs
-        x, w = call.args
+    def rewrite(call, a, x, w):
         shape = getattr(w.ty, "shape", None)
         if (
             a.data_layout != "NHWC"
@@ -45,4 +39,4 @@ def pad_ragged_conv_outputs(mod, multiple: int = PAD_TO):
         y = relax.op.nn.conv2d(x, w, a.strides, a.padding, a.dilation, 1, "NHWC", "HWIO", a.out_layout, a.out_dtype)
         return relax.op.strided_slice(y, axes=[3], begin=[0], end=[out])
 
-    return rewrite_calls(mod, rewrite)
+    return rewrite_convs(mod, rewrite)
