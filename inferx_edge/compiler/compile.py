@@ -187,9 +187,9 @@ def new_manifest(spec: TargetSpec, infos: list[dict[str, Any]], model: dict[str,
     )
 
 
-def export_library(executable, spec: TargetSpec, out_path: Path) -> None:
+def export_library(executable, spec: TargetSpec, out_path: Path) -> str:
     """Link ``executable`` into the shared library at ``out_path`` (the target's cross compiler when
-    the build host differs)."""
+    the build host differs); returns the linker used (the cross compiler's name or ``"host"``)."""
     fcompile = linker(spec)
     try:
         if fcompile is None:
@@ -198,6 +198,7 @@ def export_library(executable, spec: TargetSpec, out_path: Path) -> None:
             executable.export_library(str(out_path), fcompile=fcompile)
     except Exception as exc:
         raise BuildError(f"linking the {spec.name} library failed: {exc}") from exc
+    return spec.cross_compiler if fcompile is not None else "host"
 
 
 def compile_variant(
@@ -242,13 +243,13 @@ def compile_variant(
     if spec.is_cuda and not cuda_record["kernels_modules"]:
         raise BuildError(f"no CUDA kernels were compiled ahead of time for {spec.name}; refusing to ship CUDA source")
     t1 = time.perf_counter()
-    export_library(executable, spec, out_path)
+    used_linker = export_library(executable, spec, out_path)
     return {
         "tvm_target": plain(target.export()),
         "cpu_features": cpu_features(target),
         "compile_s": round(t1 - t0, 3),
         "link_s": round(time.perf_counter() - t1, 3),
-        "linker": spec.cross_compiler if linker(spec) is not None else "host",
+        "linker": used_linker,
         "cuda": cuda_record,
         "cuda_graph": cuda_graph,
         "conv_layout": prepared.layout.conv,

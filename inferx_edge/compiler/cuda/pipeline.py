@@ -23,14 +23,11 @@ def fusion_passes() -> list:
     ]
 
 
-def cuda_pipeline(
-    target, tile_config: TileConfig | None = None, sm_count: int | None = None, window_reduction: bool = True
-):
+def cuda_pipeline(target, tile_config: TileConfig | None = None, sm_count: int | None = None):
     """TVM's default CUDA Relax pipeline with :func:`tensor_core_matmul_rule` in place of dlight's Matmul
     and :func:`small_reduction_rule`, :func:`window_reduction_rule` ahead of its reduction rules, :func:`vectorized_elementwise_rule`
     ahead of its fallback. A rule that raises on a kernel hands it to the next one
-    (:mod:`inferx_edge.compiler.guarded_schedule`). ``sm_count``: the GPU's SMs, for the int8 tile choice;
-    ``window_reduction=False`` leaves window reductions to dlight (for A/B measurements)."""
+    (:mod:`inferx_edge.compiler.guarded_schedule`). ``sm_count``: the GPU's SMs, for the int8 tile choice."""
     import tvm
     from tvm.relax.backend.cuda import pipeline as cuda
     from tvm.s_tir import dlight as dl
@@ -45,7 +42,7 @@ def cuda_pipeline(
             tensor_core_matmul_rule(tile_config, sm_count),
             dl.gpu.GEMV(),
             small_reduction_rule(),
-            *([window_reduction_rule()] if window_reduction else []),
+            window_reduction_rule(),
             dl.gpu.Reduction(),
             dl.gpu.GeneralReduction(),
             vectorized_elementwise_rule(),

@@ -32,10 +32,11 @@ def mixes_window(block) -> bool:
     """Whether an index of one of ``block``'s reads combines an output and a reduction variable
     (``h + kh``: a sliding window; ``g * Cg + c``: a grouped channel): convolutions and pooling, not row
     reductions (softmax, norms, means), whose threads would stride across rows."""
+    from tvm import tirx
     from tvm.tirx.analysis import undefined_vars
 
-    spatial = {iv.var for iv in block.iter_vars if iv.iter_type == 0}
-    reduce = {iv.var for iv in block.iter_vars if iv.iter_type == 2}
+    spatial = {iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar}
+    reduce = {iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
     for region in block.reads:
         for rng in region.region:
             used = set(undefined_vars(rng.min))
