@@ -157,3 +157,38 @@ def test_grouped_convs_vectorize_within_one_group_and_stay_exact(group_width):
                 window = padded[:, kh : kh + 14, kw : kw + 14, g * group_width : (g + 1) * group_width]
                 want[..., o] += window @ ws[kh, kw, :, o]
     np.testing.assert_allclose(got, np.maximum(want, 0), rtol=1e-4, atol=1e-4)
+
+
+def test_a_unit_axis_above_the_vector_axis_does_not_make_a_one_row_tile():
+    """A sequence-first (tokens, 1, features) x (features, out) matmul (ViT's QKV projection): the tile's
+    rows come from the token axis, not the unit batch axis (a one-row tile ran at 48 GFLOPS)."""
+    import re
+
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.cpu.default_schedule import cpu_pipeline
+    from inferx_edge.targets import get_target
+
+    tokens, k, n = 37, 64, 96
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([tokens, 1, k], "float32"))
+    w = relax.Var("w", relax.TensorType([k, n], "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, w))
+        bb.emit_func_output(out)
+    target = resolve_tvm_target(get_target("x86-cpu"))
+    scheduled = cpu_pipeline(target)(bb.get())
+    (script,) = [f.script() for gv, f in scheduled.functions_items() if "matmul" in gv.name_hint]
+    update = script[: script.index("_update")]
+    unrolled = [int(r) for r in re.findall(r"in T\.unroll\(T\.int64\((\d+)\)\)", update[-700:])]
+    # accumulators = rows x vectors: several token rows share each weight vector load (a one-row tile
+    # has only its vectors unrolled: 2)
+    assert len(unrolled) == 2 and np.prod(unrolled) >= 4, script
+    rng = np.random.default_rng(1)
+    xs, ws = rng.standard_normal((tokens, 1, k)), rng.standard_normal((k, n))
+    vm = relax.VirtualMachine(relax.build(bb.get(), target, relax_pipeline=cpu_pipeline(target)), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(xs.astype("float32")), tvm.runtime.tensor(ws.astype("float32"))).numpy()
+    np.testing.assert_allclose(got, xs @ ws, rtol=1e-4, atol=1e-4)
