@@ -86,13 +86,14 @@ class Evaluator:
         from tvm import relax
 
         from inferx_edge.compiler.tvm_ops import vectorizable_nearbyint
+        from inferx_edge.quantize.rewrite import host_executable
 
         vectorizable_nearbyint()  # compiled as build compiles int8 kernels
         self.tvm = tvm
         self.eval_set = eval_set
         self.chunk = chunk
         self.names = [s.name for s in imported.inputs]
-        exe = relax.build(imported.mod, tvm.target.Target({"kind": "llvm"}))
+        exe = host_executable(imported.mod)
         self.vm = relax.VirtualMachine(exe, tvm.cpu())
         self.params = [tvm.runtime.tensor(p) for p in imported.params]
 

@@ -243,3 +243,37 @@ def test_a_float_layer_keeps_its_input_float(tmp_path):
     q = quantize_imported(im, chosen, {t.key: 2.0 for t in chosen})
     x = np.random.default_rng(5).standard_normal((2, 3, 12, 12)).astype(np.float32)
     assert np.isfinite(_run(q.mod, q.params, x)).all()
+
+
+def test_calibration_and_accuracy_runs_use_the_cpu_schedules():
+    """Calibration compiles the model for the host with the CPU default schedules (parallel, vector
+    loops): the plain LLVM build ran ViT-B/16 at 35 s per image and its calibration outran the build."""
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.quantize.rewrite import host_executable
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([64, 128], "float32"))
+    w = relax.Var("w", relax.TensorType([128, 96], "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, w))
+        bb.emit_func_output(out)
+    exe = host_executable(bb.get())
+    sources: list[str] = []
+
+    def walk(m) -> None:
+        try:
+            sources.append(m.inspect_source("ll"))
+        except Exception:  # noqa: BLE001 - a module without LLVM source (the VM's own)
+            pass
+        for sub in m.imports:
+            walk(sub)
+
+    walk(exe.mod)
+    assert any("TVMBackendParallelLaunch" in s for s in sources)
+    rng = np.random.default_rng(0)
+    xs, ws = rng.standard_normal((64, 128)).astype("float32"), rng.standard_normal((128, 96)).astype("float32")
+    got = relax.VirtualMachine(exe, tvm.cpu())["main"](tvm.runtime.tensor(xs), tvm.runtime.tensor(ws)).numpy()
+    np.testing.assert_allclose(got, xs.astype(np.float64) @ ws, rtol=1e-4, atol=1e-4)
