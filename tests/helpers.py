@@ -159,6 +159,20 @@ def int8_matmul_module(m: int, j: int | None = None, k: int | None = None):
     return bb.get()
 
 
+def float_matmul_module(x_shape: tuple, w_shape: tuple):
+    """x @ w in float32 (``x`` may carry leading batch axes)."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(x_shape, "float32"))
+    w = relax.Var("w", relax.TensorType(w_shape, "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, w))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def int8_tensor_cores(script: str) -> bool:
     """A scheduled kernel loads int8 tiles with ldmatrix and multiplies them with mma.sync.m16n8k32."""
     return "ldmatrix" in script and 'mma("m16n8k32", "row", "col", "int8", "int8", "int32"' in script

@@ -92,7 +92,7 @@ def find_targets(func) -> list[QuantTarget]:
 
 
 def calibrate(
-    imported: ImportedModel, targets: list[QuantTarget], batches, method: str = DEFAULT_METHOD, target=None
+    imported: ImportedModel, targets: list[QuantTarget], batches, method: str = DEFAULT_METHOD
 ) -> dict[str, float]:
     """Run the FP32 model on ``batches`` (dicts of input arrays) and return ``amax`` per target's input."""
     import tvm
@@ -110,7 +110,7 @@ def calibrate(
         attrs=func.attrs,
     )
     mod = relax.transform.Normalize()(with_main(imported.mod, probe))
-    vm = relax.VirtualMachine(host_executable(mod, target), tvm.cpu())
+    vm = relax.VirtualMachine(host_executable(mod), tvm.cpu())
     params = [tvm.runtime.tensor(p) for p in imported.params]
     observers = [make_observer(method) for _ in targets]
     names = [s.name for s in imported.inputs]
@@ -121,12 +121,11 @@ def calibrate(
     return {t.key: obs.threshold() for t, obs in zip(targets, observers)}
 
 
-def host_executable(mod, target=None):
+def host_executable(mod):
     """``mod`` compiled for this machine's CPU with the CPU default schedules (calibration and accuracy
     runs). A plain LLVM build is naive loops: ViT-B/16 took 35 s per image there (its calibration on 16
     images outran a 560 s build window) and 0.6 s with the schedules; NCHW convolutions, which the CPU
     rules do not claim, run as before."""
-    import tvm
     from tvm import relax
 
     from inferx_edge.compiler.compile import resolve_tvm_target
@@ -134,9 +133,7 @@ def host_executable(mod, target=None):
     from inferx_edge.targets import get_target
     from inferx_edge.targets.registry import host_target_name
 
-    target = target or resolve_tvm_target(get_target(host_target_name()))
-    if isinstance(target, dict):
-        target = tvm.target.Target(target)
+    target = resolve_tvm_target(get_target(host_target_name()))
     return relax.build(mod, target, relax_pipeline=cpu_pipeline(target))
 
 

@@ -8,7 +8,7 @@ import pytest
 from inferx_edge import models
 from inferx_edge.build import BuildOptions, build_artifact
 from inferx_edge.runtime import Engine
-from tests.helpers import build_quietly, make_convnet
+from tests.helpers import build_quietly, float_matmul_module, make_convnet
 
 
 def test_untuned_kernels_get_parallel_vector_schedules():
@@ -172,15 +172,9 @@ def test_a_unit_axis_above_the_vector_axis_does_not_make_a_one_row_tile():
     from inferx_edge.targets import get_target
 
     tokens, k, n = 37, 64, 96
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([tokens, 1, k], "float32"))
-    w = relax.Var("w", relax.TensorType([k, n], "float32"))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            out = bb.emit_output(relax.op.matmul(x, w))
-        bb.emit_func_output(out)
+    mod = float_matmul_module((tokens, 1, k), (k, n))
     target = resolve_tvm_target(get_target("x86-cpu"))
-    scheduled = cpu_pipeline(target)(bb.get())
+    scheduled = cpu_pipeline(target)(mod)
     (script,) = [f.script() for gv, f in scheduled.functions_items() if "matmul" in gv.name_hint]
     update = script[: script.index("_update")]
     unrolled = [int(r) for r in re.findall(r"in T\.unroll\(T\.int64\((\d+)\)\)", update[-700:])]
@@ -189,6 +183,6 @@ def test_a_unit_axis_above_the_vector_axis_does_not_make_a_one_row_tile():
     assert len(unrolled) == 2 and np.prod(unrolled) >= 4, script
     rng = np.random.default_rng(1)
     xs, ws = rng.standard_normal((tokens, 1, k)), rng.standard_normal((k, n))
-    vm = relax.VirtualMachine(relax.build(bb.get(), target, relax_pipeline=cpu_pipeline(target)), tvm.cpu())
+    vm = relax.VirtualMachine(relax.build(mod, target, relax_pipeline=cpu_pipeline(target)), tvm.cpu())
     got = vm["main"](tvm.runtime.tensor(xs.astype("float32")), tvm.runtime.tensor(ws.astype("float32"))).numpy()
     np.testing.assert_allclose(got, xs @ ws, rtol=1e-4, atol=1e-4)

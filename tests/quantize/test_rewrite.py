@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from inferx_edge.frontend import import_model
 from inferx_edge.quantize.calibration import QMAX, quantize_per_channel
 from inferx_edge.quantize.rewrite import calibrate, find_targets, quantize_imported
-from tests.helpers import build_quietly, write_onnx
+from tests.helpers import build_quietly, float_matmul_module, write_onnx
 
 
 def _run(mod, params, x):
@@ -253,14 +253,7 @@ def test_calibration_and_accuracy_runs_use_the_cpu_schedules():
 
     from inferx_edge.quantize.rewrite import host_executable
 
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([64, 128], "float32"))
-    w = relax.Var("w", relax.TensorType([128, 96], "float32"))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            out = bb.emit_output(relax.op.matmul(x, w))
-        bb.emit_func_output(out)
-    exe = host_executable(bb.get())
+    exe = host_executable(float_matmul_module((64, 128), (128, 96)))
     sources: list[str] = []
 
     def walk(m) -> None:

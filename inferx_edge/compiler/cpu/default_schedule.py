@@ -150,10 +150,8 @@ class CPUDefaultSchedule:
             return []
         # the tile's rows: the nearest output axis above the vector one that is not a unit axis
         # (a sequence-first (tokens, 1, features) matmul gave a one-row tile at 48 GFLOPS: ViT's QKV)
-        unit = [lp for lp in spatial[:-1] if _extent(lp, sch) == 1]
-        while len(spatial) >= 3 and len(unit) and spatial[-2].same_as(unit[-1]):
+        while len(spatial) >= 3 and _extent(spatial[-2], sch) == 1:
             spatial = spatial[:-2] + spatial[-1:]
-            unit = unit[:-1]
         rows_ext = _extent(spatial[-2], sch) if len(spatial) >= 2 else None
         vectors, rows = 1, 1
         for k in (2, 1):  # the register tile with the most accumulators (ties: more vectors)
