@@ -14,8 +14,10 @@ from typing import Any
 
 from inferx_edge.compiler.passes.bake_weight_transforms import MAX_BAKED_GROWTH, bake_weight_transforms
 from inferx_edge.compiler.passes.clip_to_min_max import clip_to_min_max
+from inferx_edge.compiler.passes.fp16_activation_matmuls import fp16_activation_matmuls
 from inferx_edge.compiler.passes.fp16_bounded_depthwise import FP16_MAX, fp16_bounded_depthwise
 from inferx_edge.compiler.passes.grouped_conv_hwio import grouped_conv_hwio
+from inferx_edge.compiler.passes.int8_matmul_weights_along_k import int8_matmul_weights_along_k
 from inferx_edge.compiler.passes.pad_int8_conv_channels import pad_int8_conv_channels
 from inferx_edge.compiler.passes.pad_ragged_conv_outputs import PAD_TO, pad_ragged_conv_outputs
 from inferx_edge.compiler.passes.space_to_depth_int8_convs import space_to_depth_int8_convs
@@ -68,6 +70,18 @@ class Pass:
 PASSES: tuple[Pass, ...] = (
     Pass("to_fp16", lambda v: v.precision == "fp16", lambda mod, v: to_fp16(mod)),
     Pass("convert_layout", lambda v: v.conv != "NCHW", lambda mod, v: convert_layout(mod, v.conv, v.kernel)),
+    # CUDA int8/mixed: dense layers read their int8 weights along K (16-byte tensor-core tile loads)
+    Pass(
+        "int8_matmul_weights_along_k",
+        lambda v: v.quantized and v.conv == "NHWC" and v.kernel == "OHWI",
+        lambda mod, v: int8_matmul_weights_along_k(mod),
+    ),
+    # CUDA int8/mixed: attention's activation x activation matmuls on fp16 tensor cores
+    Pass(
+        "fp16_activation_matmuls",
+        lambda v: v.quantized and v.conv == "NHWC" and v.kernel == "OHWI",
+        lambda mod, v: fp16_activation_matmuls(mod),
+    ),
     # CUDA: grouped convs' weights contiguous along output channels for the window-reduction kernel
     Pass("grouped_conv_hwio", lambda v: v.conv == "NHWC" and v.kernel == "OHWI", lambda mod, v: grouped_conv_hwio(mod)),
     # CPU: float convs with output channels no vector width divides compute whole vectors
@@ -91,8 +105,10 @@ __all__ = [
     "bake_weight_transforms",
     "clip_to_min_max",
     "convert_layout",
+    "fp16_activation_matmuls",
     "fp16_bounded_depthwise",
     "grouped_conv_hwio",
+    "int8_matmul_weights_along_k",
     "pad_int8_conv_channels",
     "pad_ragged_conv_outputs",
     "space_to_depth_int8_convs",
