@@ -28,12 +28,19 @@ def _attention(b=2, h=4, s=50, d=32, weight: bool = False):
 
 
 def _matmul_dtypes(mod):
-    return [
-        (str(b.value.args[0].ty.dtype), str(b.value.ty.dtype))
-        for blk in mod["main"].body.blocks
-        for b in blk.bindings
-        if getattr(getattr(b.value, "op", None), "name", "") == "relax.matmul"
-    ]
+    """(operand dtypes, output dtype) of every matmul: Relax ``matmul`` calls and NT_matmul kernels."""
+    out = []
+    for blk in mod["main"].body.blocks:
+        for b in blk.bindings:
+            name = getattr(getattr(b.value, "op", None), "name", "")
+            if name == "relax.matmul":
+                operands = b.value.args
+            elif name == "relax.call_tir" and b.value.args[0].name_hint.startswith("NT_matmul"):
+                operands = b.value.args[1].fields
+            else:
+                continue
+            out.append((tuple(str(x.ty.dtype) for x in operands), str(b.value.ty.dtype)))
+    return out
 
 
 def test_attention_matmuls_read_fp16_and_weights_stay_float32():
@@ -43,7 +50,8 @@ def test_attention_matmuls_read_fp16_and_weights_stay_float32():
     from inferx_edge.compiler.passes import fp16_activation_matmuls
 
     rewritten = fp16_activation_matmuls(_attention(weight=True))
-    assert _matmul_dtypes(rewritten) == [("float16", "float32"), ("float16", "float32"), ("float32", "float32")]
+    half, single = ("float16", "float16"), ("float32", "float32")
+    assert _matmul_dtypes(rewritten) == [(half, "float32"), (half, "float32"), (single, "float32")]
     rng = np.random.default_rng(0)
     args = [rng.standard_normal((2, 4, 50, 32)).astype(np.float32) for _ in range(3)]
     args.append(rng.standard_normal((32, 32)).astype(np.float32))
@@ -67,6 +75,24 @@ def test_values_beyond_fp16_saturate_instead_of_becoming_inf():
     q = np.full((1, 1, 16, 16), 1e6, np.float32)
     out = vm["main"](*[tvm.runtime.tensor(a) for a in (q, q, np.ones_like(q))]).numpy()
     assert np.isfinite(out).all()
+
+
+def test_both_attention_operands_reach_the_gemm_along_k():
+    """Q x K^T reads K as stored; P x V reads V transposed by its producer: the schedule's 16-byte
+    operand loads along K for both (a [K, J] operand is gathered 4 bytes at a time)."""
+    import tvm
+
+    from inferx_edge.compiler.cuda.analysis import _matmul_signature, weights_along_k
+    from inferx_edge.compiler.cuda.pipeline import fusion_passes
+    from inferx_edge.compiler.passes import fp16_activation_matmuls
+
+    fused = tvm.transform.Sequential(fusion_passes())(fp16_activation_matmuls(_attention(2, 12, 197, 64)))
+    gemms = sorted(
+        (sig[1], weights_along_k(f))
+        for _, f in fused.functions_items()
+        if isinstance(f, tvm.tirx.PrimFunc) and (sig := _matmul_signature(f)) is not None
+    )
+    assert gemms == [([197, 64, 197], True), ([197, 197, 64], True)]
 
 
 @needs_nvrtc
