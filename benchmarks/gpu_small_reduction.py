@@ -86,10 +86,10 @@ def compile_kernel(func, target: str, channels: int):
 
     from inferx_edge.compiler.compile import pass_config, resolve_tvm_target
     from inferx_edge.compiler.cuda import device_compiler, small_reduction_rule
-    from inferx_edge.compiler.tvm_ops import vectorizable_nearbyint
+    from inferx_edge.compiler.tvm_ops import tvm_op_fixes
     from inferx_edge.targets import get_target
 
-    vectorizable_nearbyint()
+    tvm_op_fixes()
     spec = get_target(target)
     tvm_target = resolve_tvm_target(spec)
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})

@@ -118,14 +118,14 @@ def prepare_variant(
     ``bake``), and tuned schedules from ``tuning_dir`` (needs ``target``).
     """
     from inferx_edge.compiler.passes import PASSES, bake_weight_transforms
-    from inferx_edge.compiler.tvm_ops import vectorizable_nearbyint
+    from inferx_edge.compiler.tvm_ops import tvm_op_fixes
 
     report = None
     if layout.quantized:
         if quantize is None:
             raise BuildError(f"a {layout.precision} variant needs a quantization plan")
         imported, report = quantize(imported, layout.quant_kernel)
-    vectorizable_nearbyint()
+    tvm_op_fixes()
     mod = imported.mod
     for p in PASSES:
         if p.applies(layout):

@@ -85,10 +85,10 @@ class Evaluator:
         import tvm
         from tvm import relax
 
-        from inferx_edge.compiler.tvm_ops import vectorizable_nearbyint
+        from inferx_edge.compiler.tvm_ops import tvm_op_fixes
         from inferx_edge.quantize.rewrite import host_executable
 
-        vectorizable_nearbyint()  # compiled as build compiles int8 kernels
+        tvm_op_fixes()  # compiled as build compiles int8 kernels
         self.tvm = tvm
         self.eval_set = eval_set
         self.chunk = chunk

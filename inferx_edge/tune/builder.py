@@ -24,9 +24,9 @@ def _build_worker(mod, target, cross_compiler: str | None) -> str:
     import tvm
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-    from inferx_edge.compiler.tvm_ops import vectorizable_nearbyint
+    from inferx_edge.compiler.tvm_ops import tvm_op_fixes
 
-    vectorizable_nearbyint()  # as the build will compile it
+    tvm_op_fixes()  # as the build will compile it
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     return export_candidate(tvm.compile(mod, target=target), "inferx_ms_", cross_compiler)
 

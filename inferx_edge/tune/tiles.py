@@ -69,12 +69,12 @@ def _compile_candidate(
     from inferx_edge.compiler.compile import pass_config
     from inferx_edge.compiler.cuda import TileConfig, device_compiler, tensor_core_schedule
     from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
-    from inferx_edge.compiler.tvm_ops import vectorizable_nearbyint
+    from inferx_edge.compiler.tvm_ops import tvm_op_fixes
     from inferx_edge.targets import get_target
     from inferx_edge.tune.builder import export_candidate
 
     import_tensor_intrinsics()
-    vectorizable_nearbyint()
+    tvm_op_fixes()
     sch = tensor_core_schedule(func, target, TileConfig.parse(cfg_text))
     if sch is None:
         return None

@@ -256,7 +256,9 @@ def cpu_pipeline(target, first_rules=()):
     from tvm.s_tir import dlight as dl
 
     from inferx_edge.compiler.guarded_schedule import guarded_default_schedule
+    from inferx_edge.compiler.tvm_ops import tvm_op_fixes
 
+    tvm_op_fixes()  # vector exp among them: lowered when this pipeline's kernels are compiled
     rule = _as_dlight_rule(CPUDefaultSchedule())
     extra = [_as_dlight_rule(r) for r in first_rules]
 

@@ -33,9 +33,9 @@ def cuda_pipeline(target, tile_config: TileConfig | None = None, sm_count: int |
     from tvm.s_tir import dlight as dl
 
     from inferx_edge.compiler.guarded_schedule import guarded_default_schedule
-    from inferx_edge.compiler.tvm_ops import vectorizable_nearbyint
+    from inferx_edge.compiler.tvm_ops import tvm_op_fixes
 
-    vectorizable_nearbyint()
+    tvm_op_fixes()
     legalize = [
         *fusion_passes(),
         guarded_default_schedule(
