@@ -173,6 +173,23 @@ def float_matmul_module(x_shape: tuple, w_shape: tuple):
     return bb.get()
 
 
+def fused_gemms(mod, dtypes: tuple | None = None) -> list[tuple[list[int], bool]]:
+    """(I, J, K extents, weights along K) of every matmul-like kernel of ``mod`` after legalization and
+    fusion (the kernels a CUDA build schedules), only those of ``dtypes`` (input, output) when given."""
+    import tvm
+
+    from inferx_edge.compiler.cuda.analysis import _matmul_signature, weights_along_k
+    from inferx_edge.compiler.cuda.pipeline import fusion_passes
+
+    fused = tvm.transform.Sequential(fusion_passes())(mod)
+    out = []
+    for _, f in fused.functions_items():
+        sig = _matmul_signature(f) if isinstance(f, tvm.tirx.PrimFunc) else None
+        if sig is not None and (dtypes is None or sig[0] == dtypes):
+            out.append((sig[1], weights_along_k(f)))
+    return out
+
+
 def int8_tensor_cores(script: str) -> bool:
     """A scheduled kernel loads int8 tiles with ldmatrix and multiplies them with mma.sync.m16n8k32."""
     return "ldmatrix" in script and 'mma("m16n8k32", "row", "col", "int8", "int8", "int32"' in script

@@ -18,6 +18,27 @@ def vectorizable_nearbyint() -> None:
         op.set_attr("TVectorizable", True)
 
 
+def _const(v, dtype: str, lanes: int):
+    """A ``dtype`` constant, broadcast to ``lanes`` lanes for vector expressions."""
+    from tvm import tirx
+
+    k = tirx.const(v, dtype)
+    return k if lanes == 1 else tirx.Broadcast(k, lanes)
+
+
+_LOWERED: set[str] = set()
+
+
+def _lower_on_llvm(op_name: str, f) -> None:
+    """Register ``f`` as the LLVM lowering of ``op_name`` (ahead of TVM's own), once per process."""
+    if op_name in _LOWERED:
+        return
+    from tvm import tirx
+
+    tirx.op.register_intrin_lowering(op_name, target="llvm", f=f, level=99)
+    _LOWERED.add(op_name)
+
+
 #: above this ``expf`` overflows to inf; below this its result is a denormal (here: 0)
 _EXP_HI, _EXP_LO = 88.72283935546875, -87.33654475
 
@@ -40,8 +61,7 @@ def _vector_exp_f32(call):
     ints = "int32" if lanes == 1 else f"int32x{lanes}"
 
     def c(v, t="float32"):
-        k = tirx.const(v, t)
-        return k if lanes == 1 else tirx.Broadcast(k, lanes)
+        return _const(v, t, lanes)
 
     def pow2(m):  # 2^m for integral float m in [-126, 127]
         bits = tirx.shift_left(tirx.Cast(ints, m) + c(127, "int32"), c(23, "int32"))
@@ -65,13 +85,8 @@ def _keep_nan(x, y, lanes: int):
     from tvm import tirx
 
     ints = "int32" if lanes == 1 else f"int32x{lanes}"
-
-    def c(v):
-        k = tirx.const(v, "int32")
-        return k if lanes == 1 else tirx.Broadcast(k, lanes)
-
-    magnitude = tirx.bitwise_and(tirx.reinterpret(ints, x), c(0x7FFFFFFF))
-    return tirx.Select(magnitude > c(0x7F800000), x, y)
+    magnitude = tirx.bitwise_and(tirx.reinterpret(ints, x), _const(0x7FFFFFFF, "int32", lanes))
+    return tirx.Select(magnitude > _const(0x7F800000, "int32", lanes), x, y)
 
 
 def vectorized_cpu_exp() -> None:
@@ -80,16 +95,7 @@ def vectorized_cpu_exp() -> None:
     lane was a scalar libm call. A SiLU over 112x112x96 took 6.9 ms on 2 Xeon cores, 1.3 ms now;
     EfficientNet-B0's SiLU convolutions ran at 8-68 GFLOPS against 110-155 for its plain ones.
     Process-wide and idempotent, like :func:`vectorizable_nearbyint`."""
-    global _EXP_REGISTERED
-    if _EXP_REGISTERED:
-        return
-    from tvm import tirx
-
-    tirx.op.register_intrin_lowering("tirx.exp", target="llvm", f=_vector_exp_f32, level=99)
-    _EXP_REGISTERED = True
-
-
-_EXP_REGISTERED = False
+    _lower_on_llvm("tirx.exp", _vector_exp_f32)
 
 
 _ERF_ALPHA = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
@@ -114,8 +120,7 @@ def _vector_erf(call):
     f32 = "float32" if lanes == 1 else f"float32x{lanes}"
 
     def c(v):
-        k = tirx.const(v, "float32")
-        return k if lanes == 1 else tirx.Broadcast(k, lanes)
+        return _const(v, "float32", lanes)
 
     xf_in = x if dt.bits == 32 else tirx.Cast(f32, x)
     xf = tirx.Max(tirx.Min(xf_in, c(4.0)), c(-4.0))
@@ -135,20 +140,12 @@ def vectorized_cpu_erf() -> None:
     (:func:`_vector_erf`); ``erf`` lacked ``TVectorizable``, so every loop holding one stayed scalar
     with a libm ``erff`` call per element. CUDA emits a vector call as one ``erff`` per lane.
     Process-wide and idempotent."""
-    global _ERF_REGISTERED
-    if _ERF_REGISTERED:
-        return
     import tvm
-    from tvm import tirx
 
     op = tvm.ir.Op.get("tirx.erf")
     if not op.get_attr("TVectorizable"):
         op.set_attr("TVectorizable", True)
-    tirx.op.register_intrin_lowering("tirx.erf", target="llvm", f=_vector_erf, level=99)
-    _ERF_REGISTERED = True
-
-
-_ERF_REGISTERED = False
+    _lower_on_llvm("tirx.erf", _vector_erf)
 
 
 def tvm_op_fixes() -> None:

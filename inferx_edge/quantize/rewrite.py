@@ -130,8 +130,7 @@ def host_executable(mod):
 
     from inferx_edge.compiler.compile import resolve_tvm_target
     from inferx_edge.compiler.cpu.default_schedule import cpu_pipeline
-    from inferx_edge.targets import get_target
-    from inferx_edge.targets.registry import host_target_name
+    from inferx_edge.targets import get_target, host_target_name
 
     target = resolve_tvm_target(get_target(host_target_name()))
     return relax.build(mod, target, relax_pipeline=cpu_pipeline(target))

@@ -2,22 +2,63 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
 
-def rewrite_calls(mod, rewrite):
-    """``mod`` with every Relax call passed through ``rewrite(call)`` (None: keep it)."""
+
+@dataclass
+class CallContext:
+    """What :func:`rewrite_calls_in_context` tells its callback about a call.
+
+    Attributes
+    ----------
+    given : the call's arguments as the module wrote them (before rewriting), for :meth:`producer`.
+    bindings : every variable bound so far, to the value the module bound it to.
+    builder : the rewriter's block builder (``emit``, ``call_te``: new bindings and PrimFuncs).
+    """
+
+    given: list
+    bindings: dict
+    builder: Any
+
+    def producer(self, arg):
+        """The value the module bound ``arg`` (one of :attr:`given`) to, or None (a parameter, a
+        constant)."""
+        return self.bindings.get(arg)
+
+
+def rewrite_calls_in_context(mod, rewrite):
+    """``mod`` with every Relax call passed through ``rewrite(call, ctx)`` (None: keep it), where
+    ``call`` has its arguments already rewritten and ``ctx`` is a :class:`CallContext`. PrimFuncs the
+    callback makes with ``ctx.builder.call_te`` land in the returned module."""
     from tvm import relax
 
     @relax.expr_functor.mutator
     class _Rewriter(relax.PyExprMutator):
+        def __init__(self, mod):
+            super().__init__(mod)
+            self.bindings = {}
+
+        def visit_var_binding_(self, binding):
+            self.bindings[binding.var] = binding.value
+            super().visit_var_binding_(binding)
+
         def visit_call_(self, call):
+            given = list(call.args)
             call = super().visit_call_(call)
-            new = rewrite(call)
+            new = rewrite(call, CallContext(given, self.bindings, self.builder_))
             return call if new is None else new
 
+    rewriter = _Rewriter(mod)
     for gv, func in list(mod.functions_items()):
         if isinstance(func, relax.Function):
-            mod[gv] = _Rewriter(mod).visit_expr(func)
-    return mod
+            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+    return rewriter.builder_.get()
+
+
+def rewrite_calls(mod, rewrite):
+    """``mod`` with every Relax call passed through ``rewrite(call)`` (None: keep it)."""
+    return rewrite_calls_in_context(mod, lambda call, _ctx: rewrite(call))
 
 
 def rewrite_convs(mod, rewrite):
@@ -27,3 +68,34 @@ def rewrite_convs(mod, rewrite):
 
     conv = tvm.ir.Op.get("relax.nn.conv2d")
     return rewrite_calls(mod, lambda call: rewrite(call, call.attrs, *call.args) if call.op == conv else None)
+
+
+def swaps_last_two(call) -> bool:
+    """Whether ``call`` is a ``permute_dims`` that swaps its operand's last two axes and keeps the rest
+    (a 2-D transpose may leave ``axes`` unset)."""
+    import tvm
+
+    if not hasattr(call, "op") or call.op != tvm.ir.Op.get("relax.permute_dims"):
+        return False
+    n = call.ty.ndim
+    axes = call.attrs.axes
+    if axes is None:
+        return n == 2
+    return [int(a) for a in axes] == [*range(n - 2), n - 1, n - 2]
+
+
+def nt_matmul(a, b_jk, acc_dtype: str):
+    """TE: ``out[..., i, j] = sum_k a[..., i, k] * b[..., j, k]`` accumulated in ``acc_dtype``; ``b``'s
+    batch axes (none for a 2-D weight) line up with ``a``'s innermost ones. The GEMM reads both
+    operands along the reduction."""
+    from tvm import te
+
+    k = te.reduce_axis((0, a.shape[-1]), name="k")
+    b_batch = len(b_jk.shape) - 2
+
+    def compute(*idx):
+        batch = idx[:-2]
+        b_idx = (*batch[len(batch) - b_batch :], idx[-1], k)
+        return te.sum(a[(*idx[:-1], k)].astype(acc_dtype) * b_jk[b_idx].astype(acc_dtype), axis=k)
+
+    return te.compute((*a.shape[:-1], b_jk.shape[-2]), compute, name="NT_matmul")

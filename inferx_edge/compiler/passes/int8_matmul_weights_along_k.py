@@ -2,25 +2,7 @@
 
 from __future__ import annotations
 
-
-def _transposes_last_two(call) -> bool:
-    """Whether ``call`` is a ``permute_dims`` of a 2-D tensor (axes None or (1, 0))."""
-    if call.ty.ndim != 2:
-        return False
-    axes = call.attrs.axes
-    return axes is None or [int(a) for a in axes] == [1, 0]
-
-
-def _nt_matmul(x, w_jk):
-    """TE: ``x[..., i, k] * w[j, k]`` summed over ``k`` in int32."""
-    from tvm import te
-
-    k = te.reduce_axis((0, x.shape[-1]), name="k")
-    return te.compute(
-        (*x.shape[:-1], w_jk.shape[0]),
-        lambda *idx: te.sum(x[(*idx[:-1], k)].astype("int32") * w_jk[idx[-1], k].astype("int32"), axis=k),
-        name="NT_matmul",
-    )
+from inferx_edge.compiler.passes._rewrite import nt_matmul, rewrite_calls_in_context, swaps_last_two
 
 
 def int8_matmul_weights_along_k(mod):
@@ -37,35 +19,18 @@ def int8_matmul_weights_along_k(mod):
     from tvm import relax
 
     matmul = tvm.ir.Op.get("relax.matmul")
-    permute = tvm.ir.Op.get("relax.permute_dims")
 
-    @relax.expr_functor.mutator
-    class _Rewriter(relax.PyExprMutator):
-        def __init__(self, mod):
-            super().__init__(mod)
-            self.bindings = {}
+    def rewrite(call, ctx):
+        if call.op != matmul or str(call.attrs.out_dtype) != "int32":
+            return None
+        x, w = call.args
+        if str(x.ty.dtype) != "int8" or str(w.ty.dtype) != "int8" or w.ty.ndim != 2 or x.ty.ndim < 2:
+            return None
+        producer = ctx.producer(ctx.given[1])
+        if swaps_last_two(producer):
+            w_jk = producer.args[0]  # a Gemm's transB: the parameter already is [J, K]
+        else:
+            w_jk = ctx.builder.emit(relax.op.permute_dims(w))  # weight-only: baked at build time
+        return ctx.builder.call_te(nt_matmul, x, w_jk, "int32", primfunc_name_hint="NT_matmul")
 
-        def visit_var_binding_(self, binding):
-            self.bindings[binding.var] = binding.value
-            super().visit_var_binding_(binding)
-
-        def visit_call_(self, call):
-            given_w = call.args[1] if len(call.args) == 2 else None
-            call = super().visit_call_(call)
-            if call.op != matmul or str(call.attrs.out_dtype) != "int32":
-                return call
-            x, w = call.args
-            if str(x.ty.dtype) != "int8" or str(w.ty.dtype) != "int8" or w.ty.ndim != 2 or x.ty.ndim < 2:
-                return call
-            producer = self.bindings.get(given_w)
-            if isinstance(producer, relax.Call) and producer.op == permute and _transposes_last_two(producer):
-                w_jk = producer.args[0]  # a Gemm's transB: the parameter already is [J, K]
-            else:
-                w_jk = self.builder_.emit(relax.op.permute_dims(w))  # weight-only: baked at build time
-            return self.builder_.call_te(_nt_matmul, x, w_jk, primfunc_name_hint="NT_matmul")
-
-    rewriter = _Rewriter(mod)
-    for gv, func in list(mod.functions_items()):
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-    return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+    return relax.transform.DeadCodeElimination()(rewrite_calls_in_context(mod, rewrite))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.helpers import kernel_source, needs_nvrtc
+from tests.helpers import fused_gemms, kernel_source, needs_nvrtc
 
 
 def _attention(b=2, h=4, s=50, d=32, weight: bool = False):
@@ -80,18 +80,9 @@ def test_values_beyond_fp16_saturate_instead_of_becoming_inf():
 def test_both_attention_operands_reach_the_gemm_along_k():
     """Q x K^T reads K as stored; P x V reads V transposed by its producer: the schedule's 16-byte
     operand loads along K for both (a [K, J] operand is gathered 4 bytes at a time)."""
-    import tvm
-
-    from inferx_edge.compiler.cuda.analysis import _matmul_signature, weights_along_k
-    from inferx_edge.compiler.cuda.pipeline import fusion_passes
     from inferx_edge.compiler.passes import fp16_activation_matmuls
 
-    fused = tvm.transform.Sequential(fusion_passes())(fp16_activation_matmuls(_attention(2, 12, 197, 64)))
-    gemms = sorted(
-        (sig[1], weights_along_k(f))
-        for _, f in fused.functions_items()
-        if isinstance(f, tvm.tirx.PrimFunc) and (sig := _matmul_signature(f)) is not None
-    )
+    gemms = sorted(fused_gemms(fp16_activation_matmuls(_attention(2, 12, 197, 64))))
     assert gemms == [([197, 64, 197], True), ([197, 197, 64], True)]
 
 

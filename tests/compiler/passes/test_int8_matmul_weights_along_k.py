@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.helpers import make_mlp
+from tests.helpers import fused_gemms, make_mlp
 
 
 def _dense(transposed: bool, x_shape=(2, 20, 64), j: int = 48):
@@ -30,18 +30,7 @@ def _dense(transposed: bool, x_shape=(2, 20, 64), j: int = 48):
 
 def _gemm_kernels(mod):
     """(extents, weights along K) of every int8 GEMM kernel after legalization and fusion."""
-    import tvm
-
-    from inferx_edge.compiler.cuda.analysis import _matmul_signature, weights_along_k
-    from inferx_edge.compiler.cuda.pipeline import fusion_passes
-
-    fused = tvm.transform.Sequential(fusion_passes())(mod)
-    out = []
-    for _, f in fused.functions_items():
-        sig = _matmul_signature(f) if isinstance(f, tvm.tirx.PrimFunc) else None
-        if sig is not None and sig[0] == ("int8", "int32"):
-            out.append((sig[1], weights_along_k(f)))
-    return out
+    return fused_gemms(mod, ("int8", "int32"))
 
 
 @pytest.mark.parametrize("transposed", [False, True])
