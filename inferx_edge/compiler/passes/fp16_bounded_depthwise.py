@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from inferx_edge.compiler.passes._rewrite import rewrite_calls
+from inferx_edge.compiler.passes._rewrite import rewrite_calls_in_context
 
 FP16_MAX = 65504.0
 
@@ -20,13 +20,6 @@ def fp16_bounded_depthwise(mod):
 
     conv = tvm.ir.Op.get("relax.nn.conv2d")
     lo_hi = {tvm.ir.Op.get("relax.maximum"): "lo", tvm.ir.Op.get("relax.minimum"): "hi"}
-    bindings = {
-        b.var: b.value
-        for _, f in mod.functions_items()
-        if isinstance(f, relax.Function)
-        for blk in f.body.blocks
-        for b in blk.bindings
-    }
 
     def bound(value):  # (kind, other operand) of maximum/minimum against a constant within fp16's range
         if not isinstance(value, relax.Call) or value.op not in lo_hi:
@@ -36,16 +29,16 @@ def fp16_bounded_depthwise(mod):
                 return lo_hi[value.op], a
         return None
 
-    def clipped(x) -> bool:
+    def clipped(x, bindings) -> bool:
         outer = bound(bindings.get(x))
         inner = bound(bindings.get(outer[1])) if outer else None
         return bool(outer and inner and {outer[0], inner[0]} == {"lo", "hi"})
 
-    def rewrite(call):
+    def rewrite(call, ctx):
         if call.op != conv or call.attrs.groups == 1:
             return None
         x, w = call.args
-        if str(x.ty.dtype) != "float32" or str(w.ty.dtype) != "float32" or not clipped(x):
+        if str(x.ty.dtype) != "float32" or str(w.ty.dtype) != "float32" or not clipped(ctx.given[0], ctx.bindings):
             return None
         a = call.attrs
         return relax.op.nn.conv2d(
@@ -53,4 +46,4 @@ def fp16_bounded_depthwise(mod):
             a.groups, a.data_layout, a.kernel_layout, a.out_layout, "float32",
         )  # fmt: skip
 
-    return rewrite_calls(mod, rewrite)
+    return rewrite_calls_in_context(mod, rewrite)
