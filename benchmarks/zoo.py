@@ -84,10 +84,14 @@ def build_job(
     calib_method: str = "entropy",
     eval_data: Path | None = None,
     tag: str = "",
+    tune_tiles_min: float | None = None,
 ) -> dict:
-    """One artifact (model x precision, every batch), in a worker process."""
+    """One artifact (model x precision, every batch), in a worker process. With ``tune_tiles_min`` (CUDA,
+    fp16/int8) the tensor-core tile search runs first for that long (split over the batches) into a
+    database under ``out`` that the build then applies."""
     from inferx_edge.build import BuildOptions, build_artifact
     from inferx_edge.quantize.driver import QuantOptions
+    from inferx_edge.tune.driver import TILE_PRECISIONS
 
     spec, d, out = ZOO[name], Path(d), Path(out)
     art = out / "artifacts" / f"{name}-{target}-{precision}{tag}.ixa"
@@ -98,8 +102,15 @@ def build_job(
         else QuantOptions()
     )
     lines: list[str] = []
+    tuned = tune_tiles_min is not None and precision in TILE_PRECISIONS
+    tuning_root = out / "tuning_logs"
     t0 = time.time()
+    tune_s = None
     try:
+        if tuned:
+            tune_tiles(d / "model.onnx", spec, target, precision, batches, tune_tiles_min, tuning_root, quant, lines)
+            tune_s = round(time.time() - t0, 1)
+            t0 = time.time()
         manifest = build_artifact(
             BuildOptions(
                 model=d / "model.onnx",
@@ -108,7 +119,8 @@ def build_job(
                 input_shapes=spec.input_shapes(batches[0]),
                 batch_sizes=batches,
                 precisions=(precision,),
-                tuning=False,
+                tuning=tuned,
+                tuning_root=tuning_root if tuned else None,
                 force=True,
                 quant=quant,
             ),
@@ -124,6 +136,7 @@ def build_job(
         "batches": list(batches),
         "build_s": round(time.time() - t0, 1),
         "compile_s": manifest.build.get("compile_s"),
+        **({"tune_tiles_s": tune_s, "tuning": [x.extra.get("tuning") for x in manifest.variants]} if tuned else {}),
         "schedule_fallbacks": sorted(
             {f["kernel"] for x in manifest.variants for f in x.extra.get("schedule_fallbacks", [])}
         ),
@@ -135,6 +148,20 @@ def build_job(
         info["int8_mac_share"] = v.extra["quantization"]["int8_mac_share"]
         info["calib_method"] = calib_method
     return info
+
+
+def tune_tiles(model, spec, target, precision, batches, minutes, root, quant, lines) -> None:
+    """``tune --search tiles`` for every batch of the artifact, ``minutes`` in all."""
+    from inferx_edge.tune import TuneOptions, tune_model
+
+    for b in batches:
+        tune_model(
+            TuneOptions(
+                model=model, target=target, input_shapes=spec.input_shapes(b), precision=precision,
+                minutes=minutes / len(batches), root=root, quant=quant, search="tiles",
+            ),
+            log=lines.append,
+        )  # fmt: skip
 
 
 def torch_system(system: str, name: str, x: dict, ref_dtype: str = "float16"):
@@ -180,6 +207,10 @@ def main(argv=None) -> None:
     ap.add_argument("--worker-threads", type=int, default=2, help="TVM CPU threads per build worker")
     ap.add_argument("--window", type=float, default=2.0)
     ap.add_argument("--name", default=None)
+    ap.add_argument(
+        "--tune-tiles", type=float, default=None, metavar="MINUTES",
+        help="CUDA fp16/int8: run the tile search this long per model (split over batches) before building",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     from inferx_edge.targets import get_target
 
@@ -196,6 +227,7 @@ def main(argv=None) -> None:
         "batches": list(batches),
         "systems": systems,
         "window_s": args.window,
+        "tune_tiles_min": args.tune_tiles,
         "models": {m.name: {"kind": m.kind, "real_weights": m.real_weights, "note": m.note} for m in models},
         "builds": [],
         "results": [],
@@ -222,7 +254,12 @@ def main(argv=None) -> None:
     print(f"building {len(jobs)} artifacts for {args.target}, {args.jobs} at a time", flush=True)
     built: dict[tuple[str, str], dict] = {}
     pool = ProcessPoolExecutor(args.jobs, initializer=_worker_init, initargs=(args.worker_threads,))
-    futs = {pool.submit(build_job, n, str(dirs[n]), args.target, p, batches, str(args.out)): (n, p) for n, p in jobs}
+    futs = {
+        pool.submit(
+            build_job, n, str(dirs[n]), args.target, p, batches, str(args.out), tune_tiles_min=args.tune_tiles
+        ): (n, p)
+        for n, p in jobs
+    }
     # the workers are forked by now (before CUDA is initialised here): compile the peers while they build
     peers = prepare_peers(models, systems, batches) if gpu else {}
     for f in as_completed(futs):
