@@ -151,17 +151,23 @@ def build_job(
 
 
 def tune_tiles(model, spec, target, precision, batches, minutes, root, quant, lines) -> None:
-    """``tune --search tiles`` for every batch of the artifact, ``minutes`` in all."""
-    from inferx_edge.tune import TuneOptions, tune_model
+    """``tune --search tiles`` for every batch of the artifact, ``minutes`` in all, each in a fresh
+    process (the search measures on the GPU: a CUDA context does not survive this worker's fork)."""
+    import subprocess
+    import sys
 
     for b in batches:
-        tune_model(
-            TuneOptions(
-                model=model, target=target, input_shapes=spec.input_shapes(b), precision=precision,
-                minutes=minutes / len(batches), root=root, quant=quant, search="tiles",
-            ),
-            log=lines.append,
-        )  # fmt: skip
+        cmd = [sys.executable, "-m", "inferx_edge", "tune", "--model", str(model), "--target", target,
+               "--precision", precision, "--search", "tiles", "--minutes", f"{minutes / len(batches):g}",
+               "--tuning-logs", str(root)]  # fmt: skip
+        for k, dims in spec.input_shapes(b).items():
+            cmd += ["--input-shape", f"{k}:{'x'.join(map(str, dims))}"]
+        if quant.calib is not None:
+            cmd += ["--calib", str(quant.calib), "--calib-method", quant.calib_method]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        lines.extend((done.stdout + done.stderr).splitlines()[-40:])
+        if done.returncode != 0:
+            raise RuntimeError(f"tune --search tiles (batch {b}) exited {done.returncode}: {done.stderr[-800:]}")
 
 
 def torch_system(system: str, name: str, x: dict, ref_dtype: str = "float16"):
