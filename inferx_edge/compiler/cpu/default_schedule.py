@@ -14,8 +14,12 @@ than onnxruntime. This rule gives every kernel a generic, always-valid schedule 
   :attr:`CPUDefaultSchedule.CACHED_WEIGHTS_BYTES` sweeps every output row per output-channel tile, so
   those weights are read from cache, not memory; the outer output loops fused and parallelized, the
   initialisation decomposed out and vectorized (``benchmarks/results/cpu_vision_x86-cpu.json``);
-- every other block (pads, elementwise epilogues, layout changes, casts): its loops fused, split by
-  the vector width, the outer part parallel and the inner part vectorized.
+- its elementwise consumers (bias, residual, activation) inlined into one block computed per register
+  tile right after the tile's reduction, inside the same parallel loop, and its identity-copy
+  producers (a pad with nothing to pad) inlined into it: one pass over the output instead of one per
+  consumer (``benchmarks/results/zoo_x86-cpu_epyc_after.json``);
+- every other block (pads, elementwise epilogues left unfused, layout changes, casts): its innermost
+  loop split into whole vectors (vectorized), its outer loops fused and parallel.
 
 The schedule is exact (only loop transformations) and never fails a build: a function it cannot
 schedule keeps TVM's default. Tuned kernels (``tirx.is_scheduled``) are left alone.
@@ -78,11 +82,17 @@ class CPUDefaultSchedule:
             if len(reductions) > 1:
                 return None
             lanes = _lanes(target, self._bits(sch, reductions[0] if reductions else blocks[-1]))
-            unroll = self._reduction_order(sch, reductions[0], lanes) if reductions else []
+            unroll, anchor = self._reduction_order(sch, reductions[0], lanes) if reductions else ([], None)
+            epilogue = _fuse_epilogue(sch, root, reductions[0], anchor) if reductions and self.FUSE_EPILOGUE else None
             cores = int(target.attrs.get("num-cores", 1) or 1)
             sch.annotate(root, "meta_schedule.parallel", cores * self.JOBS_PER_CORE)
-            if not _has_bool_buffer(sch, blocks):  # LLVM's vector stores of bool (i1) masks fail codegen
+            if not _has_bool_buffer(
+                sch, sch.get_child_blocks(root)
+            ):  # LLVM's vector stores of bool (i1) masks fail codegen
                 sch.annotate(root, "meta_schedule.vectorize", lanes)
+                for b in sch.get_child_blocks(root):
+                    if not _is_reduction(sch, b) and (epilogue is None or not _same(sch, b, epilogue)):
+                        _split_for_vectors(sch, b, lanes)
             for post in (ms.postproc.RewriteParallelVectorizeUnroll(), ms.postproc.RewriteReductionBlock()):
                 if not post.apply(sch):
                     return None
@@ -91,6 +101,8 @@ class CPUDefaultSchedule:
                     sch.unroll(loop)
                 except Exception:  # noqa: BLE001 - a loop the postprocessors fused away: leave it
                     pass
+            if epilogue is not None:
+                _vectorize_innermost(sch, epilogue, lanes)
             return sch
         except Exception:  # noqa: BLE001 - a shape or pattern this rule does not cover: TVM's default
             return None
@@ -101,6 +113,9 @@ class CPUDefaultSchedule:
         dtype = getattr(buf, "dtype", None) or getattr(getattr(region, "ty", None), "dtype", "float32")
         return max(8, int(tvm_dtype_bits(dtype)))
 
+    #: elementwise consumers of the reduction computed per register tile, while it is in cache
+    FUSE_EPILOGUE = True
+
     #: most vector accumulators a register tile may hold (16 vector registers on AVX2/NEON-128,
     #: 32 on AVX-512/NEON: leave room for the operands)
     MAX_ACCUMULATORS = 12
@@ -108,22 +123,23 @@ class CPUDefaultSchedule:
     CACHED_WEIGHTS_BYTES = 128 * 1024
 
     @classmethod
-    def _reduction_order(cls, sch, block, lanes: int) -> list:
+    def _reduction_order(cls, sch, block, lanes: int) -> tuple[list, object]:
         """Output axes outside, then the reduction, then a register tile: up to a few vectors of the
         innermost output axis times a few rows of the next one (e.g. output channels x output pixels
         of a convolution). Each accumulator stays in a register over the whole reduction, and the tile
         gives the FMA units several independent chains (one accumulator is latency-bound). Returns the
-        loops to unroll (the tile's row loop)."""
+        loops to unroll (the tile's row loop) and the loop right above the reduction loops (None when
+        the block was left as it was)."""
         from tvm import tirx
 
         loops = sch.get_loops(block)
         kinds = [iv.iter_type for iv in sch.get(block).iter_vars]
         if len(kinds) != len(loops):
-            return []
+            return [], None
         spatial = [lp for lp, k in zip(loops, kinds) if k == tirx.IterVar.DataPar]
         reduce = [lp for lp, k in zip(loops, kinds) if k == tirx.IterVar.CommReduce]
         if not spatial or not reduce:
-            return []
+            return [], None
         last = _extent(spatial[-1], sch)
         group = _group_width(sch.get(block), [i for i, k in enumerate(kinds) if k == tirx.IterVar.DataPar][-1])
         if group is not None and group < lanes:
@@ -147,7 +163,7 @@ class CPUDefaultSchedule:
                 pass
         elif v is None:
             sch.reorder(*spatial, *reduce)
-            return []
+            return [], spatial[-1]
         # the tile's rows: the nearest output axis above the vector one that is not a unit axis
         # (a sequence-first (tokens, 1, features) matmul gave a one-row tile at 48 GFLOPS: ViT's QKV)
         while len(spatial) >= 3 and _extent(spatial[-2], sch) == 1:
@@ -170,15 +186,80 @@ class CPUDefaultSchedule:
                 # while its weights stay in cache (deep layers' weights are MBs: re-streaming them per
                 # output row was the bottleneck)
                 sch.reorder(spatial[0], outer, *spatial[1:-2], row_outer, *reduce, rows_loop, inner)
+                anchor = row_outer
             else:
                 sch.reorder(*spatial[:-2], row_outer, outer, *reduce, rows_loop, inner)
+                anchor = outer
         else:
             sch.reorder(*spatial[:-1], outer, *reduce, inner)
+            anchor = outer
         unroll = [rows_loop] if rows_loop is not None else []
         if vectors > 1:
             vec_outer, _ = sch.split(inner, [vectors, None])
             unroll.append(vec_outer)
-        return unroll
+        return unroll, anchor
+
+
+def _fuse_epilogue(sch, root, block, anchor):
+    """Elementwise consumers of ``block`` (bias, residual add, activation) inlined into the last one,
+    which is then computed per register tile right after its reduction finishes (one pass over the
+    output instead of one per consumer, each its own parallel region); identity-copy producers (a
+    ``pad`` with nothing to pad) inlined into ``block``. ``anchor``: the loop right above the
+    reduction loops (None: no tile, nothing moved). A step that does not apply is skipped. Returns the
+    consumer block when it was moved into the tile, else None."""
+    from tvm import tirx
+
+    blocks = sch.get_child_blocks(root)
+    index = next(i for i, b in enumerate(blocks) if sch.get(b).same_as(sch.get(block)))
+    for producer in blocks[:index]:
+        body = sch.get(producer).body
+        # a load of one buffer (tirx.BufferLoad builds an ir.TensorLoad in this TVM)
+        if isinstance(body, tirx.BufferStore) and type(body.value).__name__ in ("BufferLoad", "TensorLoad"):
+            try:
+                sch.compute_inline(producer)
+            except Exception:  # noqa: BLE001 - not inlinable here: keep the copy
+                pass
+    consumers = blocks[index + 1 :]
+    if not consumers or anchor is None:
+        return None
+    for b in consumers[:-1]:
+        try:
+            sch.compute_inline(b)
+        except Exception:  # noqa: BLE001 - not elementwise: the remaining blocks stay separate
+            return None
+    try:
+        sch.reverse_compute_at(consumers[-1], anchor, preserve_unit_loops=True)
+    except Exception:  # noqa: BLE001 - a consumer whose region the tile does not cover: separate pass
+        return None
+    return consumers[-1]
+
+
+def _same(sch, a, b) -> bool:
+    return sch.get(a).same_as(sch.get(b))
+
+
+def _split_for_vectors(sch, block, lanes: int) -> None:
+    """A separate pass (a pad, a layout change, an unfused epilogue): its innermost loop split into
+    whole vectors, which the vectorize postprocessor then takes (it only vectorizes inner loops of at
+    most one vector, so a pad over 64 channels stayed scalar)."""
+    try:
+        inner = sch.get_loops(block)[-1]
+        ext = _extent(inner, sch)
+        if ext and ext > lanes and ext % lanes == 0:
+            sch.split(inner, [None, lanes])
+    except Exception:  # noqa: BLE001 - nothing to split: the postprocessor decides as before
+        pass
+
+
+def _vectorize_innermost(sch, block, lanes: int) -> None:
+    """The innermost loop of ``block`` vectorized when it spans whole vectors (else left scalar)."""
+    try:
+        inner = sch.get_loops(block)[-1]
+        ext = _extent(inner, sch)
+        if ext and ext % lanes == 0 and ext <= 4 * lanes:
+            sch.vectorize(inner)
+    except Exception:  # noqa: BLE001 - a loop the vectorizer refuses: scalar epilogue, still correct
+        pass
 
 
 def _group_width(block, spatial_index: int) -> int | None:
