@@ -48,8 +48,11 @@ class BuildOptions:
     sign_key : Ed25519 private key (PEM) to sign the artifact with (:mod:`inferx_edge.package.signing`).
     force : replace an existing artifact at ``output`` that holds another build (other model, target or
         variants); without it that one is kept as ``<name>.<n>.ixa``. A rebuild of the same is replaced.
-    tune_minutes : tune first (MetaSchedule, on this machine), this many minutes in all, shared by the
-        variants, then build with the records (a resumed database only adds to what it holds).
+    tune_minutes : tune first (on this machine), this many minutes in all, shared by the variants, then
+        build with the records (a resumed database only adds to what it holds).
+    tune_search : what ``tune_minutes`` searches (``tune --search``); None: the tensor-core tile search
+        for CUDA fp16/int8/mixed variants (their time is in those kernels: ResNet-18 int8 on the H200
+        went from 1.03x to 1.63x torch.compile after 5 minutes), MetaSchedule for the rest.
     """
 
     model: Path
@@ -67,6 +70,7 @@ class BuildOptions:
     sign_key: Path | None = None
     force: bool = False
     tune_minutes: float | None = None
+    tune_search: str | None = None
 
     def __post_init__(self) -> None:
         from inferx_edge.compiler.cuda import CUDA_CODE_FORMATS
@@ -79,6 +83,8 @@ class BuildOptions:
             raise UsageError(f"--tune-minutes must be positive, got {self.tune_minutes}")
         if self.tune_minutes is not None and not self.tuning:
             raise UsageError("--tune-minutes and --no-tuning contradict each other: pick one")
+        if self.tune_search is not None and self.tune_minutes is None:
+            raise UsageError("--tune-search chooses what --tune-minutes searches: give --tune-minutes N too")
         if any(b <= 0 for b in self.batch_sizes):
             raise UsageError(f"batch sizes must be positive, got {list(self.batch_sizes)}")
         check_choice("CUDA code format", self.cuda_code, CUDA_CODE_FORMATS)
@@ -122,19 +128,31 @@ def _shapes_at(opts: BuildOptions, base, batch: int) -> dict[str, tuple[int, ...
     return {**opts.input_shapes, **{t.name: (batch, *t.shape[1:]) for t in base.inputs}}
 
 
+def tune_search_for(opts: BuildOptions, spec: TargetSpec, precision: str) -> str:
+    """The search ``--tune-minutes`` runs for one variant: ``opts.tune_search`` when set, else tiles for
+    CUDA tensor-core precisions and MetaSchedule for everything else."""
+    from inferx_edge.tune.driver import TILE_PRECISIONS
+
+    if opts.tune_search is not None:
+        return opts.tune_search
+    return "tiles" if spec.is_cuda and precision in TILE_PRECISIONS else "metaschedule"
+
+
 def _tune_first(opts: BuildOptions, spec: TargetSpec, base, log) -> None:
-    """``--tune-minutes``: a time-limited MetaSchedule run per variant before the build."""
+    """``--tune-minutes``: a time-limited search per variant before the build (:func:`tune_search_for`)."""
     from inferx_edge.tune import TuneOptions, tune_model
     from inferx_edge.tune.driver import print_summary
 
     grid = opts.variant_grid(_model_batch(base))
     for precision, batch in grid:
         shapes = _shapes_at(opts, base, batch)
-        log(f"[0/4] tuning {precision} batch {batch} for {opts.tune_minutes / len(grid):g} min")
+        search = tune_search_for(opts, spec, precision)
+        log(f"[0/4] tuning {precision} batch {batch} for {opts.tune_minutes / len(grid):g} min ({search})")
         summary = tune_model(
             TuneOptions(
                 model=opts.model, target=spec.name, input_shapes=shapes, precision=precision,
                 trials=1_000_000, minutes=opts.tune_minutes / len(grid), root=opts.tuning_root, quant=opts.quant,
+                search=search,
             ),
             log=log,
         )  # fmt: skip

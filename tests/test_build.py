@@ -11,6 +11,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 from inferx_edge.package.scratch import make_scratch, sweep
 from tests.helpers import REPO
 
@@ -70,3 +72,21 @@ def test_tune_minutes_tunes_then_builds_with_the_records(tmp_path):
         assert engine.variant.tuned
     r = cli("build", "--model", mlp, "--tune-minutes", "1", "--no-tuning", "-o", out)
     assert r.returncode == 2 and "contradict" in r.stderr
+
+
+def test_tune_minutes_searches_tiles_for_cuda_tensor_core_variants_unless_told(tmp_path):
+    from inferx_edge.build import BuildOptions, tune_search_for
+    from inferx_edge.errors import UsageError
+    from inferx_edge.targets import get_target
+
+    def opts(**kw):
+        return BuildOptions(model=tmp_path / "m.onnx", target="h200", output=tmp_path / "m.ixa", tune_minutes=1, **kw)
+
+    h200, cpu = get_target("h200"), get_target("x86-cpu")
+    assert [tune_search_for(opts(), h200, p) for p in ("int8", "fp16", "mixed", "fp32")] == [
+        "tiles", "tiles", "tiles", "metaschedule",
+    ]  # fmt: skip
+    assert tune_search_for(opts(), cpu, "int8") == "metaschedule"
+    assert tune_search_for(opts(tune_search="metaschedule"), h200, "int8") == "metaschedule"
+    with pytest.raises(UsageError, match="--tune-minutes"):
+        BuildOptions(model=tmp_path / "m.onnx", target="h200", output=tmp_path / "m.ixa", tune_search="tiles")

@@ -13,6 +13,7 @@ from inferx_edge.cli._common import (
 from inferx_edge.compiler.cuda import CUDA_CODE_FORMATS
 from inferx_edge.compiler.variant import PRECISIONS
 from inferx_edge.models import DEFAULT_MODEL
+from inferx_edge.tune.driver import SEARCHES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -67,6 +68,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="tune on this machine for N minutes first (shared by the variants; resumable), then build with it",
+    )
+    p.add_argument(
+        "--tune-search",
+        choices=SEARCHES,
+        default=None,
+        help="what --tune-minutes searches (see tune --search); default: tiles for CUDA fp16/int8/mixed "
+        "variants, metaschedule otherwise",
     )
     p.add_argument("--tuning-logs", type=Path, default=None, help="database root (default: tuning_logs/)")
     p.add_argument(
@@ -145,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
         sign_key=args.sign,
         force=args.force,
         tune_minutes=args.tune_minutes,
+        tune_search=args.tune_search,
     )
     manifest = build_artifact(opts)
     size = output.stat().st_size
