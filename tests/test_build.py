@@ -58,6 +58,7 @@ def test_scratch_of_a_dead_process_is_swept(tmp_path):
     os.rmdir(mine)
 
 
+@pytest.mark.slow  # 12-90 s on a 2-core host: kept under 15 min by default; run with -m slow
 def test_tune_minutes_tunes_then_builds_with_the_records(tmp_path):
     from tests.helpers import cli, make_mlp
 

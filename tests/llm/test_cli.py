@@ -72,6 +72,7 @@ def test_signed_llm_artifact_is_verified(tiny_llama, tmp_path, capsys):
     assert "sign" in capsys.readouterr().err.lower()
 
 
+@pytest.mark.slow  # 12-90 s on a 2-core host: kept under 15 min by default; run with -m slow
 def test_llm_build_keeps_another_build_at_the_output(tiny_llama, tmp_path, capsys):
     out = tmp_path / "m.ixa"
     assert main(["build", "-m", str(tiny_llama), "--precision", "int8", "-o", str(out)]) == 0

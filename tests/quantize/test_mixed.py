@@ -82,6 +82,7 @@ def test_sensitive_layer_goes_back_to_fp32_and_build_applies_the_plan(mlp, tmp_p
     assert (got.argmax(axis=1) == ev["labels"]).mean() * 100 == pytest.approx(acc["mixed"])
 
 
+@pytest.mark.slow  # 12-90 s on a 2-core host: kept under 15 min by default; run with -m slow
 def test_unmet_budget_writes_nothing_unless_allowed(mlp, tmp_path):
     plan_path = tmp_path / "plan.json"
     # keeping w1 in fp32 leaves 38 % of MACs int8, below the default --min-int8-share 0.5
@@ -100,6 +101,7 @@ def test_unmet_budget_writes_nothing_unless_allowed(mlp, tmp_path):
     assert r.returncode == 10 and "drop" in r.stderr and not art.exists()
 
 
+@pytest.mark.slow  # 12-90 s on a 2-core host: kept under 15 min by default; run with -m slow
 def test_plan_for_another_model_is_refused(mlp, tmp_path):
     plan_path = tmp_path / "plan.json"
     assert _quantize(mlp, plan_path, "--precision", "int8").returncode == 0

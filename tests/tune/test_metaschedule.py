@@ -35,6 +35,7 @@ def _opts(mlp, root, **kw):
     )
 
 
+@pytest.mark.slow  # 12-90 s on a 2-core host: kept under 15 min by default; run with -m slow
 def test_tuning_works_whatever_handlers_the_caller_put_on_the_meta_schedule_logger(mlp, tmp_path):
     """An application's (or a test harness's) handler without a name on MetaSchedule's logger crashed
     every tuning run ('NoneType' object has no attribute 'format'); one with a foreign name did too.
@@ -123,6 +124,7 @@ def test_resume_after_kill9_and_torn_line(mlp, tmp_path):
     assert records.with_suffix(".corrupt").exists()
 
 
+@pytest.mark.slow  # 12-90 s on a 2-core host: kept under 15 min by default; run with -m slow
 def test_locked_database_is_refused(mlp, tmp_path):
     from inferx_edge.frontend import import_model
 
@@ -132,6 +134,7 @@ def test_locked_database_is_refused(mlp, tmp_path):
     assert r.returncode == 8 and "in use by another tuning run" in r.stderr
 
 
+@pytest.mark.slow  # 12-90 s on a 2-core host: kept under 15 min by default; run with -m slow
 def test_prune_keeps_best_and_remembers_trials(mlp, tmp_path):
     summary = tune_model(_opts(mlp, tmp_path), **QUIET)
     before = tdb.trials_done(summary.work_dir)
@@ -168,6 +171,7 @@ def test_host_cpu_databases_are_per_microarchitecture(mlp, monkeypatch):
     assert dirs["znver3"]["h200"] == dirs["znver4"]["h200"]
 
 
+@pytest.mark.slow  # 12-90 s on a 2-core host: kept under 15 min by default; run with -m slow
 def test_jetson_without_device_names_both_ways(tmp_path):
     r = cli("tune", "--target", "jetson-orin", "--trials", "4", "--tuning-logs", tmp_path)
     assert r.returncode == 2
@@ -194,6 +198,7 @@ def test_tune_over_rpc(rpc_tracker, mlp, tmp_path):
     assert summary.valid_run >= 1
 
 
+@pytest.mark.slow  # 12-90 s on a 2-core host: kept under 15 min by default; run with -m slow
 def test_time_limit_stops_the_run_and_keeps_its_records(mlp, tmp_path):
     """--minutes: the run ends after the batch that crosses the limit, with that batch's records saved
     and a summary (it once crashed TVM's gradient scheduler by terminating tasks mid-selection)."""
@@ -204,6 +209,7 @@ def test_time_limit_stops_the_run_and_keeps_its_records(mlp, tmp_path):
     assert len(records) == summary.trials_run
 
 
+@pytest.mark.slow  # 12-90 s on a 2-core host: kept under 15 min by default; run with -m slow
 def test_kill9_in_the_first_round_keeps_every_measured_batch(tmp_path):
     """Each measured batch is committed before the next task is measured: the first records on disk
     belong to one kernel (MetaSchedule's own scheduler committed nothing until every kernel had a
@@ -232,6 +238,7 @@ def test_kill9_in_the_first_round_keeps_every_measured_batch(tmp_path):
     assert sum(c["trials"] for c in counts.values()) == len(kept)
 
 
+@pytest.mark.slow  # 12-90 s on a 2-core host: kept under 15 min by default; run with -m slow
 def test_json_lines_that_are_not_records_are_set_aside(mlp, tmp_path):
     tune_model(_opts(mlp, tmp_path, trials=4), **QUIET)
     (records,) = tmp_path.glob(f"*/*/{tdb.RECORDS}")

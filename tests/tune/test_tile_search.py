@@ -33,6 +33,7 @@ class FakeGPU:
         pass
 
 
+@pytest.mark.slow  # 12-90 s on a 2-core host: kept under 15 min by default; run with -m slow
 @needs_nvrtc
 def test_search_records_the_fastest_correct_tile_and_resumes(tmp_path):
     from inferx_edge.compiler.tuning import tile_groups
