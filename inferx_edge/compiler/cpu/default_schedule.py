@@ -83,14 +83,13 @@ class CPUDefaultSchedule:
                 return None
             lanes = _lanes(target, self._bits(sch, reductions[0] if reductions else blocks[-1]))
             unroll, anchor = self._reduction_order(sch, reductions[0], lanes) if reductions else ([], None)
-            epilogue = _fuse_epilogue(sch, root, reductions[0], anchor) if reductions and self.FUSE_EPILOGUE else None
+            epilogue = _fuse_epilogue(sch, root, reductions[0], anchor) if reductions else None
             cores = int(target.attrs.get("num-cores", 1) or 1)
             sch.annotate(root, "meta_schedule.parallel", cores * self.JOBS_PER_CORE)
-            if not _has_bool_buffer(
-                sch, sch.get_child_blocks(root)
-            ):  # LLVM's vector stores of bool (i1) masks fail codegen
+            blocks = sch.get_child_blocks(root)  # after the epilogue's blocks were inlined
+            if not _has_bool_buffer(sch, blocks):  # LLVM's vector stores of bool (i1) masks fail codegen
                 sch.annotate(root, "meta_schedule.vectorize", lanes)
-                for b in sch.get_child_blocks(root):
+                for b in blocks:
                     if not _is_reduction(sch, b) and (epilogue is None or not _same(sch, b, epilogue)):
                         _split_for_vectors(sch, b, lanes)
             for post in (ms.postproc.RewriteParallelVectorizeUnroll(), ms.postproc.RewriteReductionBlock()):
@@ -112,9 +111,6 @@ class CPUDefaultSchedule:
         buf = getattr(region, "buffer", None) or getattr(region, "source", None)
         dtype = getattr(buf, "dtype", None) or getattr(getattr(region, "ty", None), "dtype", "float32")
         return max(8, int(tvm_dtype_bits(dtype)))
-
-    #: elementwise consumers of the reduction computed per register tile, while it is in cache
-    FUSE_EPILOGUE = True
 
     #: most vector accumulators a register tile may hold (16 vector registers on AVX2/NEON-128,
     #: 32 on AVX-512/NEON: leave room for the operands)
@@ -210,7 +206,7 @@ def _fuse_epilogue(sch, root, block, anchor):
     from tvm import tirx
 
     blocks = sch.get_child_blocks(root)
-    index = next(i for i, b in enumerate(blocks) if sch.get(b).same_as(sch.get(block)))
+    index = next(i for i, b in enumerate(blocks) if _same(sch, b, block))
     for producer in blocks[:index]:
         body = sch.get(producer).body
         # a load of one buffer (tirx.BufferLoad builds an ir.TensorLoad in this TVM)
