@@ -194,20 +194,37 @@ def make_app(state: AppState, auth_token: str | None = None) -> Starlette:
         def decode():
             raw = decompress(body, request.headers.get("content-encoding"), limit)
             req = parse_infer_request(raw, request.headers.get(HEADER_LENGTH.lower()), state.shm)
-            names = {s.name for s in mv.signature.outputs}
+            check_outputs(req, mv)
+            return req
+
+        def check_outputs(req, version):
+            names = {s.name for s in version.signature.outputs}
             for o in req.outputs or []:
                 if o.name not in names:
                     raise ProtocolError(f"unknown output '{o.name}'; the model's outputs: {', '.join(sorted(names))}")
-            return req
 
         try:
             # large tensors (a big body, or shared memory) are decoded and checked for NaN off the event
             # loop: a 38 MB batch takes milliseconds that other connections would wait for
             parsed = await run_in_threadpool(decode) if len(body) > 1 << 20 else decode()
-            if sum(a.nbytes for a in parsed.inputs.values()) > 1 << 20:
-                pending = await run_in_threadpool(mv.submit, parsed.inputs, on_done)
-            else:
-                pending = mv.submit(parsed.inputs, on_done)
+            big = sum(a.nbytes for a in parsed.inputs.values()) > 1 << 20
+            while True:
+                try:
+                    pending = (
+                        await run_in_threadpool(mv.submit, parsed.inputs, on_done)
+                        if big
+                        else mv.submit(parsed.inputs, on_done)
+                    )
+                    break
+                except Unavailable:
+                    # a hot reload swapped versions while this request was being read: the version it
+                    # resolved to drains (it finishes what it accepted, takes nothing new), so a request
+                    # that named no version goes to the version now served instead of failing
+                    current = None if "version" in request.path_params else state.repository.get(mv.name)
+                    if current is None or current is mv:
+                        raise
+                    mv, labels = current, current.labels
+                    check_outputs(parsed, mv)
         except (ProtocolError, ValueError, InputError) as exc:
             return fail(400, str(exc), "REJECTED")
         except Overloaded as exc:

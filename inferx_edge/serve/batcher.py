@@ -191,13 +191,15 @@ class Batcher:
 
     # -- batch formation ------------------------------------------------------------------------------
     def _wait_for_capacity(self) -> bool:
-        """Block until some device can take a batch (at most one waiting per worker); False when stopping."""
+        """Block until some device can take a batch (at most one waiting per worker); False when stopping
+        with nothing queued (a draining batcher still runs every request it accepted)."""
         with self._slot_cv:
-            while not self._stopping:
+            while True:
                 if any(len(self._inboxes[s.label]) < s.workers for s in self.slots):
                     return True
+                if self._stopping and not self._queue:
+                    return False
                 self._slot_cv.wait(0.05)
-        return False
 
     def _schedule(self) -> None:
         while True:

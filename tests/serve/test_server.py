@@ -273,6 +273,54 @@ def test_hot_reload_swaps_versions_without_dropping_requests(served_artifact, fp
     assert codes and set(codes) == {200}
 
 
+def test_request_read_across_a_hot_reload_goes_to_the_new_version(served_artifact, fp32_artifact, tmp_path):
+    """A request resolved to the old version while its body was still arriving, submitted after the swap:
+    the old version takes nothing new, so the request is answered by the version now served."""
+    import http.client
+
+    from inferx_edge.deploy import deploy
+
+    root = tmp_path / "dev"
+    deploy(served_artifact, str(root), selftest=False, log=lambda *a: None)
+    body, hl = encode_binary_request({"image": _images(1)})
+    with running_server([root], serve_options(probe=False), reload_interval_s=0.1) as server:
+        old = server.repository.models[MODEL]
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        conn.putrequest("POST", f"/v2/models/{MODEL}/infer")
+        conn.putheader(HEADER_LENGTH, str(hl))
+        conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders()
+        conn.send(body[:10])  # the handler has resolved the model and waits for the rest of the body
+        threading.Event().wait(0.3)
+        deploy(fp32_artifact, str(root), selftest=False, log=lambda *a: None)
+        for _ in range(300):
+            if server.repository.models[MODEL] is not old and old.state != "ready":
+                break
+            threading.Event().wait(0.05)
+        assert old.state != "ready", "the old version did not start draining"
+        conn.send(body[10:])
+        r = conn.getresponse()
+        data, headers = r.read(), r.headers
+        conn.close()
+    assert r.status == 200, data
+    assert decode_infer_response(data, headers.get(HEADER_LENGTH))[0]["model_version"] != old.version
+
+
+def test_drain_runs_every_request_it_accepted(served_artifact, flaky_engine):
+    """A version drained (hot reload, shutdown) while requests wait in its queue runs them all; the
+    scheduler used to stop at the first wait for a free device and fail the rest with 503."""
+    flaky_engine.delay_s = 0.2
+    x = {"image": _images(1)}
+    done = []
+    with running_server([served_artifact], serve_options(probe=False, fixed="fp32-b1")) as server:
+        mv = server.repository.models[MODEL]
+        for _ in range(4):  # one runs, one waits for the worker, two stay queued
+            mv.submit(x, done.append)
+        threading.Event().wait(0.05)
+        assert mv.drain(30)
+    assert len(done) == 4 and [r.error for r in done] == [None] * 4
+
+
 def test_non_loopback_bind_needs_a_token_and_the_token_is_checked(served_artifact, tmp_path):
     from inferx_edge.errors import UsageError
     from inferx_edge.serve.server import Server, read_token

@@ -115,3 +115,79 @@ def test_row_reductions_are_left_to_dlight():
     grouped = tvm.transform.Sequential(fusion_passes())(grouped_conv())
     (conv,) = [f for _, f in grouped.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     assert window_reduction_rule().apply(conv, target, False) is not None
+
+
+def _fused_kernel(mod, name: str):
+    """The PrimFunc of ``mod`` named like ``name`` after legalization and fusion as build does them."""
+    import tvm
+
+    from inferx_edge.compiler.cuda.pipeline import fusion_passes
+
+    mod = tvm.transform.Sequential(fusion_passes())(mod)
+    (func,) = [f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and name in gv.name_hint]
+    return func
+
+
+def _softmax(shape, dtype="float32"):
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, dtype))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.softmax(x, axis=-1))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _layernorm(shape, dtype="float32"):
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, dtype))
+    g, b = (relax.Var(n, relax.TensorType([shape[-1]], dtype)) for n in "gb")
+    with bb.function("main", [x, g, b]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.layer_norm(x, g, b, axes=[-1]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@needs_nvrtc
+@pytest.mark.parametrize(
+    "shape,kind,dtype,per_block",
+    [
+        ([2, 12, 197, 197], "softmax", "float32", 8),  # ViT attention: 4-d, a row length not a power of two
+        ([8, 3, 49, 49], "softmax", "float16", 8),  # Swin window attention, fp16
+        ([1, 197, 768], "layer_norm", "float32", 1),  # 197 rows (a prime): one warp per block
+        ([4, 128, 384], "layer_norm", "float16", 8),
+    ],
+)
+def test_short_row_reductions_take_one_warp_per_row(shape, kind, dtype, per_block):
+    """Softmax and LayerNorm rows of at most 1024 elements: 32 threads own a row, the reductions are
+    warp shuffles (no block-wide barrier), several rows per block; dlight gave each row a 256-thread
+    block reduced through shared memory."""
+    mod = (_softmax if kind == "softmax" else _layernorm)(shape, dtype)
+    src = kernel_source("h200", mod).split("__global__")[-1]
+    assert f"__launch_bounds__({32 * per_block})" in src
+    assert "__shfl_down_sync" in src and "__syncthreads" not in src
+    assert ("threadIdx.y" in src) == (per_block > 1)
+
+
+def test_row_reduction_rule_declines_long_rows_few_rows_and_other_kernels():
+    import tvm
+
+    from inferx_edge.compiler.cuda.pipeline import fusion_passes
+    from inferx_edge.compiler.cuda.rules.row_reduction import MAX_ROW, MIN_ROWS, row_reduction_rule
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    rule = row_reduction_rule()
+    assert rule.apply(_fused_kernel(_softmax([MIN_ROWS, MAX_ROW]), "softmax"), target, False) is not None
+    assert rule.apply(_fused_kernel(_softmax([MIN_ROWS, 2 * MAX_ROW]), "softmax"), target, False) is None
+    assert rule.apply(_fused_kernel(_layernorm([MIN_ROWS // 2, 768]), "layer_norm"), target, False) is None
+    conv = tvm.transform.Sequential(fusion_passes())(grouped_conv())
+    assert all(
+        rule.apply(f, target, False) is None for _, f in conv.functions_items() if isinstance(f, tvm.tirx.PrimFunc)
+    )
+    cpu = tvm.target.Target({"kind": "llvm"})
+    assert rule.apply(_fused_kernel(_softmax([MIN_ROWS, 197]), "softmax"), cpu, False) is None

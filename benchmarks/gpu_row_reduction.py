@@ -1,0 +1,172 @@
+"""Row-reduction kernels of transformers (softmax, masked softmax, LayerNorm): one warp per row
+(``row_reduction_rule``) against dlight's ``GeneralReduction`` (one 256-thread block per row), in one
+process on one GPU.
+
+    python -m benchmarks.gpu_row_reduction [--batches 1,64] [--dtypes float32,float16]
+
+The kernels are the shapes of ViT-B/16 (197 tokens, 12 heads, width 768), Swin-T's first stage (7x7
+windows: 49 tokens, 3 heads, width 96) and MiniLM-L6 at sequence 128 (12 heads, width 384, an additive
+attention mask, added by the kernel before the softmax, as the networks' fusion leaves it), built
+from Relax operators, legalized and fused as ``build`` does. Each is compiled
+both ways, run on the same random inputs, checked against numpy float64 and timed with TVM's time
+evaluator. Writes ``results/<name>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+from benchmarks._record import gpu_driver, versions, write_record
+
+SCHEDULES = ("one warp per row", "dlight block per row")
+
+
+def _ref_softmax(x, mask=None, scale=1.0):
+    z = x.astype(np.float64) * scale
+    if mask is not None:
+        z = z + mask.astype(np.float64)
+    z = np.exp(z - z.max(-1, keepdims=True))
+    return z / z.sum(-1, keepdims=True)
+
+
+def _ref_layernorm(x, g, b):
+    x = x.astype(np.float64)
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + 1e-5) * g + b
+
+
+def cases(batch: int) -> dict:
+    """{name: (kind, shapes)} of the kernels timed at ``batch``."""
+    return {
+        "vit softmax": ("softmax", [(batch, 12, 197, 197)]),
+        "vit layernorm": ("layernorm", [(batch, 197, 768)]),
+        "swin window softmax": ("softmax", [(batch * 64, 3, 49, 49)]),
+        "swin layernorm": ("layernorm", [(batch, 3136, 96)]),
+        "minilm masked softmax": ("masked_softmax", [(batch, 12, 128, 128), (batch, 1, 1, 128)]),
+        "minilm layernorm": ("layernorm", [(batch, 128, 384)]),
+    }
+
+
+def kernel(kind: str, shapes: list, dtype: str):
+    """(PrimFunc, numpy inputs, float64 reference) for one case."""
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.cuda.pipeline import fusion_passes
+
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shapes[0], dtype))
+    host = [(2.0 * rng.standard_normal(shapes[0])).astype(dtype)]
+    params = [x]
+    if kind == "layernorm":
+        width = shapes[0][-1]
+        g, b = relax.Var("g", relax.TensorType([width], dtype)), relax.Var("b", relax.TensorType([width], dtype))
+        params += [g, b]
+        host += [(1 + 0.1 * rng.standard_normal(width)).astype(dtype), (0.1 * rng.standard_normal(width)).astype(dtype)]
+    elif kind == "masked_softmax":
+        m = relax.Var("m", relax.TensorType(shapes[1], dtype))
+        params.append(m)
+        mask = np.zeros(shapes[1], dtype)
+        mask[..., shapes[1][-1] * 3 // 4 :] = -10000.0  # the last quarter of every sequence is padding
+        host.append(mask)
+    with bb.function("main", params):
+        with bb.dataflow():
+            if kind == "layernorm":
+                out = bb.emit(relax.op.nn.layer_norm(x, params[1], params[2], axes=[-1]))
+            elif kind == "softmax":
+                out = bb.emit(relax.op.nn.softmax(x, axis=-1))
+            else:
+                scaled = bb.emit(relax.op.add(relax.op.multiply(x, relax.const(0.125, dtype)), params[1]))
+                out = bb.emit(relax.op.nn.softmax(scaled, axis=-1))
+            out = bb.emit_output(out)
+        bb.emit_func_output(out)
+    mod = tvm.transform.Sequential(fusion_passes())(bb.get())
+    funcs = {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    # the scale and mask add of the masked softmax are a kernel of their own (as in the networks)
+    (func,) = [f for n, f in funcs.items() if ("layer_norm" if kind == "layernorm" else "softmax") in n]
+    if kind == "masked_softmax":
+        host = [(host[0].astype(np.float64) * 0.125 + host[1]).astype(dtype)]
+    if kind == "layernorm":
+        ref = _ref_layernorm(*host)
+    elif kind == "softmax":
+        ref = _ref_softmax(host[0])
+    else:
+        ref = _ref_softmax(host[0])
+    return func, host, ref
+
+
+def compile_kernel(func, target: str, schedule: str):
+    import tvm
+    from tvm.s_tir import dlight as dl
+
+    from inferx_edge.compiler.compile import pass_config, resolve_tvm_target
+    from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.compiler.cuda.rules.row_reduction import row_reduction_rule
+    from inferx_edge.compiler.tvm_ops import tvm_op_fixes
+    from inferx_edge.targets import get_target
+
+    tvm_op_fixes()
+    spec = get_target(target)
+    tvm_target = resolve_tvm_target(spec)
+    rules = [dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    if schedule == SCHEDULES[0]:
+        rules.insert(0, row_reduction_rule())
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    with tvm_target:
+        mod = dl.ApplyDefaultSchedule(*rules)(mod)
+    with device_compiler(spec, "cubin"), tvm_target, pass_config(async_copy=False):
+        return tvm.compile(mod, target=tvm_target)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", default="1,64")
+    ap.add_argument("--dtypes", default="float32,float16")
+    ap.add_argument("--target", default="h200")
+    ap.add_argument("--name", default=None)
+    args = ap.parse_args()
+    import torch
+    import tvm
+
+    dev = tvm.cuda(0)
+    results = []
+    for dtype in args.dtypes.split(","):
+        for batch in (int(b) for b in args.batches.split(",")):
+            for name, (kind, shapes) in cases(batch).items():
+                func, host, ref = kernel(kind, shapes, dtype)
+                row = {"kernel": name, "dtype": dtype, "batch": batch, "shape": list(shapes[0])}
+                for schedule in SCHEDULES:
+                    lib = compile_kernel(func, args.target, schedule)
+                    tensors = [tvm.runtime.tensor(a, dev) for a in host]
+                    out = tvm.runtime.tensor(np.zeros(shapes[0], dtype), dev)
+                    lib["main"](*tensors, out)
+                    got = out.numpy().astype(np.float64)
+                    row[f"{schedule} max abs error"] = float(np.abs(got - ref).max())
+                    timer = lib.mod.time_evaluator("main", dev, number=20, repeat=5, min_repeat_ms=50)
+                    row[f"{schedule} us"] = float(np.median(timer(*tensors, out).results)) * 1e6
+                moved = sum(a.nbytes for a in host) + np.zeros(shapes[0], dtype).nbytes
+                row["bytes moved"] = int(moved)
+                row["GB/s one warp per row"] = moved / row[f"{SCHEDULES[0]} us"] / 1e3
+                row["speedup"] = row[f"{SCHEDULES[1]} us"] / row[f"{SCHEDULES[0]} us"]
+                results.append(row)
+                print(json.dumps(row), flush=True)
+    path = write_record(
+        args.name or f"gpu_row_reduction_{args.target}",
+        {
+            "device": torch.cuda.get_device_name(0),
+            "driver": gpu_driver(),
+            "versions": versions("apache-tvm", "torch", "inferx_edge"),
+            "schedules": list(SCHEDULES),
+            "results": results,
+        },
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
