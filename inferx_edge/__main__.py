@@ -89,4 +89,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+    except KeyboardInterrupt:  # a signal that arrived after the command's own handlers had returned
+        print("inferx_edge: interrupted", file=sys.stderr)
+        code = 128 + _signalled[0] if _signalled else 130
+    sys.exit(code)

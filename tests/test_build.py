@@ -29,7 +29,12 @@ def _scratch(kind: str, pid: int | None = None) -> list[Path]:
 def test_sigterm_mid_build_cleans_up(tmp_path):
     out = tmp_path / "a.ixa"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "inferx_edge", "build", "--no-tuning", "-o", str(out)],
+        # several variants (int8 calibrates first): the build runs for many seconds, so the signal lands
+        # mid-build rather than after the artifact is written (one fp32 variant took ~2 s)
+        [
+            *[sys.executable, "-m", "inferx_edge", "build", "--no-tuning", "-o", str(out)],
+            *["--precision", "fp32,int8", "--batch-sizes", "1,4,16,64"],
+        ],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
