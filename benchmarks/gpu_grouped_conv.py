@@ -76,23 +76,14 @@ def grouped_conv_func(n, hw, c, group_width, stride, dtype, hwio: bool):
 
 
 def compile_kernel(func, target: str, window: bool):
-    import tvm
     from tvm.s_tir import dlight as dl
 
-    from inferx_edge.compiler.compile import pass_config, resolve_tvm_target
-    from inferx_edge.compiler.cuda import device_compiler
+    from benchmarks._kernels import compile_with_rules
     from inferx_edge.compiler.cuda.rules.small_reduction import small_reduction_rule
     from inferx_edge.compiler.cuda.rules.window_reduction import window_reduction_rule
-    from inferx_edge.targets import get_target
 
-    spec = get_target(target)
-    tvm_target = resolve_tvm_target(spec)
-    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
     rules = [small_reduction_rule(), *([window_reduction_rule()] if window else [])]
-    with tvm_target:
-        mod = dl.ApplyDefaultSchedule(*rules, dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
-    with device_compiler(spec, "cubin"), tvm_target, pass_config(async_copy=False):
-        return tvm.compile(mod, target=tvm_target)
+    return compile_with_rules(func, target, [*rules, dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()])
 
 
 def torch_us(fn, iters: int = 50) -> float:

@@ -101,26 +101,15 @@ def kernel(kind: str, shapes: list, dtype: str):
 
 
 def compile_kernel(func, target: str, schedule: str):
-    import tvm
     from tvm.s_tir import dlight as dl
 
-    from inferx_edge.compiler.compile import pass_config, resolve_tvm_target
-    from inferx_edge.compiler.cuda import device_compiler
+    from benchmarks._kernels import compile_with_rules
     from inferx_edge.compiler.cuda.rules.row_reduction import row_reduction_rule
-    from inferx_edge.compiler.tvm_ops import tvm_op_fixes
-    from inferx_edge.targets import get_target
 
-    tvm_op_fixes()
-    spec = get_target(target)
-    tvm_target = resolve_tvm_target(spec)
     rules = [dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
     if schedule == SCHEDULES[0]:
         rules.insert(0, row_reduction_rule())
-    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
-    with tvm_target:
-        mod = dl.ApplyDefaultSchedule(*rules)(mod)
-    with device_compiler(spec, "cubin"), tvm_target, pass_config(async_copy=False):
-        return tvm.compile(mod, target=tvm_target)
+    return compile_with_rules(func, target, rules)
 
 
 def main() -> None:

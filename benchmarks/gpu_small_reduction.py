@@ -81,22 +81,12 @@ def random_args(func, seed: int = 0) -> list[np.ndarray]:
 
 
 def compile_kernel(func, target: str, channels: int):
-    import tvm
     from tvm.s_tir import dlight as dl
 
-    from inferx_edge.compiler.compile import pass_config, resolve_tvm_target
-    from inferx_edge.compiler.cuda import device_compiler, small_reduction_rule
-    from inferx_edge.compiler.tvm_ops import tvm_op_fixes
-    from inferx_edge.targets import get_target
+    from benchmarks._kernels import compile_with_rules
+    from inferx_edge.compiler.cuda import small_reduction_rule
 
-    tvm_op_fixes()
-    spec = get_target(target)
-    tvm_target = resolve_tvm_target(spec)
-    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
-    with tvm_target:
-        mod = dl.ApplyDefaultSchedule(small_reduction_rule(channels), dl.gpu.Fallback())(mod)
-    with device_compiler(spec, "cubin"), tvm_target, pass_config(async_copy=False):
-        return tvm.compile(mod, target=tvm_target)
+    return compile_with_rules(func, target, [small_reduction_rule(channels), dl.gpu.Fallback()])
 
 
 def main() -> None:

@@ -25,9 +25,9 @@ def fusion_passes() -> list:
 
 
 def cuda_pipeline(target, tile_config: TileConfig | None = None, sm_count: int | None = None):
-    """TVM's default CUDA Relax pipeline with :func:`tensor_core_matmul_rule` in place of dlight's Matmul
-    and :func:`small_reduction_rule`, :func:`window_reduction_rule` ahead of its reduction rules, :func:`row_reduction_rule` ahead of its
-    ``GeneralReduction``, :func:`vectorized_elementwise_rule`
+    """TVM's default CUDA Relax pipeline with :func:`tensor_core_matmul_rule` in place of dlight's Matmul,
+    :func:`small_reduction_rule` and :func:`window_reduction_rule` ahead of its reduction rules,
+    :func:`row_reduction_rule` ahead of its ``GeneralReduction`` and :func:`vectorized_elementwise_rule`
     ahead of its fallback. A rule that raises on a kernel hands it to the next one
     (:mod:`inferx_edge.compiler.guarded_schedule`). ``sm_count``: the GPU's SMs, for the int8 tile choice."""
     import tvm

@@ -30,8 +30,8 @@ ROWS_PER_BLOCK = (8, 4, 2, 1)
 _WARP = 32
 
 
-def row_reduction_extents(infos) -> tuple[int, int, int] | None:
-    """(rows, elements per row, leading spatial axes) of a kernel this rule takes, else None."""
+def row_reduction_extents(infos) -> tuple[list[int], int] | None:
+    """(the iteration extents, how many of them lead as row axes) of a kernel this rule takes, else None."""
     if infos is None or len(infos) < 2:
         return None
     dom_kind = infos[0].dom_kind()
@@ -50,10 +50,9 @@ def row_reduction_extents(infos) -> tuple[int, int, int] | None:
     last_doms = [it.dom for it in last.iters]
     if last_doms != doms:  # the output must walk the same row axes in the same order
         return None
-    rows, row = math.prod(doms[:leading]), math.prod(doms[leading:])
-    if row > MAX_ROW or rows < MIN_ROWS:
+    if math.prod(doms[leading:]) > MAX_ROW or math.prod(doms[:leading]) < MIN_ROWS:
         return None
-    return rows, row, leading
+    return doms, leading
 
 
 def _flatten(strides: list[int]):
@@ -63,6 +62,11 @@ def _flatten(strides: list[int]):
         return [sum(x * st for x, st in zip(idx, strides))]
 
     return flat
+
+
+def _unroll(sch, loop) -> None:
+    sch.annotate(loop, ann_key="pragma_auto_unroll_max_step", ann_val=256)
+    sch.annotate(loop, ann_key="pragma_unroll_explicit", ann_val=1)
 
 
 def row_reduction_rule():
@@ -86,12 +90,14 @@ def row_reduction_rule():
             found = row_reduction_extents(infos)
             if found is None:
                 return None
-            rows, _row, leading = found
+            doms, leading = found
+            rows = math.prod(doms[:leading])
             per_block = next(r for r in ROWS_PER_BLOCK if rows % r == 0)
-            doms = [it.dom for it in infos[0].iters]
             trailing = len(doms) - leading
             if leading > 1:
-                # ... and the per-row results (max, sum, mean) in 1-d buffers indexed by that row
+                # one row axis in every block (below), so the row a warp owns is ``bx * per_block + ty``,
+                # an affine index each reduction placed under ``ty`` covers exactly; first the per-row
+                # results (max, sum, mean) go to 1-d buffers indexed by that row
                 for info in infos[:-1]:
                     for i, region in enumerate(sch.get(info.block_rv).writes):
                         shape = [int(d) for d in region.source.shape]
@@ -101,8 +107,6 @@ def row_reduction_rule():
                         flat = tirx.IndexMap.from_func(_flatten(strides), ndim=len(shape))
                         sch.transform_layout(info.block_rv, ("write", i), flat)
 
-                # one row axis in every block: the row a warp owns is then ``bx * per_block + ty``, an
-                # affine index, so each reduction placed under ``ty`` covers exactly that row
                 def fuse_rows(*iters):
                     row = iters[0]
                     for it, d in zip(iters[1:leading], doms[1:leading]):
@@ -112,18 +116,15 @@ def row_reduction_rule():
                 index_map = tirx.IndexMap.from_func(fuse_rows, ndim=len(doms))
                 for info in infos:
                     sch.transform_block_layout(info.block_rv, index_map)
-                leading = 1
-            loops = sch.get_loops(infos[-1].block_rv)
-            bx = sch.fuse(*loops[:leading]) if leading > 1 else loops[0]
-            bx, ty = sch.split(bx, [None, per_block])
-            inner = sch.fuse(*loops[leading:]) if len(loops) - leading > 1 else loops[leading]
-            steps, tx = sch.split(inner, [None, _WARP])
+            # every block now has one row axis, then the row's elements
+            row, *elements = sch.get_loops(infos[-1].block_rv)
+            bx, ty = sch.split(row, [None, per_block])
+            steps, tx = sch.split(sch.fuse(*elements) if len(elements) > 1 else elements[0], [None, _WARP])
             sch.reorder(tx, steps)
             sch.bind(bx, "blockIdx.x")
             sch.bind(ty, "threadIdx.y")
             sch.bind(tx, "threadIdx.x")
-            sch.annotate(steps, ann_key="pragma_auto_unroll_max_step", ann_val=256)
-            sch.annotate(steps, ann_key="pragma_unroll_explicit", ann_val=1)
+            _unroll(sch, steps)
             for info in reversed(infos[:-1]):
                 block = info.block_rv
                 for i, _ in enumerate(sch.get(block).writes):
@@ -134,8 +135,7 @@ def row_reduction_rule():
                 r, rtx = sch.split(r, [None, _WARP])
                 sch.reorder(rtx, r)
                 sch.bind(rtx, "threadIdx.x")
-                sch.annotate(r, ann_key="pragma_auto_unroll_max_step", ann_val=256)
-                sch.annotate(r, ann_key="pragma_unroll_explicit", ann_val=1)
+                _unroll(sch, r)
             return sch
 
     return RowReduction()
