@@ -56,7 +56,7 @@ class Policy(Protocol):
 
     def score(self, s: VariantStats) -> float: ...  # lower is better
 
-    def fallback(self, s: VariantStats) -> float: ...  # lower is closer to feasible
+    def fallback(self, s: VariantStats) -> float | tuple: ...  # lower is closer to feasible
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,8 @@ class LatencySLO:
         return s.j_per_frame
 
     def fallback(self, s):
-        return s.p99_ms
+        # the lowest p99; among points that cannot keep up at all (equal, saturated p99), the fastest
+        return s.p99_ms, -s.fps
 
     def describe(self):
         return f"minimum J/frame with p99 <= {self.p99_ms:g} ms"

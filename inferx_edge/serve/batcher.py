@@ -135,8 +135,21 @@ class Batcher:
     receives ``(slot, variant, rows, seconds)`` after every batch (seconds None: it failed).
     """
 
-    def __init__(self, signature: Signature, slots: list[DeviceSlot], options: BatchOptions, plan, route, observer):
+    def __init__(
+        self,
+        signature: Signature,
+        slots: list[DeviceSlot],
+        options: BatchOptions,
+        plan,
+        route,
+        observer,
+        backlog_alarm: Callable[[], float] | None = None,
+        on_backlog: Callable[[], None] | None = None,
+    ):
         self.signature = signature
+        self.backlog_alarm = backlog_alarm
+        self.on_backlog = on_backlog
+        self._queued = 0  # rows accepted and not yet in a batch
         self.slots = slots
         self.options = options
         self.plan = plan
@@ -164,6 +177,11 @@ class Batcher:
     def depth(self) -> int:
         return len(self._queue)
 
+    @property
+    def queued_rows(self) -> int:
+        """Rows accepted and not yet in a batch."""
+        return self._queued
+
     def submit(self, arrays: list[np.ndarray], rows: int, on_done: Callable[[Request], None]) -> Request:
         now = time.monotonic()
         with self._cv:
@@ -178,7 +196,11 @@ class Batcher:
             self._queue.append(r)
             self.arrived_rows += rows
             self.arrived_requests += 1
+            self._queued += rows
+            alarm = self.backlog_alarm is not None and self._queued > self.backlog_alarm()
             self._cv.notify()
+        if alarm and self.on_backlog is not None:
+            self.on_backlog()  # the governor decides now, not at its window's end
         return r
 
     def _retry_after(self) -> float:
@@ -237,9 +259,11 @@ class Batcher:
             r = self._queue[0]
             if r.cancelled or r.finished:
                 self._queue.popleft()
+                self._queued -= r.rows - r.taken
                 continue
             if now > r.deadline and r.taken == 0:
                 self._queue.popleft()
+                self._queued -= r.rows
                 r.fail(
                     RequestTimeout(
                         f"request waited {now - r.arrival:.3f} s, past its {self.options.timeout_s:g} s timeout"
@@ -250,6 +274,7 @@ class Batcher:
             slices.append(Slice(r, r.taken, r.taken + n))
             r.taken += n
             rows += n
+            self._queued -= n
             if r.taken == r.rows:
                 self._queue.popleft()
         return slices

@@ -17,6 +17,15 @@ one that is):
   power/lambda. Without a power sensor a device's "watts" are its busy fraction (P_idle 0, P_active 1):
   J/frame is then device-seconds per frame, and the decision log says so.
 
+The arrival rate a decision uses is not the raw window's: a window's count is Poisson noise around the
+rate (+-10 % at 100 requests), and deciding on it flaps between neighbouring points. The estimate
+(:class:`RateEstimate`) follows a smoothed rate and jumps to the window's rate only when the count is
+out of the noise (4 standard deviations): up at once, so a burst is met in one window, and down at
+once when traffic falls away. Rows still queued at the end of a window count as extra demand, to be
+served within the next window, so a backlog makes the governor pick a point that drains it; and a
+queue past :meth:`LiveGovernor.backlog_alarm_rows` wakes the governor at once (the batcher checks it
+on every request) rather than at the window's end.
+
 The running point's p99 and J/frame are replaced by the measured window when the window has enough
 requests. The FPS floor of ``min-energy`` is compared with the live demand: a point must sustain
 min(floor, 1.2*lambda). Points are re-probed every ``reprobe_s`` (a short back-to-back run on an idle
@@ -25,6 +34,7 @@ worker; its time and energy are counted in metrics), so a profile never goes sta
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -42,7 +52,7 @@ from inferx_edge.runtime.governor import (
 )
 from inferx_edge.runtime.telemetry.base import MAX_PLAUSIBLE_W, EnergyMeter
 from inferx_edge.serve.batcher import DeviceSlot
-from inferx_edge.serve.queueing import Point, predict
+from inferx_edge.serve.queueing import SATURATED_MS, Point, predict
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,29 @@ class GovernorOptions:
 
             raise UsageError(f"--policy {self.policy} needs {flag}")
         return value
+
+
+class RateEstimate:
+    """The arrival rate decisions use: an exponentially smoothed rate (time constant ``tau_s``) that
+    jumps to a window's measured rate when the window's count is more than ``z`` Poisson standard
+    deviations away from what the smoothed rate expects (a change of load: at z = 4 noise alone does that
+    once in ~15,000 windows)."""
+
+    def __init__(self, tau_s: float = 2.0, z: float = 4.0):
+        self.tau_s, self.z = tau_s, z
+        self.rate: float | None = None
+
+    def update(self, rows: float, seconds: float) -> float:
+        measured = rows / seconds
+        if self.rate is None:
+            self.rate = measured
+            return self.rate
+        expected = self.rate * seconds
+        if abs(rows - expected) > self.z * math.sqrt(max(expected, 1.0)) + 1.0:
+            self.rate = measured
+        else:
+            self.rate += min(1.0, seconds / self.tau_s) * (measured - self.rate)
+        return self.rate
 
 
 class LiveGovernor:
@@ -112,6 +145,10 @@ class LiveGovernor:
         self._meters: dict[str, EnergyMeter] = {}
         self._busy_mark = {s.label: 0.0 for s in slots}
         self._variant_busy: dict[tuple[str, str], float] = {}
+        self.rate = RateEstimate()
+        self._queued_before = 0  # rows queued when the window being judged began
+        self._settle = False  # a backlog alarm moved to the fastest point: the next decision ignores dwell
+        self.alarm_rows = math.inf  # backlog_alarm_rows() of the current point, kept for the batcher
 
     # -- measurements ---------------------------------------------------------------------------------
     def probe_all(self) -> None:
@@ -221,6 +258,18 @@ class LiveGovernor:
         idle, active = self._power(slot, name)
         return (active - idle) * (slot.timing[name].seconds or math.inf)
 
+    def backlog_alarm_rows(self) -> float:
+        """Queued rows past which the server should not wait for the window's end to decide: what the
+        current point serves in half the p99 limit (``latency-slo``) or in half a window (the other
+        policies), at least one full batch. A burst that outruns the current point trips it within
+        milliseconds, instead of queueing for the rest of the window."""
+        p = self.points[self.current]
+        stats = self.predict(p, 1.0)
+        if stats is None:
+            return math.inf
+        horizon = self.limit / 2e3 if self.policy_name == "latency-slo" else self.options.window_s / 2
+        return max(float(p.batch), stats.fps * horizon)
+
     # -- the model of a point at the live load ----------------------------------------------------------
     def predict(self, point: Point, lam: float) -> VariantStats | None:
         """The point's stats at arrival rate ``lam`` (:func:`~inferx_edge.serve.queueing.predict`)."""
@@ -236,8 +285,9 @@ class LiveGovernor:
                 m.start()
                 self._meters[s.label] = m
 
-    def tick(self, arrived_rows: int) -> dict:
-        """Close the window (``arrived_rows`` came in during it), decide, open the next; returns the
+    def tick(self, arrived_rows: int, queued_rows: int = 0, alarm: bool = False) -> dict:
+        """Close the window (``arrived_rows`` came in during it, ``queued_rows`` still wait at its end;
+        ``alarm``: closed early by the batcher's backlog alarm), decide, open the next; returns the
         window's measurements (the server exports them as metrics)."""
         now = time.monotonic()
         dt = max(now - self._window_start, 1e-6)
@@ -263,6 +313,8 @@ class LiveGovernor:
         window = {
             "seconds": dt,
             "arrival_fps": lam,
+            "queued_rows": queued_rows,
+            "alarm": alarm,
             "served_fps": frames / dt,
             "p99_ms": measured_p99,
             "requests": len(latencies),
@@ -299,19 +351,37 @@ class LiveGovernor:
         return MaxThroughputUnderPowerCap(self.limit)
 
     def decide(self, now: float, lam: float, window: dict) -> None:
-        """Judge every point at arrival rate ``lam`` and pick one (logged); ``window``: the measurements
-        that replace the running point's predictions."""
+        """Judge every point at the demand the window shows and pick one (logged); ``lam``: the window's
+        arrival rate (rows/s), smoothed by :class:`RateEstimate`; ``window``: the measurements that
+        replace the running point's predictions (its ``queued_rows`` add to the demand)."""
+        seconds = window.get("seconds") or self.options.window_s
+        rate = self.rate.update(lam * seconds, seconds)
+        queued = window.get("queued_rows", 0)
+        backlog = max(0, queued - self.points[self.current].batch)  # beyond the batch being formed
+        demand = rate + backlog / self.options.window_s
+        window["demand_fps"] = demand
+        queued_before, self._queued_before = self._queued_before, queued
         table = {}
         for p in self.points.values():
-            stats = self.predict(p, lam)
+            stats = self.predict(p, rate)
+            if stats is not None and demand > rate:  # feasibility at the demand, cost at the arrival rate
+                stats = dataclasses.replace(stats, p99_ms=self.predict(p, demand).p99_ms)
             if stats is not None:
                 table[p.name] = stats
         if not table:
             return
         cur = table.get(self.current)
         if cur is not None and window["requests"]:
-            p99 = window["p99_ms"] if window["p99_ms"] is not None else cur.p99_ms
-            jpf = window["j_per_frame"] if window["j_per_frame"] is not None else cur.j_per_frame
+            # a point that cannot keep up with the demand stays so: the requests a window served do not
+            # show the queue growing behind them
+            # requests after a backlog (a burst met by the previous point) measure that point, not this
+            saturated = cur.p99_ms >= SATURATED_MS
+            clean = queued_before <= self.points[self.current].batch
+            p99 = window["p99_ms"] if window["p99_ms"] is not None and clean and not saturated else cur.p99_ms
+            # measured power over the estimated rate: the window's own frame count is Poisson noise that
+            # would make the running point look better or worse than its rivals by chance
+            energy = window.get("energy_j")
+            jpf = energy / seconds / max(rate, 1e-3) if energy is not None else cur.j_per_frame
             table[self.current] = VariantStats(cur.name, cur.fps, cur.watts, jpf, p99, cur.batch, cur.precision)
         no_power = [s.label for s in self.slots if s.idle_w is None]
         self.energy_note = (
@@ -322,7 +392,7 @@ class LiveGovernor:
         if self.options.fixed:
             self._emit(now, self.current, "fixed operating point (--variant)", table, window)
             return
-        policy = self._policy(lam)
+        policy = self._policy(demand)
         if self.gov is None:
             self.gov = Governor(
                 make_policy(self.policy_name, self.limit),
@@ -339,12 +409,24 @@ class LiveGovernor:
             gov.observe(stats)
         before = self.current
         self._gov_decisions.clear()
-        choice = gov.decide(now)
+        if window.get("alarm") and self.policy_name != "max-throughput":
+            # the queue outgrew the running point: go to the most capacity at once (the rate estimate is
+            # only a few milliseconds old), and let the next window's decision step down without dwell
+            choice = max(table.values(), key=lambda st: (st.fps, -st.j_per_frame)).name
+            reason = f"backlog alarm: {queued} rows queued; the point with the most capacity until the rate is known"
+            if choice != gov.current:
+                gov.current, gov.since = choice, now
+            self._settle = True
+        else:
+            if self._settle:
+                gov.since, self._settle = -math.inf, False
+            choice = gov.decide(now)
+            reason = self._gov_decisions[-1]["reason"] if self._gov_decisions else ""
         with self.lock:
             self.current = choice
             if choice != before:
                 self.switches += 1
-        reason = self._gov_decisions[-1]["reason"] if self._gov_decisions else ""
+        self.alarm_rows = self.backlog_alarm_rows()
         self._emit(now, choice, reason, table, window, before)
 
     def _emit(self, now, choice, reason, table, window, before=None) -> None:

@@ -141,6 +141,10 @@ def open_telemetry(spec: str, device: str, device_id: int):
     return probe(spec, **({"index": device_id} if spec == "nvml" else {}))
 
 
+#: the shortest time between two decisions the batcher's backlog alarm asks for
+ALARM_GAP_S = 0.025
+
+
 class ModelVersion:
     """One version of one model, loaded on its devices, batching and governed."""
 
@@ -181,15 +185,23 @@ class ModelVersion:
                     for t in s.timing.values():
                         t.seconds = t.seconds or 1e-3
             self.governor.decide(time.monotonic(), 0.0, _empty_window())
+            self._stop = threading.Event()
+            self._wake = threading.Event()  # the batcher's backlog alarm, or stop
             self.batcher = Batcher(
-                self.signature, slots, options.batch, self.governor.plan, self.governor.route, self._observe
+                self.signature,
+                slots,
+                options.batch,
+                self.governor.plan,
+                self.governor.route,
+                self._observe,
+                backlog_alarm=lambda: self.governor.alarm_rows,
+                on_backlog=self._wake.set,
             )
         except BaseException:
             for e in self.engines:
                 e.close()
             raise
         self.governor.start_window()
-        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._govern, name=f"inferx-governor-{name}", daemon=True)
         self._thread.start()
         for s in self.slots:
@@ -211,9 +223,21 @@ class ModelVersion:
 
     def _govern(self) -> None:
         last_rows = self.batcher.arrived_rows
-        while not self._stop.wait(self.options.governor.window_s):
+        window_s = self.options.governor.window_s
+        last_tick = time.monotonic()
+        while True:
+            alarm = self._wake.wait(window_s)
+            # alarms decide at most every 25 ms (or ten times a window): a queue that stays past the
+            # alarm (a point that cannot keep up) must not turn the governor into a busy loop
+            early = last_tick + min(window_s / 10, ALARM_GAP_S) - time.monotonic()
+            if alarm and early > 0:
+                self._stop.wait(early)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            last_tick = time.monotonic()
             rows = self.batcher.arrived_rows
-            window = self.governor.tick(rows - last_rows)
+            window = self.governor.tick(rows - last_rows, self.batcher.queued_rows, alarm=alarm)
             last_rows = rows
             self._export(window)
             for slot, name in self.governor.reprobe_due():
@@ -248,6 +272,7 @@ class ModelVersion:
         self.metrics.set("inferx_model_ready", self.labels, 0)
         ok = self.batcher.drain(timeout_s)
         self._stop.set()
+        self._wake.set()
         self._thread.join(5)
         for e in self.engines:
             e.close()

@@ -171,6 +171,11 @@ class TwinDevice:
             delays.append(EMC_DELAY_S)
         return max(delays) + HOTPLUG_S_PER_CPU * abs(old.cpus - new.cpus)
 
+    def next_switch(self) -> float | None:
+        """When the requested mode change takes effect (simulated s), None when none is pending."""
+        self._take_requests()
+        return self.pending.effective_at if self.pending else None
+
     def _take_requests(self) -> None:
         path = self.root / "run/nvpmodel/requests.jsonl"
         if not path.exists():

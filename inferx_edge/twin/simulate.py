@@ -124,46 +124,63 @@ class Simulation:
 
     # -- one fixed schedule of points --------------------------------------------------------------
     def run_schedule(
-        self, name: str, choose, windows: range | None = None, device: TwinDevice | None = None
+        self,
+        name: str,
+        choose,
+        windows: range | None = None,
+        device: TwinDevice | None = None,
+        steps: int = 1,
     ) -> RunResult:
-        """Run windows with ``choose(k, last_window) -> OpPoint`` deciding each window's point."""
+        """Run windows with ``choose(k, last_step) -> OpPoint`` deciding the point of each of a window's
+        ``steps`` equal steps (``last_step``: the previous step's measurements, None at first)."""
         windows = windows if windows is not None else range(len(self.arrivals))
         rng = np.random.default_rng(self.seed + 1)
         q = Queue(self.table, self.delay, rng)
         own_device = device is None
         tmp = tempfile.TemporaryDirectory() if own_device else None
         dev = device or TwinDevice(self.board, tmp.name, publish=False)
-        dev.clock.t = windows.start * self.trace.window_s
+        w = self.trace.window_s
+        dev.clock.t = windows.start * w
         q.free_at = dev.clock.t
         lat_all, timeline, last = [], [], None
         point_switches, current = 0, None
         try:
             for k in windows:
-                point = choose(k, last)
-                if current is not None and point != current:
-                    point_switches += 1
-                current = point
-                if dev.mode.id != point.mode and (dev.pending is None or dev.pending.mode.id != point.mode):
-                    dev.request_mode(point.mode)
-                mode = dev.mode  # batches this window run at the clocks in force when they start
-                t_end = (k + 1) * self.trace.window_s
-                lat, busy, gpu, mem, cpu = q.window(self.arrivals[k], t_end, point, mode)
-                w = self.trace.window_s
-                energy = dev.advance(
-                    w, gpu_util=min(gpu / w, 1.0), cpu_util=min(cpu / w, 1.0), mem_util=min(mem / w, 1.0)
-                )
+                arrivals = self.arrivals[k]
+                record = {"k": k, "arrivals": len(arrivals), "energy_j": 0.0, "busy": 0.0, "mode": dev.mode.name}
+                window_lats = []
+                for j in range(steps):
+                    point = choose(k, last)
+                    if current is not None and point != current:
+                        point_switches += 1
+                    current = point
+                    if dev.mode.id != point.mode and (dev.pending is None or dev.pending.mode.id != point.mode):
+                        dev.request_mode(point.mode)
+                    t_end = k * w + (j + 1) * w / steps
+                    n = int(np.searchsorted(arrivals, t_end)) if j + 1 < steps else len(arrivals)
+                    step_arrivals, arrivals = arrivals[:n], arrivals[n:]
+                    t0 = dev.clock.t
+                    lat, busy, energy = self._step(q, dev, step_arrivals, t_end, point)
+                    window_lats.append(lat)
+                    record["energy_j"] += energy
+                    record["busy"] += busy / w
+                    record["point"] = point
+                    last = {
+                        "k": k,
+                        "seconds": t_end - t0,
+                        "arrivals": len(step_arrivals),
+                        "served": len(lat),
+                        "queued": len(q.pending),
+                        "latencies": lat,
+                        "p99_ms": float(np.percentile(lat, 99) * 1e3) if len(lat) >= 20 else None,
+                        "energy_j": energy,
+                        "point": point,
+                    }
+                lat = np.concatenate(window_lats)
                 lat_all.append(lat)
-                last = {
-                    "k": k,
-                    "arrivals": len(self.arrivals[k]),
-                    "served": len(lat),
-                    "p99_ms": float(np.percentile(lat, 99) * 1e3) if len(lat) >= 20 else None,
-                    "busy": busy / w,
-                    "energy_j": energy,
-                    "point": point,
-                    "mode": mode.name,
-                }
-                timeline.append(last)
+                record["served"] = len(lat)
+                record["p99_ms"] = float(np.percentile(lat, 99) * 1e3) if len(lat) >= 20 else None
+                timeline.append(record)
         finally:
             if tmp is not None:
                 tmp.cleanup()
@@ -182,6 +199,27 @@ class Simulation:
             point_switches,
             timeline,
         )
+
+    def _step(self, q: Queue, dev: TwinDevice, arrivals: np.ndarray, t_end: float, point: OpPoint):
+        """Serve ``arrivals`` up to ``t_end`` and advance the device; (latencies, busy s, joules). Batches
+        run at the clocks in force when they start: a mode switch taking effect inside splits the step."""
+        cut = [t for t in [dev.next_switch()] if t is not None and dev.clock.t < t < t_end]
+        energy, busy, lats = 0.0, 0.0, []
+        for end in [*cut, t_end]:
+            n = int(np.searchsorted(arrivals, end))
+            lat, b, *work = q.window(arrivals[:n], end, point, dev.mode)
+            arrivals = arrivals[n:]
+            span = end - dev.clock.t
+            # a batch's work counts where it runs: what outlasts this span (a run longer than a step, a
+            # backlog) carries over to the next
+            work = np.asarray(work) + q.carry
+            done = np.minimum(work, span)
+            q.carry = work - done
+            gpu, mem, cpu = done / span
+            energy += dev.advance(span, gpu_util=gpu, cpu_util=cpu, mem_util=mem)
+            busy += b
+            lats.append(lat)
+        return np.concatenate(lats), busy, energy
 
     def fastest_point(self) -> OpPoint:
         """The fastest mode (most SMs x clock) and the highest-throughput point in it."""
@@ -253,9 +291,16 @@ class Simulation:
         return result
 
     def governor(
-        self, policy: str = "latency-slo", dwell_s: float = 5.0, hysteresis: float = 0.05, log=None
+        self,
+        policy: str = "latency-slo",
+        dwell_s: float = 5.0,
+        hysteresis: float = 0.05,
+        log=None,
+        steps: int = 10,
     ) -> RunResult:
-        """``serve``'s LiveGovernor deciding every window on twin telemetry (see the module docstring)."""
+        """``serve``'s LiveGovernor deciding every window on twin telemetry (see the module docstring).
+        The queue is checked ``steps`` times a window: past the governor's backlog alarm it decides at
+        once, as ``serve``'s batcher wakes it."""
         from inferx_edge.runtime.control import set_power_mode
         from inferx_edge.runtime.telemetry.jetson import JetsonSysfsBackend
         from inferx_edge.serve.live import GovernorOptions, LiveGovernor
@@ -280,28 +325,45 @@ class Simulation:
                 if (pt.precision, pt.batch, pt.mode) == (start.precision, start.batch, self.board.mode(start.mode).name)
             )
 
+            acc = {"steps": 0, "seconds": 0.0, "arrivals": 0, "lat": [], "joules": 0.0}
+
             def choose(k, last):
                 if last is not None:
-                    sample = backend.read()  # the window's average power, from the twin's INA3221 rails
-                    joules = sample.power_w * self.trace.window_s if sample.power_w is not None else None
-                    window = {
-                        "seconds": self.trace.window_s,
-                        "arrival_fps": last["arrivals"] / self.trace.window_s,
-                        "served_fps": last["served"] / self.trace.window_s,
-                        "p99_ms": last["p99_ms"],
-                        "requests": last["served"],
-                        "energy_j": joules,
-                        "j_per_frame": joules / last["served"] if joules is not None and last["served"] else None,
-                        "devices": {},
-                    }
-                    gov.decide(dev.clock.t, window["arrival_fps"], window)
+                    sample = backend.read()  # the step's average power, from the twin's INA3221 rails
+                    acc["steps"] += 1
+                    acc["seconds"] += last["seconds"]
+                    acc["arrivals"] += last["arrivals"]
+                    acc["lat"].append(last["latencies"])
+                    if acc["joules"] is not None and sample.power_w is not None:
+                        acc["joules"] += sample.power_w * last["seconds"]
+                    else:
+                        acc["joules"] = None
+                    # serve decides at each window's end, and at once when the queue outgrows the alarm
+                    alarm = acc["steps"] < steps and last["queued"] > gov.alarm_rows
+                    if acc["steps"] >= steps or alarm:
+                        lat = np.concatenate(acc["lat"])
+                        joules, dt = acc["joules"], acc["seconds"]
+                        window = {
+                            "seconds": dt,
+                            "arrival_fps": acc["arrivals"] / dt,
+                            "queued_rows": last["queued"],
+                            "served_fps": len(lat) / dt,
+                            "p99_ms": float(np.percentile(lat, 99) * 1e3) if len(lat) >= 20 else None,
+                            "requests": len(lat),
+                            "energy_j": joules,
+                            "j_per_frame": joules / len(lat) if joules is not None and len(lat) else None,
+                            "devices": {},
+                            "alarm": alarm,
+                        }
+                        gov.decide(dev.clock.t, window["arrival_fps"], window)
+                        acc.update(steps=0, seconds=0.0, arrivals=0, lat=[], joules=0.0)
                 pt = gov.points[gov.current]
                 point = by_label[(pt.precision, pt.batch, pt.mode)]
                 if point.mode != (dev.pending.mode.id if dev.pending else dev.mode.id):
                     set_power_mode(point.mode, allowed=True, nvpmodel=dev.nvpmodel, root=str(dev.root))
                 return point
 
-            result = self.run_schedule("governor", choose, device=dev)
+            result = self.run_schedule("governor", choose, device=dev, steps=steps)
             result.policy = f"governor ({policy})"
             return result
 

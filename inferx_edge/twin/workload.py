@@ -129,6 +129,7 @@ class Queue:
         self.table, self.delay, self.rng = table, delay_s, rng
         self.pending = np.empty(0)  # arrivals not yet in a closed batch
         self.free_at = 0.0  # when the GPU finishes its last batch
+        self.carry = np.zeros(3)  # GPU, memory, CPU work (s) started but not yet accounted to a window
 
     def window(self, arrivals: np.ndarray, t_end: float, point: OpPoint, mode: PowerMode):
         """Serve the batches that start before ``t_end``; returns per-request latencies (s) of their

@@ -140,3 +140,47 @@ def test_a_named_sensor_only_measures_its_own_kind_of_device():
     assert open_telemetry("nvml", "cpu", 0) is None  # never the GPU's power for a CPU engine
     assert open_telemetry("rapl", "cuda", 0) is None
     assert open_telemetry("none", "cuda", 0) is None
+
+
+def test_backlog_alarm_goes_to_the_most_capacity_then_steps_down_without_dwell():
+    slot = _slot("gpu", {"fp32-b1": (0.001, 150.0), "fp32-b8": (0.002, 160.0)})
+    gov, log = _governor([slot], policy="latency-slo", p99_ms=20.0, dwell_s=60.0)
+    gov.decide(1.0, 50, _window(50))
+    assert gov.current == "fp32-b1" and gov.alarm_rows == pytest.approx(1000 * 0.010)  # b1 clears 10 rows/10 ms
+    burst = {**_window(900), "queued_rows": 40, "seconds": 0.01, "alarm": True}
+    gov.decide(1.01, 900, burst)
+    assert gov.current == "fp32-b8" and "backlog alarm" in log[-1]["reason"]
+    gov.decide(1.3, 50, {**_window(50), "seconds": 0.29})  # a false alarm: back down at once, dwell or not
+    assert gov.current == "fp32-b1"
+
+
+def test_a_point_that_cannot_keep_up_is_left_whatever_its_served_requests_measured():
+    slot = _slot("gpu", {"fp32-b1": (0.001, 150.0), "fp32-b8": (0.002, 160.0)})
+    gov, _ = _governor([slot], policy="latency-slo", p99_ms=20.0)
+    gov.decide(1.0, 50, _window(50))
+    # 3000/s arrive; the requests b1 finished in the window were quick (the queue grows behind them)
+    gov.decide(2.0, 3000, {**_window(3000), "requests": 500, "p99_ms": 2.0, "seconds": 1.0})
+    assert gov.current == "fp32-b8"
+
+
+def test_the_batcher_wakes_the_governor_when_its_queue_outgrows_the_alarm(served_artifact, flaky_engine, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.serve.conftest import running_server, serve_options
+    from tests.serve.test_server import _images, _infer
+
+    flaky_engine.delay_s = 0.02
+    decisions = tmp_path / "decisions.jsonl"
+    # a window far longer than the test: only the alarm can make a decision while it runs
+    options = serve_options(policy="latency-slo", p99_ms=10.0, window_s=600.0, dwell_s=600.0, probe=False)
+    x = _images(1)
+    with running_server([served_artifact], options, decision_log=decisions) as server:
+        mv = server.repository.models["fmnist_cnn"]
+        assert mv.governor.alarm_rows <= 5  # b1 at the 1 ms it is taken to run: 5 rows in half the SLO
+        with ThreadPoolExecutor(32) as pool:
+            codes = list(pool.map(lambda _: _infer(server, x)[0], range(200)))
+        assert mv.batcher.queued_rows == 0
+    assert set(codes) == {200}
+    lines = [json.loads(x) for x in decisions.read_text().splitlines()]
+    alarms = [d for d in lines if d["window"].get("alarm")]
+    assert alarms and "backlog alarm" in alarms[0]["reason"] and alarms[0]["window"]["queued_rows"] > 0

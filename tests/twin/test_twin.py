@@ -163,3 +163,18 @@ def test_profile_twin_writes_a_predicted_profile_that_report_labels(tmp_path):
     assert "PREDICTED ON A TWIN" in (tmp_path / "rep" / "report.html").read_text()
     r = cli("profile", art, "--twin", "jetson-xavier", "-o", out)
     assert r.returncode != 0 and "jetson-agx-orin-64gb" in r.stderr
+
+
+def test_work_that_outlasts_a_step_is_accounted_where_it_runs():
+    """Energy of a static point is the same whether a window is simulated whole or in ten steps (batch
+    runs longer than a step carry their work over instead of being clipped)."""
+    from inferx_edge.twin.simulate import Simulation, steady
+    from inferx_edge.twin.zoo import reference_variants
+
+    board = get_board("jetson-orin-nano-8gb")
+    variants = [v for v in reference_variants("resnet50") if v.precision == "int8"]
+    sim = Simulation(board, variants, steady(600, 20), 200.0)
+    p = sim.fastest_point()
+    whole, steps = (sim.run_schedule("x", lambda k, last: p, steps=n) for n in (1, 10))
+    assert steps.requests == pytest.approx(whole.requests, rel=0.01)
+    assert steps.energy_j == pytest.approx(whole.energy_j, rel=0.005)
