@@ -2,7 +2,7 @@
 artifacts, GPU and run: outputs must be equal and throughput the same.
 
     # on the build host (NVRTC 12 from the cuda12 extra; torch for the ONNX export):
-    python scripts/build_cuda12_runtime.py --arch x86_64 --out build/cuda12-runtime
+    python -m inferx_edge cuda-runtime --arch x86_64 --out build/cuda12-runtime
     python -m benchmarks.cuda12_runtime prepare .c12 [--models resnet50,mobilenet_v2,embedded]
     # on the GPU host (runtime only: no compiler, no torch needed):
     python -m benchmarks.cuda12_runtime check .c12 --plugin build/cuda12-runtime/x86_64/libtvm_runtime_cuda.so
@@ -141,7 +141,7 @@ def check(args) -> None:
 
     plugin = args.plugin.resolve()
     if not plugin.is_file():
-        raise SystemExit(f"--plugin {plugin}: no such file (scripts/build_cuda12_runtime.py builds it)")
+        raise SystemExit(f"--plugin {plugin}: no such file (python -m inferx_edge cuda-runtime builds it)")
     build_json = plugin.parent / "build.json"
     arts = sorted(args.dir.glob("*.ixa"))
     if not arts:

@@ -16,7 +16,8 @@ import threading
 from inferx_edge import __version__
 from inferx_edge.errors import InferxError
 
-#: Subcommand name -> module under inferx_edge.cli (each defines ``add_arguments`` and ``run``).
+#: Subcommand name -> help; the module under inferx_edge.cli is the name with '-' as '_' (each defines
+#: ``add_arguments`` and ``run``).
 COMMANDS = {
     "evaluate": "build the model, run it on its labelled holdout set, report accuracy and latency",
     "targets": "list the targets inferx_edge builds for",
@@ -30,6 +31,7 @@ COMMANDS = {
     "report": "render a profile: Pareto PNG, HTML page, Markdown/CSV tables, policy picks",
     "deploy": "install an artifact on a device atomically (dir, ssh://, rpc://), self-test, roll back",
     "keygen": "make an Ed25519 key pair to sign artifacts and to trust them on devices",
+    "cuda-runtime": "build TVM's CUDA runtime against CUDA 12 for Jetson (JetPack 6); deploy does it when needed",
     "serve": "serve artifacts over HTTP (KServe v2): dynamic batching, the governor live, Prometheus metrics",
     "loadgen": "load a running server like MLPerf LoadGen (single-stream, server, offline): latency, throughput, J/inference",
 }
@@ -43,7 +45,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"inferx_edge {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, help_text in COMMANDS.items():
-        module = importlib.import_module(f"inferx_edge.cli.{name}")
+        module = importlib.import_module(f"inferx_edge.cli.{name.replace('-', '_')}")
         p = sub.add_parser(name, help=help_text, description=module.__doc__.strip().splitlines()[0])
         module.add_arguments(p)
         p.set_defaults(_run=module.run)

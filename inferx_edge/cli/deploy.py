@@ -32,8 +32,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         metavar="DIR",
-        help="Jetson artifacts: the CUDA 12 TVM runtime to install with it (the --out of "
-        "scripts/build_cuda12_runtime.py; default build/cuda12-runtime when it exists)",
+        help="Jetson artifacts: where TVM's CUDA runtime built against CUDA 12 is (the --out of "
+        "python -m inferx_edge cuda-runtime); by default it is built when the device needs it and none was",
+    )
+    p.add_argument(
+        "--sign",
+        type=Path,
+        default=None,
+        metavar="KEY",
+        help="Ed25519 private key to sign the CUDA 12 runtime with when deploy builds it "
+        "(devices with a trust store load only signed native code)",
     )
     add_trust_argument(p)
     p.add_argument(
@@ -62,7 +70,13 @@ def run(args: argparse.Namespace) -> int:
         if args.artifact is None:
             raise UsageError("deploy needs an artifact (or --rollback)")
         result = deploy(
-            args.artifact, args.to, trust=args.trust, keep=args.keep, cuda_runtime=args.cuda_runtime, **common
+            args.artifact,
+            args.to,
+            trust=args.trust,
+            keep=args.keep,
+            cuda_runtime=args.cuda_runtime,
+            sign=args.sign,
+            **common,
         )
         verb = "uploaded and loaded" if result.destination.startswith("rpc://") else "installed"
         print(

@@ -23,7 +23,7 @@ from pathlib import Path, PurePosixPath
 
 from inferx_edge.deploy.result import DeployResult
 from inferx_edge.deploy.transports import DeployError, LocalTransport, SSHTransport, check_login_part
-from inferx_edge.errors import ArtifactError, UsageError
+from inferx_edge.errors import ArtifactError, InferxError, UsageError
 from inferx_edge.package.bundle import sha256_file, verify_artifact
 from inferx_edge.package.native import BUILD_RECORD, BUILD_RECORD_SIGNATURE, check_library_record
 
@@ -98,11 +98,12 @@ def deploy(
     trust=None,
     keep: int = DEFAULT_KEEP,
     cuda_runtime: Path | None = None,
+    sign: Path | None = None,
     log=print,
 ) -> DeployResult:
-    """Install ``artifact`` at ``dest`` (see the module docstring). ``cuda_runtime``: the output
-    directory of ``scripts/build_cuda12_runtime.py``; for a Jetson artifact its library for the
-    device's CPU is installed too (default: ``build/cuda12-runtime`` when it exists)."""
+    """Install ``artifact`` at ``dest`` (see the module docstring). For a Jetson artifact, TVM's CUDA
+    runtime built against CUDA 12 goes with it where the device needs it (:func:`prepare_cuda_runtime`:
+    ``cuda_runtime`` is where it was built, by default built on the way and signed with ``sign``)."""
     if keep < 2:
         raise UsageError(f"--keep must be at least 2 (current and one to roll back to), got {keep}")
     transport = parse_destination(dest, ssh_options)
@@ -114,6 +115,11 @@ def deploy(
 
         return deploy_rpc(artifact, *transport[1:], repeat=repeat, log=log, trust=trust)
 
+    runtime, notes = None, []
+    if manifest.target.get("device") == "cuda" and manifest.target.get("min_jetpack"):  # a Jetson
+        runtime, notes = prepare_cuda_runtime(
+            transport, manifest.target, cuda_runtime, log, python=python, trust=trust, sign=sign
+        )
     sha = sha256_file(artifact)
     name = _release_name(manifest, sha)
     releases = transport.root / "releases"
@@ -138,9 +144,8 @@ def deploy(
     except BaseException:
         transport.remove(part)
         raise
-    notes = []
-    if manifest.target.get("device") == "cuda" and manifest.target.get("min_jetpack"):
-        notes += install_cuda_runtime(transport, manifest.target, cuda_runtime, log, python=python, trust=trust)
+    if runtime is not None:
+        notes += install_cuda_runtime(transport, runtime, manifest.target["host_triple"].split("-")[0], log, trust)
     log("[4/5] switching current")
     current = transport.root / "current"
     old = transport.readlink(current)
@@ -175,45 +180,67 @@ def deploy(
     return result
 
 
-#: where ``scripts/build_cuda12_runtime.py`` writes by default, relative to the working directory
-DEFAULT_CUDA_RUNTIME = Path("build") / "cuda12-runtime"
+def prepare_cuda_runtime(
+    transport,
+    target: dict,
+    runtime_dir: Path | None,
+    log,
+    python: str = "python3",
+    trust=None,
+    sign: Path | None = None,
+) -> tuple[Path | None, list[str]]:
+    """Before anything is uploaded: does the device need the CUDA 12 build of TVM's CUDA runtime, and is
+    it here? Returns (its library, checked; None when the device's own TVM already runs on its driver,
+    as ``python -m inferx_edge.runtime.cuda_status`` there says) and notes for the deploy result.
 
+    ``runtime_dir``: the ``--out`` of ``python -m inferx_edge cuda-runtime``; by default its default
+    output, where a missing library is built now (:mod:`inferx_edge.deploy.cuda12_runtime`; ``sign``
+    signs its record). Checked here: the sha256 in its ``build.json``; with a trust store,
+    ``build.json.sig`` by a trusted key (the device's runtime applies the same rule before loading it)."""
+    from inferx_edge.deploy import cuda12_runtime
+    from inferx_edge.package.signing import TrustStore
 
-def install_cuda_runtime(
-    transport, target: dict, runtime_dir: Path | None, log, python: str = "python3", trust=None
-) -> list[str]:
-    """Install the CUDA 12 build of TVM's CUDA runtime as ``ROOT/cuda12-runtime/<arch>/`` (where the
-    device's runtime looks for it next to the release), unless the device's own TVM already runs on its
-    driver (``python -m inferx_edge.runtime.cuda_status`` there says so): then it is left alone.
-
-    Checked here first (the sha256 in its ``build.json``; with a trust store, ``build.json.sig`` by a
-    trusted key: the device's runtime applies the same rule before loading it). Uploaded as ``.part``,
-    its sha256 computed on the device and compared with the record, then renamed into place; the
-    record and its signature go beside it; an identical copy already there is left alone. Returns notes
-    for the deploy result."""
     arch = target["host_triple"].split("-")[0]
     explicit = runtime_dir is not None
-    runtime_dir = Path(runtime_dir) if explicit else DEFAULT_CUDA_RUNTIME
+    runtime_dir = Path(runtime_dir) if explicit else cuda12_runtime.default_out()
     lib = runtime_dir / arch / "libtvm_runtime_cuda.so"
-    record_path, sig_path = lib.parent / BUILD_RECORD, lib.parent / BUILD_RECORD_SIGNATURE
     status = transport.cuda_status(python)
     if status and status.get("works") and status.get("arch") == arch:
         log(
             f"      the device's TVM CUDA runtime (libcudart.so.{status['installed_cudart']}) runs on its driver "
             f"(CUDA {'.'.join(map(str, status['driver_cuda']))}): no CUDA 12 runtime installed"
         )
-        return []
-    if not lib.is_file() or not record_path.is_file():
+        return None, []
+    notes = []
+    if not lib.is_file() or not (lib.parent / BUILD_RECORD).is_file():
         if explicit:
             raise UsageError(f"--cuda-runtime {runtime_dir}: no {arch}/libtvm_runtime_cuda.so with its build.json")
-        return [
-            f"no CUDA 12 runtime for {arch} at {runtime_dir} (python scripts/build_cuda12_runtime.py --arch {arch}): "
-            "the device needs one unless its TVM runtime already works with its driver"
-        ]
+        if sign is None and trust is not False and TrustStore.load(trust) is not None:
+            raise DeployError(
+                f"the device needs TVM's CUDA runtime built against CUDA 12, and the trust store here requires "
+                f"signed native code: deploy with --sign KEY (or build it first: python -m inferx_edge "
+                f"cuda-runtime --arch {arch} --sign KEY); nothing was installed"
+            )
+        log(f"      the device needs TVM's CUDA runtime built against CUDA 12 for {arch}: building it (once)")
+        try:
+            cuda12_runtime.build(arch, runtime_dir, sign=sign, log=lambda m: log(f"      {m}"))
+        except InferxError as exc:
+            raise DeployError(f"building the CUDA 12 runtime for {arch} failed, nothing was installed: {exc}") from exc
+        notes.append(f"built the CUDA 12 runtime for {arch} in {runtime_dir}")
     try:
-        checked = check_library_record(lib, trust, require_record=True)
+        check_library_record(lib, trust, require_record=True)
     except ArtifactError as exc:
-        raise DeployError(f"CUDA 12 runtime not deployed: {exc}") from exc
+        raise DeployError(f"CUDA 12 runtime not deployed, nothing was installed: {exc}") from exc
+    return lib, notes
+
+
+def install_cuda_runtime(transport, lib: Path, arch: str, log, trust=None) -> list[str]:
+    """Install ``lib`` (from :func:`prepare_cuda_runtime`) as ``ROOT/cuda12-runtime/<arch>/``, where the
+    device's runtime looks for it next to the release: uploaded as ``.part``, its sha256 computed on the
+    device and compared with the record, then renamed into place; the record and its signature go
+    beside it; an identical copy already there is left alone."""
+    record_path, sig_path = lib.parent / BUILD_RECORD, lib.parent / BUILD_RECORD_SIGNATURE
+    checked = check_library_record(lib, trust, require_record=True)
     want = checked["sha256"]
     record = json.loads(record_path.read_text())
     dest_dir = transport.root / "cuda12-runtime" / arch

@@ -1,7 +1,7 @@
 """Native libraries that travel beside artifacts (the CUDA 12 build of TVM's CUDA runtime): the build
 record that pins their sha256 and the signature that vouches for that record.
 
-``scripts/build_cuda12_runtime.py`` writes ``build.json`` next to the library (``sha256`` of it, and of
+``python -m inferx_edge cuda-runtime`` (:mod:`inferx_edge.deploy.cuda12_runtime`) writes ``build.json`` next to the library (``sha256`` of it, and of
 every input) and, with ``--sign KEY``, ``build.json.sig`` (the artifact signature document of
 :mod:`inferx_edge.package.signing`, over the exact bytes of ``build.json``). The same trust store that
 decides which artifacts a device runs decides which native code it loads.
@@ -37,7 +37,7 @@ def check_library_record(lib: Path, trust=None, require_record: bool = False) ->
         if store is not None or require_record:
             why = f"the trust store {store.source} requires signed native code" if store else "it is required"
             raise ArtifactError(
-                f"{lib} has no {BUILD_RECORD} beside it, and {why} (scripts/build_cuda12_runtime.py [--sign KEY])"
+                f"{lib} has no {BUILD_RECORD} beside it, and {why} (python -m inferx_edge cuda-runtime [--sign KEY])"
             )
         return checked
     try:
@@ -45,7 +45,9 @@ def check_library_record(lib: Path, trust=None, require_record: bool = False) ->
         if not isinstance(want, str):
             raise TypeError("sha256 is not a string")
     except (ValueError, KeyError, TypeError) as exc:
-        raise ArtifactError(f"{record_path} is not a build record of scripts/build_cuda12_runtime.py ({exc})") from exc
+        raise ArtifactError(
+            f"{record_path} is not a build record of python -m inferx_edge cuda-runtime ({exc})"
+        ) from exc
     if hashlib.sha256(lib.read_bytes()).hexdigest() != want:
         raise ArtifactError(f"{lib} does not match the sha256 in {record_path}: modified or corrupt, rebuild it")
     checked["sha256"] = want

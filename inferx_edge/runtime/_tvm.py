@@ -151,8 +151,8 @@ def choose_cuda_runtime(near: Path | None = None, trust=None) -> dict:
     raise TargetMismatchError(
         f"this device's driver supports CUDA {_v(driver)}, but TVM's CUDA runtime installed here needs CUDA "
         f"{installed} (libcudart.so.{installed}); install the CUDA 12 runtime "
-        f"(python scripts/build_cuda12_runtime.py, then copy <out>/{arch}/ to "
-        f"{cuda_runtime_dirs()[-1]}/{arch}/, or deploy with --cuda-runtime <out>; or set {CUDA_RUNTIME_ENV}=PATH)"
+        f"(deploy installs it with the artifact; or python -m inferx_edge cuda-runtime --arch {arch} on a build "
+        f"host, then copy <out>/{arch}/ to {cuda_runtime_dirs()[-1]}/{arch}/; or set {CUDA_RUNTIME_ENV}=PATH)"
     )
 
 
@@ -181,7 +181,7 @@ def verify_cuda_runtime(lib: Path, driver: tuple[int, int] | None, trust=None) -
     if driver is not None and major > driver[0]:
         raise TargetMismatchError(
             f"CUDA runtime {lib} links libcudart.so.{major}, but this device's driver supports CUDA {_v(driver)}; "
-            f"use a build against CUDA {driver[0]} (scripts/build_cuda12_runtime.py)"
+            f"use a build against CUDA {driver[0]} (python -m inferx_edge cuda-runtime)"
         )
     try:
         return {"cudart_major": major, **check_library_record(lib, trust)}

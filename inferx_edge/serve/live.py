@@ -5,17 +5,10 @@ batches for; per batch it routes to the device whose measured latency/energy is 
 batch, padded: the static baseline the governor is measured against.
 
 Operating points are the compiled (precision, batch) pairs. A point is judged *at the live load* by a
-small queueing model fed only by measurements (so a point that is not running can be compared with the
-one that is):
-
-- a batch closes when it holds B rows or its oldest request waited ``max_queue_delay`` d:
-  wait w = min(d, (B-1)/lambda), rows per run r = min(B, 1 + lambda*w); it runs on the smallest compiled
-  variant holding r rows (latency L_c, measured);
-- utilisation u = lambda*L_c/r (u >= 1: batches fill to B; still >= 1: the point cannot keep up);
-- p99 ~ w + L_c + 2*L_c*u/(1-u) (an M/D/1-style queueing term, doubled for the tail);
-- power = P_idle + u*(P_active(c) - P_idle) (both measured per device and variant), J/frame =
-  power/lambda. Without a power sensor a device's "watts" are its busy fraction (P_idle 0, P_active 1):
-  J/frame is then device-seconds per frame, and the decision log says so.
+small queueing model fed only by measurements (:mod:`inferx_edge.serve.queueing`: which variant runs,
+utilisation, p99, power and J/frame), so a point that is not running can be compared with the one that
+is. Without a power sensor a device's "watts" are its busy fraction (P_idle 0, P_active 1): J/frame is
+then device-seconds per frame, and the decision log says so.
 
 The arrival rate a decision uses is not the raw window's: a window's count is Poisson noise around the
 rate (+-10 % at 100 requests), and deciding on it flaps between neighbouring points. The estimate
@@ -26,8 +19,9 @@ served within the next window, so a backlog makes the governor pick a point that
 queue past :meth:`LiveGovernor.backlog_alarm_rows` wakes the governor at once (the batcher checks it
 on every request) rather than at the window's end.
 
-The running point's p99 and J/frame are replaced by the measured window when the window has enough
-requests. The FPS floor of ``min-energy`` is compared with the live demand: a point must sustain
+The running point's p99 is replaced by the measured window's when the window has enough requests (and
+did not begin with a backlog, and the point is not saturated); its J/frame by measured power over the
+estimated rate. The FPS floor of ``min-energy`` is compared with the live demand: a point must sustain
 min(floor, 1.2*lambda). Points are re-probed every ``reprobe_s`` (a short back-to-back run on an idle
 worker; its time and energy are counted in metrics), so a profile never goes stale for long.
 """
@@ -52,7 +46,8 @@ from inferx_edge.runtime.governor import (
 )
 from inferx_edge.runtime.telemetry.base import MAX_PLAUSIBLE_W, EnergyMeter
 from inferx_edge.serve.batcher import DeviceSlot
-from inferx_edge.serve.queueing import SATURATED_MS, Point, predict
+from inferx_edge.serve.probe import learn_power, measure_idle_power, measure_variant
+from inferx_edge.serve.queueing import SATURATED_MS, Point, RateEstimate, predict
 
 
 @dataclass(frozen=True)
@@ -85,29 +80,6 @@ class GovernorOptions:
 
             raise UsageError(f"--policy {self.policy} needs {flag}")
         return value
-
-
-class RateEstimate:
-    """The arrival rate decisions use: an exponentially smoothed rate (time constant ``tau_s``) that
-    jumps to a window's measured rate when the window's count is more than ``z`` Poisson standard
-    deviations away from what the smoothed rate expects (a change of load: at z = 4 noise alone does that
-    once in ~15,000 windows)."""
-
-    def __init__(self, tau_s: float = 2.0, z: float = 4.0):
-        self.tau_s, self.z = tau_s, z
-        self.rate: float | None = None
-
-    def update(self, rows: float, seconds: float) -> float:
-        measured = rows / seconds
-        if self.rate is None:
-            self.rate = measured
-            return self.rate
-        expected = self.rate * seconds
-        if abs(rows - expected) > self.z * math.sqrt(max(expected, 1.0)) + 1.0:
-            self.rate = measured
-        else:
-            self.rate += min(1.0, seconds / self.tau_s) * (measured - self.rate)
-        return self.rate
 
 
 class LiveGovernor:
@@ -160,34 +132,10 @@ class LiveGovernor:
                 self._probe(s, v.name)
 
     def _idle_power(self, slot: DeviceSlot) -> float | None:
-        if slot.telemetry is None:
-            return None
-        m = EnergyMeter(slot.telemetry, interval_s=0.05)
-        m.start()
-        time.sleep(max(0.2, self.options.probe_s))
-        w = m.stop()
-        return w["avg_w"]
+        return measure_idle_power(slot, max(0.2, self.options.probe_s))
 
     def _probe(self, slot: DeviceSlot, name: str) -> None:
-        v = slot.variants[name]
-        arrays = [np.zeros(tuple(d or 1 for d in spec.shape), dtype=spec.dtype) for spec in v.inputs]
-        slot.engine.run_arrays(name, arrays)  # warm (first run loads and may capture a CUDA graph)
-        meter = EnergyMeter(slot.telemetry, interval_s=0.02) if slot.telemetry is not None else None
-        if meter:
-            meter.start()
-        t0 = time.perf_counter()
-        n = 0
-        while n < 3 or time.perf_counter() - t0 < self.options.probe_s:
-            slot.engine.run_arrays(name, arrays)
-            n += 1
-        elapsed = time.perf_counter() - t0
-        t = slot.timing[name]
-        t.seconds, t.measured_at = elapsed / n, time.monotonic()
-        if meter:
-            w = meter.stop()
-            if w["avg_w"] is not None:
-                t.active_w = w["avg_w"]
-        self.probe_s_total += elapsed
+        self.probe_s_total += measure_variant(slot, name, self.options.probe_s)
 
     def observe_batch(self, slot: DeviceSlot, variant, seconds: float | None) -> None:
         if seconds is None:
@@ -306,7 +254,7 @@ class LiveGovernor:
                 "energy_j": w["energy_j"] if w else None,
                 "telemetry": (w["invalid"] or w["method"]) if w else "none",
             }
-            self._learn_power(s, devices[s.label], vbusy, dt)
+            learn_power(s, devices[s.label], vbusy)
         measured_p99 = float(np.percentile(latencies, 99) * 1e3) if len(latencies) >= 20 else None
         energies = [d["energy_j"] for d in devices.values()]
         joules = sum(energies) if energies and all(e is not None for e in energies) else None
@@ -325,23 +273,6 @@ class LiveGovernor:
         self.decide(now, lam, window)
         self.start_window()
         return window
-
-    def _learn_power(self, s: DeviceSlot, dev: dict, vbusy: dict, dt: float) -> None:
-        """Refit idle/active power from a window where one variant did nearly all the work."""
-        watts, u = dev["watts"], dev["busy_fraction"]
-        if watts is None:
-            return
-        if u < 0.02:
-            s.idle_w = watts if s.idle_w is None else 0.7 * s.idle_w + 0.3 * watts
-            return
-        mine = {name: b for (label, name), b in vbusy.items() if label == s.label}
-        if not mine or s.idle_w is None or u < 0.2:
-            return
-        name, b = max(mine.items(), key=lambda kv: kv[1])
-        if b >= 0.8 * sum(mine.values()):
-            active = s.idle_w + (watts - s.idle_w) / u
-            t = s.timing[name]
-            t.active_w = active if t.active_w is None else 0.7 * t.active_w + 0.3 * active
 
     def _policy(self, lam: float):
         if self.policy_name == "min-energy":

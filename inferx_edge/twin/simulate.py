@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 import tempfile
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -40,8 +39,10 @@ from inferx_edge.twin.workload import (  # noqa: F401  (re-exported: the simulat
     ModeTable,
     OpPoint,
     Queue,
+    RunResult,
     Trace,
     Variant,
+    _bursts,
     _cpu_util,
     arrivals_for,
     bursty,
@@ -51,52 +52,6 @@ from inferx_edge.twin.workload import (  # noqa: F401  (re-exported: the simulat
     steady,
     step,
 )
-
-
-@dataclass
-class RunResult:
-    policy: str
-    requests: int
-    energy_j: float
-    misses: int
-    miss_bursts: int
-    longest_burst: int
-    p99_ms: float
-    mode_switches: int
-    point_switches: int
-    timeline: list[dict]
-
-    @property
-    def j_per_inference(self) -> float:
-        return self.energy_j / max(self.requests, 1)
-
-    @property
-    def miss_rate(self) -> float:
-        return self.misses / max(self.requests, 1)
-
-    def summary(self) -> dict:
-        return {
-            "policy": self.policy,
-            "requests": self.requests,
-            "energy_j": self.energy_j,
-            "j_per_inference": self.j_per_inference,
-            "deadline_misses": self.misses,
-            "miss_rate": self.miss_rate,
-            "miss_bursts": self.miss_bursts,
-            "longest_burst": self.longest_burst,
-            "p99_ms": self.p99_ms,
-            "mode_switches": self.mode_switches,
-            "point_switches": self.point_switches,
-        }
-
-
-def _bursts(missed: np.ndarray) -> tuple[int, int]:
-    if not missed.any():
-        return 0, 0
-    m = missed.astype(np.int8)
-    starts = np.flatnonzero(np.diff(np.concatenate([[0], m])) == 1)
-    ends = np.flatnonzero(np.diff(np.concatenate([m, [0]])) == -1)
-    return len(starts), int((ends - starts + 1).max())
 
 
 class Simulation:

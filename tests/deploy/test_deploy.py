@@ -262,8 +262,55 @@ def test_jetson_deploy_installs_the_cuda12_runtime_once(default_artifact, tmp_pa
         deploy(orin, str(root), selftest=False, cuda_runtime=runtime, **QUIET)
     with pytest.raises(UsageError, match="no aarch64/libtvm_runtime_cuda.so"):
         deploy(orin, str(root), selftest=False, cuda_runtime=tmp_path / "none", **QUIET)
-    r3 = deploy(orin, str(tmp_path / "other"), selftest=False, **QUIET)  # no build/cuda12-runtime here
-    assert any("no CUDA 12 runtime for aarch64" in n for n in r3.notes) or (REPO / "build" / "cuda12-runtime").exists()
+
+
+def test_jetson_deploy_builds_the_cuda12_runtime_when_none_was_built(default_artifact, tmp_path, monkeypatch):
+    """One command: with no CUDA 12 runtime built, deploy builds it (signed with --sign), then installs
+    it; a build that fails, or a trust store without a key to sign with, installs nothing at all."""
+    import json as _json
+
+    from inferx_edge.deploy import cuda12_runtime
+    from inferx_edge.errors import BuildError
+    from inferx_edge.package.bundle import sha256_file
+    from inferx_edge.package.signing import generate_keypair, sign_manifest
+
+    key, pub, fp = generate_keypair(tmp_path / "keys")
+    orin, _, _ = _orin_with_runtime(default_artifact, tmp_path, sign_key=key)
+    home = tmp_path / "data" / "cuda12-runtime"
+    monkeypatch.setattr(cuda12_runtime, "default_out", lambda: home)
+    calls = []
+
+    def fake_build(arch, out, *, sign=None, log=print, **kw):  # the real build: tests/deploy/test_cuda12_runtime.py
+        calls.append((arch, out, sign))
+        (out / arch).mkdir(parents=True, exist_ok=True)
+        lib = out / arch / "libtvm_runtime_cuda.so"
+        lib.write_bytes(b"\x7fELF built by deploy")
+        record = out / arch / "build.json"
+        record.write_text(_json.dumps({"sha256": sha256_file(lib), "cuda_version": 12060}))
+        if sign is not None:
+            (out / arch / "build.json.sig").write_bytes(sign_manifest(record.read_bytes(), sign, "build.json"))
+        return {}
+
+    def failing_build(arch, out, **kw):
+        raise BuildError("aarch64-linux-gnu-g++ not found (apt install g++-aarch64-linux-gnu)")
+
+    monkeypatch.setattr(cuda12_runtime, "build", failing_build)
+    dev = tmp_path / "orin-dev"
+    with pytest.raises(DeployError, match="building the CUDA 12 runtime for aarch64 failed.*apt install"):
+        deploy(orin, str(dev), selftest=False, trust=False, **QUIET)
+    assert not dev.exists() or not any(dev.iterdir())  # nothing uploaded
+    monkeypatch.setattr(cuda12_runtime, "build", fake_build)
+    with pytest.raises(DeployError, match="requires signed native code: deploy with --sign KEY"):
+        deploy(orin, str(dev), selftest=False, trust=pub, **QUIET)
+    assert not calls and (not dev.exists() or not any(dev.iterdir()))
+    r = deploy(orin, str(dev), selftest=False, trust=pub, sign=key, **QUIET)
+    assert calls == [("aarch64", home, key)]
+    assert any("built the CUDA 12 runtime" in n for n in r.notes)
+    there = dev / "cuda12-runtime" / "aarch64"
+    assert (there / "libtvm_runtime_cuda.so").read_bytes() == b"\x7fELF built by deploy"
+    assert (there / "build.json.sig").is_file()
+    r2 = deploy(orin, str(dev), selftest=False, trust=pub, sign=key, **QUIET)  # built once, installed once
+    assert len(calls) == 1 and not any("CUDA 12" in n for n in r2.notes)
 
 
 def test_jetson_deploy_ships_a_signed_cuda12_runtime_and_leaves_a_working_device_alone(

@@ -81,25 +81,18 @@ def test_cuda12_runtime_for_jetson_loads_under_qemu(sysroot, arm64_artifact, tmp
     if shutil.which("aarch64-linux-gnu-gcc") is None:
         pytest.skip("no aarch64 cross compiler")
     out = tmp_path / "rt"
-    cache = Path.home() / ".cache" / "inferx_edge" / "wheels"
     r = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "scripts" / "build_cuda12_runtime.py"),
-            "--arch",
-            "aarch64",
-            "--out",
-            str(out),
-            "--cache",
-            str(cache),
-        ],
+        [sys.executable, "-m", "inferx_edge", "cuda-runtime", "--arch", "aarch64", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=900,
+        cwd=REPO,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     plugin = out / "aarch64" / "libtvm_runtime_cuda.so"
-    wheel = next(cache.glob("nvidia_cuda_runtime_cu12-*aarch64*.whl"))
+    from inferx_edge.deploy.cuda12_runtime import default_cache
+
+    wheel = next(default_cache().glob("nvidia_cuda_runtime_cu12-*aarch64*.whl"))
     with zipfile.ZipFile(wheel) as z:
         (out / "aarch64" / "libcudart.so.12").write_bytes(z.read("nvidia/cuda_runtime/lib/libcudart.so.12"))
     stub = compile_stub(

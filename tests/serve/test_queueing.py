@@ -10,8 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from inferx_edge.serve.live import RateEstimate
-from inferx_edge.serve.queueing import p99_seconds
+from inferx_edge.serve.queueing import RateEstimate, p99_seconds
 
 #: compiled variants (rows, seconds): a GPU-like ladder where bigger batches cost more but serve faster
 LADDER = {1: 0.001, 8: 0.0025, 64: 0.012}

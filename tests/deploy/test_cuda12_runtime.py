@@ -1,6 +1,6 @@
-"""scripts/build_cuda12_runtime.py: TVM's CUDA runtime library rebuilt against CUDA 12 (JetPack 6) links
-libcudart.so.12 and never .13, exports the wheel's entry points, is reproducible, and the runtime loads
-it instead of the wheel's when told or when the driver is CUDA 12."""
+"""``python -m inferx_edge cuda-runtime``: TVM's CUDA runtime library rebuilt against CUDA 12 (JetPack 6)
+links libcudart.so.12 and never .13, exports the wheel's entry points, is reproducible, and the runtime
+loads it instead of the wheel's when told or when the driver is CUDA 12."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ import pytest
 
 from tests.helpers import REPO
 
-SCRIPT = REPO / "scripts" / "build_cuda12_runtime.py"
-TVM_SRC = REPO / "scripts" / "tvm_cuda_runtime_src"
+TVM_SRC = REPO / "inferx_edge" / "deploy" / "tvm_cuda_runtime_src"
 
 needs_sources = pytest.mark.skipif(not (TVM_SRC / "src").exists(), reason="TVM runtime sources absent")
 
@@ -32,7 +31,11 @@ def _cuda12_headers() -> bool:
 
 def _build(arch: str, out: Path) -> dict:
     r = subprocess.run(
-        [sys.executable, str(SCRIPT), "--arch", arch, "--out", str(out)], capture_output=True, text=True, timeout=900
+        [sys.executable, "-m", "inferx_edge", "cuda-runtime", "--arch", arch, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return json.loads((out / arch / "build.json").read_text())
@@ -126,7 +129,7 @@ def test_choice_follows_the_driver_and_the_installed_runtime(monkeypatch, tmp_pa
     monkeypatch.setattr(_tvm, "driver_cuda_version", lambda: (13, 0))
     assert _tvm.choose_cuda_runtime(trust=False)["path"] is None
     monkeypatch.setattr(_tvm, "driver_cuda_version", lambda: (12, 6))
-    with pytest.raises(TargetMismatchError, match=r"supports CUDA 12\.6.*libcudart\.so\.13.*build_cuda12_runtime\.py"):
+    with pytest.raises(TargetMismatchError, match=r"supports CUDA 12\.6.*libcudart\.so\.13.*inferx_edge cuda-runtime"):
         _tvm.choose_cuda_runtime(trust=False)
     plugin = _fake_tvm_cuda_lib(tmp_path / "dir" / os.uname().machine / "libtvm_runtime_cuda.so", 12)
     choice = _tvm.choose_cuda_runtime(trust=False)
