@@ -21,6 +21,7 @@ import numpy as np
 from inferx_edge.errors import BuildError, UsageError
 from inferx_edge.llm.checkpoint import Checkpoint, load_checkpoint
 from inferx_edge.llm.config import LlamaConfig
+from inferx_edge.llm.cpu_attention import use_fast_decode_attention
 from inferx_edge.llm.quant import effective_kind, get_scheme, quantize
 from inferx_edge.package import Manifest, TensorSpec, Variant
 from inferx_edge.package.bundle import keep_other_build, sha256_file, write_artifact
@@ -237,6 +238,10 @@ def build_llm_artifact(opts: LLMBuildOptions, log=print, checkpoint: Checkpoint 
                 layer_precisions, sensitivity = _mixed(ck, precision, opts, log)
             log(f"[2/4] compiling {precision} ({i}/{len(opts.precisions)}) for {spec.name}")
             mod, names, schemes, dtype = export_model(cfg, precision, spec, target, layer_precisions)
+            if not spec.is_cuda:
+                mod = use_fast_decode_attention(
+                    mod, cfg.num_key_value_heads, cfg.num_attention_heads, cfg.head_dim, dtype
+                )
             lib = tmp / f"{precision}.so"
             info = _compile(mod, spec, target, lib, opts.cuda_code)
             log(f"      compiled in {info['compile_s']:.1f} s, linked in {info['link_s']:.1f} s")
