@@ -7,9 +7,12 @@ activations keep the artifact's dtype (fp16 on GPUs, fp32 on CPUs). ``q4_1`` add
 are reproduced exactly instead of being quantized a second time. ``int8`` keeps one scale per output
 row. A matrix whose input width is not a multiple of the group falls back to ``int8``.
 
-Two storage layouts of the same numbers: ``nt`` (``[out, in]``, packed along ``in``: GPU kernels
-reduce along contiguous memory) and ``kn`` (``[in, out]``, packed along ``out``: CPU kernels keep
-vectors of outputs and read each weight row contiguously). Quantization happens here in numpy on the
+Two storage layouts of the same numbers: ``nt`` (``[out, in]``: GPU kernels reduce along contiguous
+memory) and ``kn`` (``[in, out]``: CPU kernels keep vectors of outputs and read each weight row
+contiguously). int4 words always pack eight consecutive *inputs* of one output (``nt``: ``[out, in/8]``,
+``kn``: ``[in/8, out]``), so a CPU vector of outputs is one contiguous load shifted by one amount for all
+lanes; packed along the outputs, every vector was a gather (two words spread over sixteen lanes, a
+shift per lane), which made the int4 matrix-vector products compute-bound. Quantization happens here in numpy on the
 build host; dequantization is a TE expression inlined into the kernel that reads the weight.
 """
 
@@ -58,8 +61,7 @@ def embedding_scheme(scheme: Scheme) -> Scheme:
 
 
 def effective_kind(scheme: Scheme, in_features: int, out_features: int | None = None, layout: str = "nt") -> str:
-    packed = in_features if layout == "nt" else (out_features or 0)
-    if scheme.kind in ("q4", "q4_1") and (in_features % GROUP or packed % 8):
+    if scheme.kind in ("q4", "q4_1") and in_features % GROUP:
         return "int8"
     return scheme.kind
 
@@ -76,7 +78,7 @@ def _shapes(kind: str, out: int, inn: int, layout: str) -> dict[str, tuple[tuple
     if layout == "nt":
         shapes = {"q": ((out, inn // 8), "uint32"), "scale": ((out, inn // GROUP), None)}
     else:
-        shapes = {"q": ((inn, out // 8), "uint32"), "scale": ((inn // GROUP, out), None)}
+        shapes = {"q": ((inn // 8, out), "uint32"), "scale": ((inn // GROUP, out), None)}
     if kind == "q4_1":
         shapes["minimum"] = (shapes["scale"][0], None)
     return shapes
@@ -119,11 +121,11 @@ class WeightMatrix(nn.Module):
             mn = params[2]
             if nt:
                 return lambda o, i: nibble(q[o, i // 8], i % 8).astype(dtype) * scale[o, i // GROUP] + mn[o, i // GROUP]
-            return lambda o, i: nibble(q[i, o // 8], o % 8).astype(dtype) * scale[i // GROUP, o] + mn[i // GROUP, o]
+            return lambda o, i: nibble(q[i // 8, o], i % 8).astype(dtype) * scale[i // GROUP, o] + mn[i // GROUP, o]
         seven = tirx.const(7, dtype)
         if nt:
             return lambda o, i: (nibble(q[o, i // 8], i % 8).astype(dtype) - seven) * scale[o, i // GROUP]
-        return lambda o, i: (nibble(q[i, o // 8], o % 8).astype(dtype) - seven) * scale[i // GROUP, o]
+        return lambda o, i: (nibble(q[i // 8, o], i % 8).astype(dtype) - seven) * scale[i // GROUP, o]
 
     def matmul_nt(self, x: nn.Tensor, out_dtype: str | None = None) -> nn.Tensor:
         """``x @ weight.T`` (``x``: ``[..., in]``), the weight dequantized inside the reduction."""
@@ -177,13 +179,12 @@ def quantize(w: np.ndarray, kind: str, dtype: str, layout: str = "nt") -> dict[s
         scale = np.abs(g).max(axis=2) / 7.0
         scale = np.where(scale == 0, 1.0, scale).astype(dtype)
         q = np.clip(np.rint(g / scale.astype(np.float32)[..., None]) + 7, 0, 14).astype(np.uint32).reshape(out, inn)
-    if layout == "kn":
-        q, scale = q.T, np.ascontiguousarray(scale.T)
-    rows, cols = q.shape
-    q = q.reshape(rows, cols // 8, 8)
-    packed = np.zeros((rows, cols // 8), dtype=np.uint32)
+    q = q.reshape(out, inn // 8, 8)  # eight consecutive inputs of one output per word, first in the low bits
+    packed = np.zeros((out, inn // 8), dtype=np.uint32)
     for k in range(8):
         packed |= q[..., k] << np.uint32(4 * k)
+    if layout == "kn":
+        packed, scale = np.ascontiguousarray(packed.T), np.ascontiguousarray(scale.T)
     return {"q": packed, "scale": scale, **extra}
 
 
@@ -194,13 +195,15 @@ def dequantize(params: dict[str, np.ndarray], kind: str, layout: str = "nt") -> 
     elif kind == "int8":
         w = params["q"].astype(np.float32) * params["scale"].astype(np.float32)
     else:
-        packed = params["q"]
+        packed = params["q"] if layout == "nt" else params["q"].T  # [out, in / 8]
         nibbles = np.stack([(packed >> np.uint32(4 * k)) & np.uint32(15) for k in range(8)], axis=-1)
         q = nibbles.reshape(packed.shape[0], -1).astype(np.float32)
-        axis = 1 if layout == "nt" else 0
-        s = np.repeat(params["scale"].astype(np.float32), GROUP, axis=axis)
+        scale = params["scale"] if layout == "nt" else params["scale"].T  # [out, in / GROUP]
+        s = np.repeat(scale.astype(np.float32), GROUP, axis=1)
         if kind == "q4_1":
-            w = q * s + np.repeat(params["minimum"].astype(np.float32), GROUP, axis=axis)
+            minimum = params["minimum"] if layout == "nt" else params["minimum"].T
+            w = q * s + np.repeat(minimum.astype(np.float32), GROUP, axis=1)
         else:
             w = (q - 7.0) * s
+        return w
     return w if layout == "nt" else w.T
