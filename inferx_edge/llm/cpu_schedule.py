@@ -1,11 +1,13 @@
 """CPU schedule for the LLM's weight-reading kernels (``matmul_kn_*``, dequantization inlined).
 
-Rows (tokens: symbolic, 1 in decode, hundreds in prefill) are tiled by :data:`ROWS` with a guarded
-tail, outputs by up to six vectors (:data:`VECTORS`; 4 x 6 AVX-512 accumulators measured fastest on
-SmolLM2's matrices, 8 spills); the reduction runs between them, so each weight row segment read (and
-dequantized) once serves every row of the tile, and the accumulators of the tile stay in registers.
-The row-tile x output-tile loop is parallel. Epilogues (residual add, cast) are computed per tile.
-Kernels of another shape are left to the next rule.
+Rows (tokens: symbolic, hundreds in prefill) are tiled by :data:`ROWS` with a guarded tail, outputs by
+up to six vectors (:data:`VECTORS`; 4 x 6 AVX-512 accumulators measured fastest on SmolLM2's matrices,
+8 spills); the reduction runs between them, so each weight row segment read (and dequantized) once
+serves every row of the tile. Decode kernels (``[batch, 1, in]``: one token per sequence) take one row
+per tile instead: a guarded row kept its accumulators in memory (a load and a store per FMA) and
+recomputed the dequantization, which is all a one-token tile does. The row-tile x output-tile loop is
+parallel. Epilogues (residual add, cast) are computed per tile. Kernels of another shape are left to
+the next rule.
 """
 
 from __future__ import annotations
@@ -50,8 +52,12 @@ class LLMMatmulCPU:
             width = next(v * lanes for v in VECTORS if n_out % (v * lanes) == 0)
             if n_out % width:
                 return None
+            # decode kernels read [batch, 1, in] (model.batch_decode): one row per tile, so no row is
+            # guarded and the accumulators stay in registers; prefill ([1, tokens, in]) tiles rows by ROWS
+            extents = [sch.get(loop).extent for loop in lead]
+            decode = len(extents) >= 2 and isinstance(extents[-1], tirx.IntImm) and int(extents[-1]) == 1
             m = sch.fuse(*lead) if len(lead) > 1 else lead[0]
-            m_o, m_i = sch.split(m, [None, ROWS])
+            m_o, m_i = sch.split(m, [None, 1 if decode else ROWS])
             j_o, j_v, j_l = sch.split(j, [None, width // lanes, lanes])
             sch.reorder(m_o, j_o, k, m_i, j_v, j_l)
             par = sch.fuse(m_o, j_o)
