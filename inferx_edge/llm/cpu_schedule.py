@@ -37,8 +37,9 @@ class LLMMatmulCPU:
             sch = s_tir.Schedule(func)
             blocks = sch.get_child_blocks(get_root_block(sch))
             names = [sch.get(b).name_hint for b in blocks]
-            main = [b for b, n in zip(blocks, names) if n.startswith("matmul_kn_")]
-            if len(main) != 1:
+            main = [b for b, n in zip(blocks, names) if n.startswith("matmul_kn_") and not n.endswith("_groups")]
+            groups = [b for b, n in zip(blocks, names) if n.startswith("matmul_kn_") and n.endswith("_groups")]
+            if len(main) != 1 or len(groups) > 1:
                 return None
             block = main[0]
             epilogue = blocks[blocks.index(block) + 1 :] if block in blocks else []
@@ -65,6 +66,22 @@ class LLMMatmulCPU:
             sch.unroll(m_i)
             sch.unroll(j_v)
             sch.vectorize(j_l)
+            if groups:  # int4 group sums (quant.WeightMatrix._grouped_kn): the tile's, per group, in registers
+                part = groups[0]
+                sch.compute_at(part, k)
+                sch.set_scope(part, 0, "local")
+                p_loops = sch.get_loops(part)
+                under = [i for i, lp in enumerate(p_loops) if sch.get(lp).same_as(sch.get(k))][0] + 1
+                *p_m, p_j, p_r = p_loops[under:]  # the tile's rows (none when one row), its outputs, the group
+                p_jv, p_jl = sch.split(p_j, [None, lanes])
+                sch.reorder(p_r, *p_m, p_jv, p_jl)
+                sch.unroll(p_r)
+                for lp in p_m:
+                    sch.unroll(lp)
+                sch.unroll(p_jv)
+                sch.vectorize(p_jl)
+                p_init = sch.decompose_reduction(part, p_r)
+                sch.vectorize(sch.get_loops(p_init)[-1])
             init = sch.decompose_reduction(block, k)
             sch.vectorize(sch.get_loops(init)[-1])
             for epi in epilogue:

@@ -9,10 +9,12 @@ row. A matrix whose input width is not a multiple of the group falls back to ``i
 
 Two storage layouts of the same numbers: ``nt`` (``[out, in]``: GPU kernels reduce along contiguous
 memory) and ``kn`` (``[in, out]``: CPU kernels keep vectors of outputs and read each weight row
-contiguously). int4 words always pack eight consecutive *inputs* of one output (``nt``: ``[out, in/8]``,
-``kn``: ``[in/8, out]``), so a CPU vector of outputs is one contiguous load shifted by one amount for all
-lanes; packed along the outputs, every vector was a gather (two words spread over sixteen lanes, a
-shift per lane), which made the int4 matrix-vector products compute-bound. Quantization happens here in numpy on the
+contiguously). int4 words pack eight consecutive *inputs* of one output: ``nt`` ``[out, in/8]``; ``kn``
+in blocks of :data:`KN_BLOCK` outputs, ``[out/16, in/8, 16]``, so a CPU vector of outputs is one
+contiguous load shifted by one amount for every lane, and the weights one output tile reads over the
+whole reduction are a few contiguous streams (packed ``[in, out/8]`` every vector was a gather; packed
+``[in/8, out]`` every tile walked the whole matrix in 384-byte pieces a row apart).
+Quantization happens here in numpy on the
 build host; dequantization is a TE expression inlined into the kernel that reads the weight.
 """
 
@@ -29,6 +31,8 @@ from inferx_edge.errors import UsageError
 
 GROUP = 32
 LAYOUTS = ("nt", "kn")
+#: outputs per contiguous block of CPU (``kn``) int4 weights: one AVX-512 vector, two AVX2 vectors
+KN_BLOCK = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +65,8 @@ def embedding_scheme(scheme: Scheme) -> Scheme:
 
 
 def effective_kind(scheme: Scheme, in_features: int, out_features: int | None = None, layout: str = "nt") -> str:
-    if scheme.kind in ("q4", "q4_1") and in_features % GROUP:
+    blocks = layout == "kn" and (out_features or 0) % KN_BLOCK
+    if scheme.kind in ("q4", "q4_1") and (in_features % GROUP or blocks):
         return "int8"
     return scheme.kind
 
@@ -71,17 +76,28 @@ def _shapes(kind: str, out: int, inn: int, layout: str) -> dict[str, tuple[tuple
     if kind == "dense":
         return {"weight": ((out, inn) if layout == "nt" else (inn, out), None)}
     if kind == "int8":
-        return {
-            "q": ((out, inn) if layout == "nt" else (inn, out), "int8"),
-            "scale": ((out, 1) if layout == "nt" else (1, out), None),
-        }
+        if layout == "nt":
+            return {"q": ((out, inn), "int8"), "scale": ((out, 1), None)}
+        blocked = (out // KN_BLOCK, inn, KN_BLOCK) if out % KN_BLOCK == 0 else (inn, out)
+        return {"q": (blocked, "int8"), "scale": ((1, out), None)}
     if layout == "nt":
         shapes = {"q": ((out, inn // 8), "uint32"), "scale": ((out, inn // GROUP), None)}
     else:
-        shapes = {"q": ((inn // 8, out), "uint32"), "scale": ((inn // GROUP, out), None)}
+        shapes = {"q": ((out // KN_BLOCK, inn // 8, KN_BLOCK), "uint32"), "scale": ((inn // GROUP, out), None)}
     if kind == "q4_1":
         shapes["minimum"] = (shapes["scale"][0], None)
     return shapes
+
+
+def kn_int8(q, i, o):
+    """The ``kn`` int8 weight of input ``i``, output ``o`` (blocked ``[out/16, in, 16]``, or ``[in, out]``
+    when the outputs do not fill blocks)."""
+    return q[o // KN_BLOCK, i, o % KN_BLOCK] if len(q.shape) == 3 else q[i, o]
+
+
+def kn_word(q, word: int, o):
+    """The ``kn`` int4 word holding input ``8 * word``.. of output ``o``."""
+    return q[o // KN_BLOCK, word, o % KN_BLOCK]
 
 
 class WeightMatrix(nn.Module):
@@ -112,7 +128,7 @@ class WeightMatrix(nn.Module):
         if self.kind == "int8":
             if nt:
                 return lambda o, i: q[o, i].astype(dtype) * scale[o, 0]
-            return lambda o, i: q[i, o].astype(dtype) * scale[0, o]
+            return lambda o, i: kn_int8(q, i, o).astype(dtype) * scale[0, o]
 
         def nibble(word, lane):
             return tirx.bitwise_and(tirx.shift_right(word, (lane * 4).astype("uint32")), tirx.const(15, "uint32"))
@@ -121,15 +137,32 @@ class WeightMatrix(nn.Module):
             mn = params[2]
             if nt:
                 return lambda o, i: nibble(q[o, i // 8], i % 8).astype(dtype) * scale[o, i // GROUP] + mn[o, i // GROUP]
-            return lambda o, i: nibble(q[i // 8, o], i % 8).astype(dtype) * scale[i // GROUP, o] + mn[i // GROUP, o]
+            return lambda o, i: (
+                nibble(kn_word(q, i // 8, o), i % 8).astype(dtype) * scale[i // GROUP, o] + mn[i // GROUP, o]
+            )
         seven = tirx.const(7, dtype)
         if nt:
             return lambda o, i: (nibble(q[o, i // 8], i % 8).astype(dtype) - seven) * scale[o, i // GROUP]
-        return lambda o, i: (nibble(q[i // 8, o], i % 8).astype(dtype) - seven) * scale[i // GROUP, o]
+        return lambda o, i: (nibble(kn_word(q, i // 8, o), i % 8).astype(dtype) - seven) * scale[i // GROUP, o]
 
     def matmul_nt(self, x: nn.Tensor, out_dtype: str | None = None) -> nn.Tensor:
         """``x @ weight.T`` (``x``: ``[..., in]``), the weight dequantized inside the reduction."""
         out_dtype = out_dtype or self.dtype
+        if self.layout == "kn" and self.kind in ("q4", "q4_1") and out_dtype == self.dtype:
+            return op.tensor_expr_op(self._grouped_kn, f"matmul_kn_{self.kind}", [x, *self.params()])
+        if self.layout == "kn" and self.kind == "int8":
+
+            def scaled(x: te.Tensor, q: te.Tensor, scale: te.Tensor) -> te.Tensor:
+                # the row scale once per output, after the reduction (not once per weight)
+                k = te.reduce_axis((0, self.inn), name="k")
+                acc = te.compute(
+                    (*x.shape[:-1], self.out),
+                    lambda *i: te.sum(x[(*i[:-1], k)] * kn_int8(q, k, i[-1]).astype(self.dtype), axis=k),
+                    name="matmul_kn_int8",
+                )
+                return te.compute(acc.shape, lambda *i: (acc[i] * scale[0, i[-1]]).astype(out_dtype), name="row_scale")
+
+            return op.tensor_expr_op(scaled, "matmul_kn_int8", [x, *self.params()])
 
         def compute(x: te.Tensor, *params: te.Tensor) -> te.Tensor:
             el = self.element(list(params))
@@ -143,6 +176,40 @@ class WeightMatrix(nn.Module):
             return te.compute((*lead, self.out), body, name=f"matmul_{self.layout}_{self.kind}")
 
         return op.tensor_expr_op(compute, f"matmul_{self.layout}_{self.kind}", [x, *self.params()])
+
+    def _grouped_kn(self, x: te.Tensor, q: te.Tensor, scale: te.Tensor, mn: te.Tensor | None = None) -> te.Tensor:
+        """CPU int4: per group of 32 inputs, the raw nibbles times the activations, then the group's scale
+        (and minimum, times the group's activation sum) once per group:
+        ``sum_g scale[g] * sum_r x[32g+r] * q[32g+r] (+ min[g] * sum_r x[32g+r])``, the same number as the
+        element-wise form, with a vector of four instructions per 16 weights in the inner loop instead of
+        six (:class:`~inferx_edge.llm.cpu_schedule.LLMMatmulCPU` keeps a tile's group sums in registers)."""
+        dtype, lead, groups = self.dtype, list(x.shape[:-1]), self.inn // GROUP
+
+        def nibble(word, lane):
+            return tirx.bitwise_and(tirx.shift_right(word, (lane * 4).astype("uint32")), tirx.const(15, "uint32"))
+
+        r = te.reduce_axis((0, GROUP), name="r")
+        xsum = te.compute((*lead, groups), lambda *i: te.sum(x[(*i[:-1], i[-1] * GROUP + r)], axis=r), name="group_sum")
+        r2 = te.reduce_axis((0, GROUP), name="r")
+        part = te.compute(
+            (*lead, groups, self.out),
+            lambda *i: te.sum(
+                x[(*i[:-2], i[-2] * GROUP + r2)]
+                * nibble(kn_word(q, i[-2] * (GROUP // 8) + r2 // 8, i[-1]), r2 % 8).astype(dtype),
+                axis=r2,
+            ),
+            name=f"matmul_kn_{self.kind}_groups",
+        )
+        g = te.reduce_axis((0, groups), name="g")
+        seven = tirx.const(7, dtype)
+
+        def term(*i):
+            acc, xs = part[(*i[:-1], g, i[-1])], xsum[(*i[:-1], g)]
+            if mn is not None:
+                return acc * scale[g, i[-1]] + xs * mn[g, i[-1]]
+            return (acc - seven * xs) * scale[g, i[-1]]
+
+        return te.compute((*lead, self.out), lambda *i: te.sum(term(*i), axis=g), name=f"matmul_kn_{self.kind}")
 
     def take_rows(self, ids: nn.Tensor) -> nn.Tensor:
         """Rows ``ids`` (``[n]`` int32) of the weight, ``[n, in]`` in ``dtype`` (the embedding lookup)."""
@@ -165,7 +232,14 @@ def quantize(w: np.ndarray, kind: str, dtype: str, layout: str = "nt") -> dict[s
         scale = np.abs(w).max(axis=1, keepdims=True) / 127.0
         scale = np.where(scale == 0, 1.0, scale).astype(dtype)
         q = np.clip(np.rint(w / scale.astype(np.float32)), -127, 127).astype(np.int8)
-        return {"q": q, "scale": scale} if layout == "nt" else {"q": np.ascontiguousarray(q.T), "scale": scale.T.copy()}
+        if layout == "nt":
+            return {"q": q, "scale": scale}
+        if out % KN_BLOCK == 0:  # [out/16, in, 16]
+            return {
+                "q": np.ascontiguousarray(q.reshape(out // KN_BLOCK, KN_BLOCK, inn).transpose(0, 2, 1)),
+                "scale": scale.T.copy(),
+            }
+        return {"q": np.ascontiguousarray(q.T), "scale": scale.T.copy()}
     g = w.reshape(out, inn // GROUP, GROUP)
     extra = {}
     if kind == "q4_1":
@@ -183,8 +257,9 @@ def quantize(w: np.ndarray, kind: str, dtype: str, layout: str = "nt") -> dict[s
     packed = np.zeros((out, inn // 8), dtype=np.uint32)
     for k in range(8):
         packed |= q[..., k] << np.uint32(4 * k)
-    if layout == "kn":
-        packed, scale = np.ascontiguousarray(packed.T), np.ascontiguousarray(scale.T)
+    if layout == "kn":  # [out/16, in/8, 16]
+        blocks = packed.reshape(out // KN_BLOCK, KN_BLOCK, inn // 8).transpose(0, 2, 1)
+        packed, scale = np.ascontiguousarray(blocks), np.ascontiguousarray(scale.T)
     return {"q": packed, "scale": scale, **extra}
 
 
@@ -193,9 +268,13 @@ def dequantize(params: dict[str, np.ndarray], kind: str, layout: str = "nt") -> 
     if kind == "dense":
         w = params["weight"].astype(np.float32)
     elif kind == "int8":
-        w = params["q"].astype(np.float32) * params["scale"].astype(np.float32)
+        q, scale = params["q"].astype(np.float32), params["scale"].astype(np.float32)
+        if layout == "kn" and q.ndim == 3:  # blocked [out/16, in, 16]
+            return q.transpose(0, 2, 1).reshape(-1, q.shape[1]) * scale.T
+        w = q * scale
     else:
-        packed = params["q"] if layout == "nt" else params["q"].T  # [out, in / 8]
+        q = params["q"]
+        packed = q if layout == "nt" else q.transpose(0, 2, 1).reshape(-1, q.shape[1])  # [out, in / 8]
         nibbles = np.stack([(packed >> np.uint32(4 * k)) & np.uint32(15) for k in range(8)], axis=-1)
         q = nibbles.reshape(packed.shape[0], -1).astype(np.float32)
         scale = params["scale"] if layout == "nt" else params["scale"].T  # [out, in / GROUP]
