@@ -8,7 +8,8 @@ Policies (each a plain object; registry :data:`POLICIES`):
 
 Decisions use the latest measured window per variant (seeded from a profile), switch only when the
 winner beats the current variant by ``hysteresis`` and the current one has run ``min_dwell_s`` (a
-variant that breaks its constraint is left at once), and hold the last variant that met the constraint
+variant that breaks its constraint is left at once, for one that meets it or comes closer to it by
+``hysteresis``), and hold the last variant that met the constraint
 when telemetry disappears. Every decision is logged with its inputs. Nothing here touches clocks,
 power limits or power modes.
 """
@@ -243,7 +244,12 @@ class Governor:
                 t, best, "current is the policy's pick" + ("" if ok else " (constraint unmet by all)"), inputs
             )
         if not self.policy.feasible(cur):
-            return self._record(t, best, f"{self.current} breaks the constraint ({self.policy.describe()})", inputs)
+            if ok or _closer(self.policy.fallback(self.table[best]), self.policy.fallback(cur), self.hysteresis):
+                return self._record(t, best, f"{self.current} breaks the constraint ({self.policy.describe()})", inputs)
+            # nothing meets it: moving to a variant only predicted to be as close would chase noise
+            return self._record(
+                t, self.current, f"nothing meets the constraint ({self.policy.describe()}): holding the closest", inputs
+            )
         if t - self.since < self.min_dwell_s:
             return self._record(
                 t, self.current, f"dwell: {t - self.since:.1f} s < {self.min_dwell_s:g} s on current", inputs
@@ -266,6 +272,16 @@ class Governor:
         self.current = choice
         self._log(asdict(d))
         return choice
+
+
+def _closer(challenger, current, hysteresis: float) -> bool:
+    """Whether fallback key ``challenger`` is closer to the constraint than ``current`` by more than
+    ``hysteresis`` (keys: a number, or a tuple compared first by its first element, then the rest)."""
+    a = challenger if isinstance(challenger, tuple) else (challenger,)
+    b = current if isinstance(current, tuple) else (current,)
+    if a[0] < b[0] - hysteresis * abs(b[0]):
+        return True
+    return a[0] <= b[0] and a[1:] < b[1:]
 
 
 def jsonl_logger(path):

@@ -48,6 +48,7 @@ from inferx_edge.runtime.telemetry.base import MAX_PLAUSIBLE_W, EnergyMeter
 from inferx_edge.serve.batcher import DeviceSlot
 from inferx_edge.serve.probe import learn_power, measure_idle_power, measure_variant
 from inferx_edge.serve.queueing import SATURATED_MS, Point, RateEstimate, predict
+from inferx_edge.serve.routing import pick_device, slot_power
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ class LiveGovernor:
         self._queued_before = 0  # rows queued when the window being judged began
         self._settle = False  # a backlog alarm moved to the fastest point: the next decision ignores dwell
         self.alarm_rows = math.inf  # backlog_alarm_rows() of the current point, kept for the batcher
+        self.p99_gap_ms = 0.0  # measured p99 above the model's, added to every prediction (_learn_p99_gap)
 
     # -- measurements ---------------------------------------------------------------------------------
     def probe_all(self) -> None:
@@ -171,40 +173,7 @@ class LiveGovernor:
         if self.options.fixed:  # a pinned variant runs every batch, padded (the static baseline)
             name = self.points[self.options.fixed].name.split("@")[0]
             return next((s, s.variants[name]) for s in slots if name in s.variants)
-        options = [(s, s.variant_for(precision, rows)) for s in slots]
-        options = [(s, v) for s, v in options if v is not None]
-        if not options:  # no device has this precision at this size: any precision that fits
-            options = [(s, v) for s in slots if (v := s.variant_for(None, rows)) is not None]
-        if len(options) == 1:
-            return options[0]
-        scored = []
-        for s, v in options:
-            lat = s.timing[v.name].seconds or math.inf
-            finish = max(now, s.busy_until) + lat
-            scored.append((finish, self._batch_energy(s, v.name), s, v))
-        soonest = min(x[0] for x in scored)
-        if self.policy_name == "max-throughput" or any(x[1] is None for x in scored):
-            # (a device without a power sensor: energies cannot be compared across devices)
-            pick = min(scored, key=lambda x: (x[0], x[1]))
-        else:
-            slack = self.limit / 2e3 if self.policy_name == "latency-slo" else max(4 * (soonest - now), self.delay)
-            ok = [x for x in scored if x[0] - now <= slack]
-            pick = min(ok, key=lambda x: (x[1], x[0])) if ok else min(scored, key=lambda x: x[0])
-        return pick[2], pick[3]
-
-    def _power(self, slot: DeviceSlot, name: str) -> tuple[float, float]:
-        """(idle, active) watts of a variant on a device; the busy-fraction proxy without telemetry."""
-        t = slot.timing[name]
-        if slot.idle_w is None or t.active_w is None:
-            return 0.0, 1.0
-        return slot.idle_w, max(t.active_w, slot.idle_w)
-
-    def _batch_energy(self, slot: DeviceSlot, name: str) -> float | None:
-        """Joules a batch adds on this device above idle (None without its power measured)."""
-        if slot.idle_w is None or slot.timing[name].active_w is None:
-            return None
-        idle, active = self._power(slot, name)
-        return (active - idle) * (slot.timing[name].seconds or math.inf)
+        return pick_device(slots, rows, precision, now, self.policy_name, self.limit, self.delay)
 
     def backlog_alarm_rows(self) -> float:
         """Queued rows past which the server should not wait for the window's end to decide: what the
@@ -221,7 +190,7 @@ class LiveGovernor:
     # -- the model of a point at the live load ----------------------------------------------------------
     def predict(self, point: Point, lam: float) -> VariantStats | None:
         """The point's stats at arrival rate ``lam`` (:func:`~inferx_edge.serve.queueing.predict`)."""
-        return predict(point, lam, self.slots, self.delay, self._power)
+        return predict(point, lam, self.slots, self.delay, slot_power)
 
     # -- one window ----------------------------------------------------------------------------------
     def start_window(self) -> None:
@@ -274,6 +243,13 @@ class LiveGovernor:
         self.start_window()
         return window
 
+    def _learn_p99_gap(self, gap_ms: float) -> None:
+        """The running point's measured p99 above the model's: latency the device model cannot see
+        (request parsing, the event loop, copies, a busy host), smoothed over windows. Added to every
+        point's prediction, so a point is not preferred for escaping a delay all of them share."""
+        gap = max(0.0, gap_ms)
+        self.p99_gap_ms = gap if self.p99_gap_ms == 0.0 else 0.5 * self.p99_gap_ms + 0.5 * gap
+
     def _policy(self, lam: float):
         if self.policy_name == "min-energy":
             return MinEnergyAboveFps(max(min(self.limit, 1.2 * lam), 1e-6))
@@ -291,6 +267,7 @@ class LiveGovernor:
         backlog = max(0, queued - self.points[self.current].batch)  # beyond the batch being formed
         demand = rate + backlog / self.options.window_s
         window["demand_fps"] = demand
+        window["p99_unmodelled_ms"] = self.p99_gap_ms
         queued_before, self._queued_before = self._queued_before, queued
         table = {}
         for p in self.points.values():
@@ -308,7 +285,13 @@ class LiveGovernor:
             # requests after a backlog (a burst met by the previous point) measure that point, not this
             saturated = cur.p99_ms >= SATURATED_MS
             clean = queued_before <= self.points[self.current].batch
-            p99 = window["p99_ms"] if window["p99_ms"] is not None and clean and not saturated else cur.p99_ms
+            measured = window["p99_ms"] is not None and clean and not saturated
+            if measured:
+                self._learn_p99_gap(window["p99_ms"] - cur.p99_ms)
+            for name, st in table.items():  # what the device model does not see applies to every point
+                if name != self.current and st.p99_ms < SATURATED_MS and self.p99_gap_ms:
+                    table[name] = dataclasses.replace(st, p99_ms=st.p99_ms + self.p99_gap_ms)
+            p99 = window["p99_ms"] if measured else cur.p99_ms + self.p99_gap_ms
             # measured power over the estimated rate: the window's own frame count is Poisson noise that
             # would make the running point look better or worse than its rivals by chance
             energy = window.get("energy_j")

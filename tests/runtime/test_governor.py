@@ -257,3 +257,20 @@ def test_a_profile_without_a_power_sensor_still_gets_a_report(multi_artifact, tm
     page, md = out["html"].read_text(), out["md"].read_text()
     assert "power: not measured" in page and "power: not measured" in md and "needs power measurements" in md
     assert "FPS/p50" in md or "FPS/p99" in md  # the latency fronts
+
+
+def test_a_broken_variant_is_left_only_for_one_that_meets_the_constraint_or_comes_closer():
+    from inferx_edge.runtime.governor import Governor, LatencySLO, VariantStats
+
+    def stats(name, p99, fps=100.0):
+        return VariantStats(name, fps, 100.0, 1.0, p99)
+
+    gov = Governor(LatencySLO(50.0), {"a": stats("a", 10.0), "b": stats("b", 30.0)}, start="a", min_dwell_s=0)
+    gov.observe(stats("a", 120.0))
+    gov.observe(stats("b", 118.0))  # as far from the SLO: no move
+    assert gov.decide(1.0) == "a"
+    gov.observe(stats("b", 60.0))  # much closer: move
+    assert gov.decide(2.0) == "b"
+    gov.observe(stats("b", 120.0))
+    gov.observe(stats("a", 40.0))  # meets it: move at once
+    assert gov.decide(3.0) == "a"

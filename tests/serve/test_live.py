@@ -184,3 +184,19 @@ def test_the_batcher_wakes_the_governor_when_its_queue_outgrows_the_alarm(served
     lines = [json.loads(x) for x in decisions.read_text().splitlines()]
     alarms = [d for d in lines if d["window"].get("alarm")]
     assert alarms and "backlog alarm" in alarms[0]["reason"] and alarms[0]["window"]["queued_rows"] > 0
+
+
+def test_a_delay_every_point_shares_is_added_to_all_and_no_point_is_chased_for_escaping_it():
+    """Measured p99 far above the model's (front end, busy host): the gap goes onto every point's
+    prediction; with none meeting the SLO the governor holds the measured-closest point instead of
+    flapping to one only predicted to be better."""
+    slot = _slot("gpu", {"fp32-b1": (0.001, 150.0), "fp32-b8": (0.002, 160.0)})
+    gov, log = _governor([slot], policy="latency-slo", p99_ms=20.0)
+    gov.decide(1.0, 50, _window(50))
+    assert gov.current == "fp32-b1"
+    busy = {**_window(600), "requests": 300, "p99_ms": 120.0, "seconds": 1.0}
+    for t in (2.0, 3.0, 4.0):
+        gov.decide(t, 600, busy)
+    assert gov.current == "fp32-b1" and gov.switches == 0
+    assert gov.p99_gap_ms > 90 and log[-1]["points"]["fp32-b8"]["p99_ms"] > 90
+    assert "unmet by all" in log[-1]["reason"] or "nothing meets the constraint" in log[-1]["reason"]
