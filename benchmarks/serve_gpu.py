@@ -244,6 +244,9 @@ def main() -> None:
     ap.add_argument("--artifact", type=Path, default=None, help="serve this artifact instead of building ResNet-50")
     ap.add_argument("--telemetry", default="nvml")
     ap.add_argument("--batches", default="1,8,64", help="ResNet-50 batch variants to build")
+    ap.add_argument(
+        "--capacity", type=float, default=None, help="single-image req/s the governor trace scales to (else: offline)"
+    )
     args = ap.parse_args()
     steps = args.steps.split(",")
     bad = sorted(set(steps) - set(STEPS))
@@ -265,6 +268,8 @@ def main() -> None:
         "model": "torchvision resnet50, random weights, int8 (batch variants 1, 8, 64)",
         "steps": {},
     }
+    if args.capacity:
+        record["capacity_inf_s"] = args.capacity
     name = args.name or f"serve_{args.target}"
 
     def save():

@@ -286,11 +286,15 @@ class LiveGovernor:
             saturated = cur.p99_ms >= SATURATED_MS
             clean = queued_before <= self.points[self.current].batch
             measured = window["p99_ms"] is not None and clean and not saturated
+            gap = self.p99_gap_ms
             if measured:
                 self._learn_p99_gap(window["p99_ms"] - cur.p99_ms)
+                # rivals pay at least what this window showed: a smoothed gap that lags a rising delay
+                # would make every rival look better than the point that just measured it
+                gap = max(self.p99_gap_ms, window["p99_ms"] - cur.p99_ms)
             for name, st in table.items():  # what the device model does not see applies to every point
-                if name != self.current and st.p99_ms < SATURATED_MS and self.p99_gap_ms:
-                    table[name] = dataclasses.replace(st, p99_ms=st.p99_ms + self.p99_gap_ms)
+                if name != self.current and st.p99_ms < SATURATED_MS and gap > 0:
+                    table[name] = dataclasses.replace(st, p99_ms=st.p99_ms + gap)
             p99 = window["p99_ms"] if measured else cur.p99_ms + self.p99_gap_ms
             # measured power over the estimated rate: the window's own frame count is Poisson noise that
             # would make the running point look better or worse than its rivals by chance
