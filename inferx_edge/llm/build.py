@@ -22,6 +22,7 @@ from inferx_edge.errors import BuildError, UsageError
 from inferx_edge.llm.checkpoint import Checkpoint, load_checkpoint
 from inferx_edge.llm.config import LlamaConfig
 from inferx_edge.llm.cpu_attention import use_fast_decode_attention
+from inferx_edge.llm.cpu_int_matmul import dot_lanes
 from inferx_edge.llm.quant import effective_kind, get_scheme, quantize
 from inferx_edge.package import Manifest, TensorSpec, Variant
 from inferx_edge.package.bundle import keep_other_build, sha256_file, write_artifact
@@ -249,6 +250,7 @@ def build_llm_artifact(opts: LLMBuildOptions, log=print, checkpoint: Checkpoint 
             weights = tmp / f"{precision}.npz"
             np.savez(weights, **dict(zip(names, arrays)))
             kinds = dict(collections.Counter(kind for kind, _layout in schemes.values()))
+            int_dot = not spec.is_cuda and dtype == "float32" and {"q4", "q4_1"} & set(kinds) and dot_lanes(target)
             weight_bytes = int(sum(a.nbytes for a in arrays))
             log(
                 f"      weights {weight_bytes / 2**20:.1f} MiB ({', '.join(f'{n} {k}' for k, n in kinds.items())} matrices)"
@@ -270,6 +272,8 @@ def build_llm_artifact(opts: LLMBuildOptions, log=print, checkpoint: Checkpoint 
                             "dtype": dtype,
                             "weight_kinds": kinds,
                             "weight_layout": weight_layout(spec),
+                            # int4 matrices on x86: activations rounded to int8 per group of 32 (cpu_int_matmul)
+                            "int4_activations": "int8" if int_dot else dtype,
                             "weight_bytes": weight_bytes,
                             "layer_precisions": {str(k): v for k, v in (layer_precisions or {}).items()},
                         }

@@ -31,8 +31,8 @@ class Linear(nn.Module):
     def __init__(self, out_features: int, in_features: int, scheme: Scheme, dtype: str, layout: str):
         self.weight = WeightMatrix(out_features, in_features, scheme, dtype, layout)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.weight.matmul_nt(x)
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        return self.weight.matmul_nt(x, residual=residual)
 
 
 class Attention(nn.Module):
@@ -41,11 +41,11 @@ class Attention(nn.Module):
         self.qkv = Linear((self.nq + 2 * self.nkv) * self.hd, cfg.hidden_size, scheme, dtype, layout)
         self.o = Linear(cfg.hidden_size, self.nq * self.hd, scheme, dtype, layout)
 
-    def forward(self, x: Tensor, kv: PagedKVCache, layer_id: int) -> Tensor:
+    def forward(self, x: Tensor, kv: PagedKVCache, layer_id: int, residual: Tensor) -> Tensor:
         b, s, _ = x.shape
         qkv = op.reshape(self.qkv(x), (b, s, self.nq + 2 * self.nkv, self.hd))
         out = kv.attention_with_fused_qkv(layer_id, qkv, self.nq, sm_scale=self.hd**-0.5)
-        return self.o(op.reshape(out, (b, s, self.nq * self.hd)))
+        return self.o(op.reshape(out, (b, s, self.nq * self.hd)), residual)
 
 
 class MLP(nn.Module):
@@ -54,9 +54,9 @@ class MLP(nn.Module):
         self.gate_up = Linear(2 * self.ffn, cfg.hidden_size, scheme, dtype, layout)
         self.down = Linear(cfg.hidden_size, self.ffn, scheme, dtype, layout)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, residual: Tensor) -> Tensor:
         gate, up = op.split(self.gate_up(x), 2, axis=-1)
-        return self.down(op.silu(gate) * up)
+        return self.down(op.silu(gate) * up, residual)
 
 
 class Block(nn.Module):
@@ -67,8 +67,8 @@ class Block(nn.Module):
         self.mlp = MLP(cfg, scheme, dtype, layout)
 
     def forward(self, x: Tensor, kv: PagedKVCache, layer_id: int) -> Tensor:
-        x = x + self.attn(self.input_layernorm(x), kv, layer_id)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = self.attn(self.input_layernorm(x), kv, layer_id, residual=x)  # x + attention
+        return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -83,6 +83,13 @@ class LlamaForCausalLM(nn.Module):
         self.norm = nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False, dtype=dtype)
         if not cfg.tie_word_embeddings:
             self.lm_head = WeightMatrix(cfg.vocab_size, cfg.hidden_size, emb, dtype, layout)
+        if layout == "kn" and dtype == "float32":  # x86 CPUs: int4 matrices take the integer kernel
+            from inferx_edge.llm.cpu_int_matmul import dot_lanes
+
+            lanes = dot_lanes(target)
+            for block in self.layers:
+                for lin in (block.attn.qkv, block.attn.o, block.mlp.gate_up, block.mlp.down):
+                    lin.weight.dot_lanes = lanes
 
     def _logits(self, h: Tensor) -> Tensor:
         table = self.embed_tokens if self.cfg.tie_word_embeddings else self.lm_head

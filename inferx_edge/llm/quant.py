@@ -9,8 +9,10 @@ row. A matrix whose input width is not a multiple of the group falls back to ``i
 
 Two storage layouts of the same numbers: ``nt`` (``[out, in]``: GPU kernels reduce along contiguous
 memory) and ``kn`` (``[in, out]``: CPU kernels keep vectors of outputs and read each weight row
-contiguously). int4 words pack eight consecutive *inputs* of one output: ``nt`` ``[out, in/8]``; ``kn``
-in blocks of :data:`KN_BLOCK` outputs, ``[out/16, in/8, 16]``, so a CPU vector of outputs is one
+contiguously). int4 words pack eight consecutive *inputs* of one output: ``nt`` ``[out, in/8]``, input
+``k`` at bits ``4k``; ``kn`` in blocks of :data:`KN_BLOCK` outputs, ``[out/16, in/8, 16]``, input ``k``
+at bits :func:`kn_shift` (byte ``t`` holds inputs ``t`` and ``t + 4``: one mask gives four consecutive
+inputs as bytes, what :mod:`inferx_edge.llm.cpu_int_matmul`'s integer dot products read), so a CPU vector of outputs is one
 contiguous load shifted by one amount for every lane, and the weights one output tile reads over the
 whole reduction are a few contiguous streams (packed ``[in, out/8]`` every vector was a gather; packed
 ``[in/8, out]`` every tile walked the whole matrix in 384-byte pieces a row apart).
@@ -33,6 +35,8 @@ GROUP = 32
 LAYOUTS = ("nt", "kn")
 #: outputs per contiguous block of CPU (``kn``) int4 weights: one AVX-512 vector, two AVX2 vectors
 KN_BLOCK = 16
+#: dtype of the ``kn`` int4 group scales and minima (GGUF's Q4_0/Q4_1 keep them in float16 too)
+KN_SCALE = "float16"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,10 +86,10 @@ def _shapes(kind: str, out: int, inn: int, layout: str) -> dict[str, tuple[tuple
         return {"q": (blocked, "int8"), "scale": ((1, out), None)}
     if layout == "nt":
         shapes = {"q": ((out, inn // 8), "uint32"), "scale": ((out, inn // GROUP), None)}
-    else:
-        shapes = {"q": ((out // KN_BLOCK, inn // 8, KN_BLOCK), "uint32"), "scale": ((inn // GROUP, out), None)}
+    else:  # group scales (and minima) in float16 whatever the activations: a fifth of the bytes read
+        shapes = {"q": ((out // KN_BLOCK, inn // 8, KN_BLOCK), "uint32"), "scale": ((inn // GROUP, out), KN_SCALE)}
     if kind == "q4_1":
-        shapes["minimum"] = (shapes["scale"][0], None)
+        shapes["minimum"] = shapes["scale"]
     return shapes
 
 
@@ -93,6 +97,11 @@ def kn_int8(q, i, o):
     """The ``kn`` int8 weight of input ``i``, output ``o`` (blocked ``[out/16, in, 16]``, or ``[in, out]``
     when the outputs do not fill blocks)."""
     return q[o // KN_BLOCK, i, o % KN_BLOCK] if len(q.shape) == 3 else q[i, o]
+
+
+def kn_shift(k):
+    """The bit offset of input ``k`` (0..7, an int or a TIR expression) in a ``kn`` int4 word."""
+    return (k % 4) * 8 + (k // 4) * 4
 
 
 def kn_word(q, word: int, o):
@@ -107,6 +116,8 @@ class WeightMatrix(nn.Module):
         if layout not in LAYOUTS:
             raise UsageError(f"unknown weight layout '{layout}'; valid: {', '.join(LAYOUTS)}")
         self.out, self.inn, self.dtype, self.layout = out_features, in_features, dtype, layout
+        #: int32 lanes of the x86 integer int4 kernel (:mod:`inferx_edge.llm.cpu_int_matmul`); 0: float kernels
+        self.dot_lanes = 0
         self.kind = effective_kind(scheme, in_features, out_features, layout)
         for name, (shape, dt) in _shapes(self.kind, out_features, in_features, layout).items():
             setattr(self, name, nn.Parameter(shape, dt or dtype))
@@ -131,23 +142,56 @@ class WeightMatrix(nn.Module):
             return lambda o, i: kn_int8(q, i, o).astype(dtype) * scale[0, o]
 
         def nibble(word, lane):
-            return tirx.bitwise_and(tirx.shift_right(word, (lane * 4).astype("uint32")), tirx.const(15, "uint32"))
+            shift = lane * 4 if nt else kn_shift(lane)
+            return tirx.bitwise_and(tirx.shift_right(word, shift.astype("uint32")), tirx.const(15, "uint32"))
 
         if self.kind == "q4_1":
             mn = params[2]
             if nt:
                 return lambda o, i: nibble(q[o, i // 8], i % 8).astype(dtype) * scale[o, i // GROUP] + mn[o, i // GROUP]
             return lambda o, i: (
-                nibble(kn_word(q, i // 8, o), i % 8).astype(dtype) * scale[i // GROUP, o] + mn[i // GROUP, o]
+                nibble(kn_word(q, i // 8, o), i % 8).astype(dtype) * scale[i // GROUP, o].astype(dtype)
+                + mn[i // GROUP, o].astype(dtype)
             )
         seven = tirx.const(7, dtype)
         if nt:
             return lambda o, i: (nibble(q[o, i // 8], i % 8).astype(dtype) - seven) * scale[o, i // GROUP]
-        return lambda o, i: (nibble(kn_word(q, i // 8, o), i % 8).astype(dtype) - seven) * scale[i // GROUP, o]
+        return lambda o, i: (
+            (nibble(kn_word(q, i // 8, o), i % 8).astype(dtype) - seven) * scale[i // GROUP, o].astype(dtype)
+        )
 
-    def matmul_nt(self, x: nn.Tensor, out_dtype: str | None = None) -> nn.Tensor:
-        """``x @ weight.T`` (``x``: ``[..., in]``), the weight dequantized inside the reduction."""
+    def matmul_nt(self, x: nn.Tensor, out_dtype: str | None = None, residual: nn.Tensor | None = None) -> nn.Tensor:
+        """``x @ weight.T`` (``x``: ``[..., in]``), the weight dequantized inside the reduction
+        (``+ residual``, same shape as the result, when given)."""
         out_dtype = out_dtype or self.dtype
+        if (
+            self.dot_lanes
+            and self.layout == "kn"
+            and self.kind in ("q4", "q4_1")
+            and out_dtype == self.dtype == "float32"
+        ):
+            return self._int_dot(x, residual)
+        out = self._matmul(x, out_dtype)
+        return out if residual is None else out + residual
+
+    def _int_dot(self, x: nn.Tensor, residual: nn.Tensor | None) -> nn.Tensor:
+        from inferx_edge.llm.cpu_int_matmul import q4_int_matmul
+
+        lead = list(x.shape[:-1])
+        rows = lead[0]
+        for d in lead[1:]:
+            rows = rows * d
+        decode = len(lead) >= 2 and isinstance(lead[-1], int) and lead[-1] == 1  # [batch, 1, in]: one token each
+        func = q4_int_matmul(self.inn, self.out, self.kind, self.dot_lanes, decode, residual is not None, KN_SCALE)
+        args = [op.reshape(x, (rows, self.inn)), *self.params()]
+        if residual is not None:
+            args.append(op.reshape(residual, (rows, self.out)))
+        out = op.tensor_ir_op(
+            func, f"matmul_kn_{self.kind}_int", args, nn.Tensor.placeholder((rows, self.out), self.dtype)
+        )
+        return op.reshape(out, (*lead, self.out))
+
+    def _matmul(self, x: nn.Tensor, out_dtype: str) -> nn.Tensor:
         if self.layout == "kn" and self.kind in ("q4", "q4_1") and out_dtype == self.dtype:
             return op.tensor_expr_op(self._grouped_kn, f"matmul_kn_{self.kind}", [x, *self.params()])
         if self.layout == "kn" and self.kind == "int8":
@@ -186,7 +230,7 @@ class WeightMatrix(nn.Module):
         dtype, lead, groups = self.dtype, list(x.shape[:-1]), self.inn // GROUP
 
         def nibble(word, lane):
-            return tirx.bitwise_and(tirx.shift_right(word, (lane * 4).astype("uint32")), tirx.const(15, "uint32"))
+            return tirx.bitwise_and(tirx.shift_right(word, kn_shift(lane).astype("uint32")), tirx.const(15, "uint32"))
 
         r = te.reduce_axis((0, GROUP), name="r")
         xsum = te.compute((*lead, groups), lambda *i: te.sum(x[(*i[:-1], i[-1] * GROUP + r)], axis=r), name="group_sum")
@@ -205,9 +249,10 @@ class WeightMatrix(nn.Module):
 
         def term(*i):
             acc, xs = part[(*i[:-1], g, i[-1])], xsum[(*i[:-1], g)]
+            sc = scale[g, i[-1]].astype(dtype)
             if mn is not None:
-                return acc * scale[g, i[-1]] + xs * mn[g, i[-1]]
-            return (acc - seven * xs) * scale[g, i[-1]]
+                return acc * sc + xs * mn[g, i[-1]].astype(dtype)
+            return (acc - seven * xs) * sc
 
         return te.compute((*lead, self.out), lambda *i: te.sum(term(*i), axis=g), name=f"matmul_kn_{self.kind}")
 
@@ -219,6 +264,18 @@ class WeightMatrix(nn.Module):
             return te.compute((ids.shape[0], self.inn), lambda n, i: el(ids[n], i), name=f"take_{self.kind}")
 
         return op.tensor_expr_op(compute, f"take_{self.kind}", [ids, *self.params()])
+
+
+def _group_scale(scale: np.ndarray, dtype: str) -> np.ndarray:
+    """Group scales in ``dtype``: 1 where a group is constant or its step underflows (its values are
+    then its minimum / zero to within that step); an error where one overflows (float16: |w| > ~4e5)."""
+    with np.errstate(over="ignore"):
+        out = np.where(scale == 0, 1.0, scale).astype(dtype)
+    if not np.isfinite(out).all():
+        raise UsageError(
+            f"int4 weights: a group's scale does not fit {dtype} (weights too large): use --precision int8"
+        )
+    return np.where(out == 0, np.array(1, dtype), out)
 
 
 def quantize(w: np.ndarray, kind: str, dtype: str, layout: str = "nt") -> dict[str, np.ndarray]:
@@ -242,21 +299,23 @@ def quantize(w: np.ndarray, kind: str, dtype: str, layout: str = "nt") -> dict[s
         return {"q": np.ascontiguousarray(q.T), "scale": scale.T.copy()}
     g = w.reshape(out, inn // GROUP, GROUP)
     extra = {}
+    dtype = KN_SCALE if layout == "kn" else dtype  # the scales' dtype; the nibbles follow the rounded scales
     if kind == "q4_1":
         lo, hi = g.min(axis=2), g.max(axis=2)
-        scale = np.where(hi > lo, (hi - lo) / 15.0, 1.0).astype(dtype)
+        scale = _group_scale(np.where(hi > lo, (hi - lo) / 15.0, 1.0), dtype)
         minimum = lo.astype(dtype)
+        if not np.isfinite(minimum).all():
+            raise UsageError(f"int4 weights: a group minimum does not fit {dtype}: use --precision int8")
         q = np.rint((g - minimum.astype(np.float32)[..., None]) / scale.astype(np.float32)[..., None])
         q = np.clip(q, 0, 15).astype(np.uint32).reshape(out, inn)
         extra["minimum"] = minimum if layout == "nt" else np.ascontiguousarray(minimum.T)
     else:
-        scale = np.abs(g).max(axis=2) / 7.0
-        scale = np.where(scale == 0, 1.0, scale).astype(dtype)
+        scale = _group_scale(np.abs(g).max(axis=2) / 7.0, dtype)
         q = np.clip(np.rint(g / scale.astype(np.float32)[..., None]) + 7, 0, 14).astype(np.uint32).reshape(out, inn)
-    q = q.reshape(out, inn // 8, 8)  # eight consecutive inputs of one output per word, first in the low bits
+    q = q.reshape(out, inn // 8, 8)  # eight consecutive inputs of one output per word (bits: above)
     packed = np.zeros((out, inn // 8), dtype=np.uint32)
     for k in range(8):
-        packed |= q[..., k] << np.uint32(4 * k)
+        packed |= q[..., k] << np.uint32(4 * k if layout == "nt" else kn_shift(k))
     if layout == "kn":  # [out/16, in/8, 16]
         blocks = packed.reshape(out // KN_BLOCK, KN_BLOCK, inn // 8).transpose(0, 2, 1)
         packed, scale = np.ascontiguousarray(blocks), np.ascontiguousarray(scale.T)
@@ -275,7 +334,8 @@ def dequantize(params: dict[str, np.ndarray], kind: str, layout: str = "nt") -> 
     else:
         q = params["q"]
         packed = q if layout == "nt" else q.transpose(0, 2, 1).reshape(-1, q.shape[1])  # [out, in / 8]
-        nibbles = np.stack([(packed >> np.uint32(4 * k)) & np.uint32(15) for k in range(8)], axis=-1)
+        shifts = [4 * k if layout == "nt" else kn_shift(k) for k in range(8)]
+        nibbles = np.stack([(packed >> np.uint32(b)) & np.uint32(15) for b in shifts], axis=-1)
         q = nibbles.reshape(packed.shape[0], -1).astype(np.float32)
         scale = params["scale"] if layout == "nt" else params["scale"].T  # [out, in / GROUP]
         s = np.repeat(scale.astype(np.float32), GROUP, axis=1)
