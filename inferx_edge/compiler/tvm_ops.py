@@ -55,9 +55,13 @@ def _vector_exp_f32(call):
 
     x = call.args[0]
     dt = tvm.runtime.DataType(str(x.ty.dtype))
-    if dt.type_code != tvm.runtime.DataType("float32").type_code or dt.bits != 32:
-        return call
+    if dt.type_code != tvm.runtime.DataType("float32").type_code or dt.bits not in (16, 32):
+        # what TVM's own rule gives (this rule replaces it: returning the call unlowered fails codegen)
+        return tirx.call_llvm_pure_intrin(str(x.ty.dtype), "llvm.exp", x)
     lanes = dt.lanes
+    if dt.bits == 16:  # float16 through float32, in vector registers too
+        f32 = "float32" if lanes == 1 else f"float32x{lanes}"
+        return tirx.Cast(str(x.ty.dtype), _vector_exp_f32(tirx.call_intrin(f32, "tirx.exp", tirx.Cast(f32, x))))
     ints = "int32" if lanes == 1 else f"int32x{lanes}"
 
     def c(v, t="float32"):
