@@ -6,6 +6,7 @@ Functions the artifact exports (all batch shapes symbolic):
   tokens of several sequences, concatenated; ``logit_positions`` picks the rows to project to the
   vocabulary (the last token of each sequence, or every token for scoring).
 - ``batch_decode(input_ids[b], kv) -> (logits[b, 1, vocab], kv)``: one token per sequence.
+- ``argmax_logits(logits[b, 1, vocab]) -> ids[b]`` (GPU artifacts only): greedy sampling on the device.
 - ``create_paged_kv_cache(max_batch, max_total_len, prefill_chunk, page_size, sliding)``: the cache,
   allocated once by the runtime; sequences enter and leave it through ``vm.builtin.kv_state_*``.
 
@@ -25,6 +26,10 @@ from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode, TIRPagedK
 
 from inferx_edge.llm.config import LlamaConfig
 from inferx_edge.llm.quant import Scheme, WeightMatrix, embedding_scheme
+
+
+def _is_gpu(target) -> bool:
+    return getattr(getattr(target, "kind", None), "name", "") in ("cuda", "rocm", "vulkan", "metal")
 
 
 class Linear(nn.Module):
@@ -112,6 +117,14 @@ class LlamaForCausalLM(nn.Module):
         h = op.unsqueeze(self._embed(input_ids), 1)
         return self._logits(self._decoder(h, kv)), kv
 
+    def argmax_logits(self, logits: Tensor) -> Tensor:
+        """Each sequence's most likely next token from ``batch_decode``'s logits, on the device (GPU
+        artifacts: greedy decoding copies ids, not logits, to the host)."""
+        from inferx_edge.llm.gpu_sampling import argmax_rows
+
+        out = Tensor.placeholder((logits.shape[0],), "int32")
+        return op.tensor_ir_op(argmax_rows(self.cfg.vocab_size), "argmax_rows", [logits], out)
+
     def create_paged_kv_cache(
         self,
         max_batch_size: tirx.Var,
@@ -151,6 +164,7 @@ class LlamaForCausalLM(nn.Module):
 
     def get_default_spec(self) -> dict[str, Any]:
         packed = {"param_mode": "packed", "effect_mode": "none"}
+        plain = {"param_mode": "none", "effect_mode": "none"}
         kv = nn.spec.Object(object_type=PagedKVCache)
         return {
             "batch_prefill": {
@@ -160,6 +174,16 @@ class LlamaForCausalLM(nn.Module):
                 "$": packed,
             },
             "batch_decode": {"input_ids": nn.spec.Tensor(["batch_size"], "int32"), "kv": kv, "$": packed},
+            **(
+                {
+                    "argmax_logits": {
+                        "logits": nn.spec.Tensor(["batch_size", 1, self.cfg.vocab_size], "float32"),
+                        "$": plain,
+                    }
+                }
+                if _is_gpu(self.target)
+                else {}
+            ),
             "create_paged_kv_cache": {
                 "max_batch_size": int,
                 "max_total_seq_len": int,

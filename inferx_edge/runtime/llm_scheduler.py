@@ -220,8 +220,8 @@ class Scheduler:
                 req.rng = np.random.default_rng(req.params.seed)
                 self._active[req.id] = req
 
-    def _emit_token(self, req: GenerationRequest, logits: np.ndarray) -> None:
-        tok = sample(logits, req.params, req.rng)
+    def _emit_token(self, req: GenerationRequest, logits: np.ndarray | None, token: int | None = None) -> None:
+        tok = sample(logits, req.params, req.rng) if token is None else int(token)
         req.output.append(tok)
         if req.first_token is None:
             req.first_token = time.perf_counter()
@@ -255,9 +255,14 @@ class Scheduler:
                     self._emit_token(req, row)
         decoding = [r for r in self._active.values() if r.read == len(r.prompt) and r.output and r.id not in chunk_ids]
         if decoding:
-            logits = self.engine.decode([r.id for r in decoding], [r.output[-1] for r in decoding])
+            seqs, last = [r.id for r in decoding], [r.output[-1] for r in decoding]
             self.steps["decode"] += 1
-            for req, row in zip(decoding, logits):
+            if all(r.params.temperature == 0 for r in decoding):  # greedy: argmax where the logits are
+                for req, tok in zip(decoding, self.engine.decode_greedy(seqs, last)):
+                    if req.id in self._active:
+                        self._emit_token(req, None, tok)
+                return
+            for req, row in zip(decoding, self.engine.decode(seqs, last)):
                 if req.id in self._active:
                     self._emit_token(req, row)
 

@@ -235,6 +235,39 @@ def test_quantized_variants_compute_their_dequantized_model(artifact, reference)
         assert kinds == ({"int8": 9} if variant == "int8" else {variant: 8, "int8": 1})
 
 
+def test_greedy_decode_returns_the_argmax_of_the_logits(artifact):
+    from inferx_edge.runtime.llm import LLMEngine
+
+    with LLMEngine(artifact, variant="fp32") as a, LLMEngine(artifact, variant="fp32") as b:
+        for e in (a, b):
+            for s in range(3):
+                e.add_sequence(s)
+            e.prefill([0, 1, 2], [[5, 6, 7], [40], [9, 9]])
+        toks = [1, 2, 3]
+        for _ in range(4):
+            want = a.decode([0, 1, 2], toks).argmax(axis=1)
+            got = b.decode_greedy([0, 1, 2], toks)
+            assert got.tolist() == want.tolist()
+            toks = got.tolist()
+
+
+def test_gpu_build_exports_device_greedy_sampling(tiny, tmp_path):
+    """GPU artifacts carry ``argmax_logits`` (one thread block per row), so greedy decoding copies token
+    ids, not logits, to the host; CPU artifacts do not need it."""
+    from tests.helpers import nvrtc12_available
+
+    if not nvrtc12_available():
+        pytest.skip("pip install '.[cuda12]' (NVRTC 12)")
+    from inferx_edge.llm.build import LLMBuildOptions, build_llm_artifact
+    from inferx_edge.package.bundle import open_artifact
+
+    out = tmp_path / "gpu.ixa"
+    build_llm_artifact(LLMBuildOptions(model=tiny, target="h200", output=out, precisions=("q4",)), log=lambda s: None)
+    with open_artifact(out) as ex:
+        lib = ex.member("lib/q4.so").read_bytes()
+    assert b"argmax_logits" in lib and b"argmax_rows" in lib
+
+
 def test_scheduler_rejects_bad_requests_and_frees_cancelled(artifact):
     from inferx_edge.runtime.llm import LLMEngine
     from inferx_edge.runtime.llm_scheduler import GenerationRequest, QueueFull, SamplingParams, Scheduler
