@@ -141,17 +141,73 @@ def _source_digest(path: Path) -> str:
 
 
 def llm_pipeline(spec: TargetSpec, target):
-    """GPUs: TVM's default pipeline (dlight GEMV/matmul rules). CPUs: TVM's CPU pipeline with
-    :class:`~inferx_edge.llm.cpu_schedule.LLMMatmulCPU` for the weight-reading kernels, then our
-    default CPU schedules and dlight's for the rest (attention, norms)."""
-    from tvm import relax
-
+    """GPUs: TVM's CUDA pipeline with dlight's low-batch GEMV rule first for decode kernels (``[batch,
+    1, in]``: TVM's default order gives them to the matmul rule, tiled for many rows). CPUs: TVM's CPU
+    pipeline with :class:`~inferx_edge.llm.cpu_schedule.LLMMatmulCPU` for the weight-reading kernels,
+    then our default CPU schedules and dlight's for the rest (attention, norms)."""
     if spec.is_cuda:
-        return relax.get_default_pipeline(target)
+        return _gpu_pipeline(target)
     from inferx_edge.compiler.cpu import cpu_pipeline
     from inferx_edge.llm.cpu_schedule import LLMMatmulCPU
 
     return cpu_pipeline(target, first_rules=[LLMMatmulCPU()])
+
+
+class _DecodeGEMV:
+    """dlight's ``LowBatchGEMV`` for kernels whose output is ``[batch, 1, n]`` (one token per sequence),
+    nothing for the rest (prefill goes on to the matmul rule)."""
+
+    def __init__(self):
+        from tvm.s_tir import dlight
+
+        self.rule = dlight.gpu.LowBatchGEMV()
+
+    def apply(self, func, target, tunable):
+        from tvm import tirx
+
+        if not isinstance(func, tirx.PrimFunc) or (func.attrs is not None and "tirx.is_scheduled" in func.attrs):
+            return None
+        from tvm import s_tir
+        from tvm.s_tir.dlight.analysis import get_root_block
+
+        try:
+            sch = s_tir.Schedule(func)
+            blocks = sch.get_child_blocks(get_root_block(sch))
+            region = sch.get(blocks[-1]).writes[0] if blocks else None
+            shape = list((getattr(region, "buffer", None) or region.source).shape) if region is not None else []
+        except Exception:  # noqa: BLE001 - a function this rule cannot read: the next rule
+            return None
+        if len(shape) != 3 or not isinstance(shape[1], tirx.IntImm) or int(shape[1]) != 1:
+            return None
+        return self.rule.apply(func, target, tunable)
+
+
+def _gpu_pipeline(target):
+    import tvm
+    from tvm.relax.backend.cuda import pipeline as cuda
+    from tvm.s_tir import dlight
+
+    from inferx_edge.compiler.cpu.default_schedule import _as_dlight_rule
+
+    schedule = dlight.ApplyDefaultSchedule(
+        _as_dlight_rule(_DecodeGEMV()),
+        dlight.gpu.Matmul(),
+        dlight.gpu.GEMV(),
+        dlight.gpu.Reduction(),
+        dlight.gpu.GeneralReduction(),
+        dlight.gpu.Fallback(),
+    )
+    # TVM's legalization list ends with its own dlight schedule: ours replaces it
+    legalize = [p for p in cuda.legalize_passes(target) if type(p).__name__ != "ApplyDefaultSchedule"]
+
+    @tvm.transform.module_pass(opt_level=0, name="InferxLLMGPUPipeline")
+    def pipeline(mod, _ctx):
+        with target:
+            passes = cuda.library_dispatch_passes(target) + legalize + [schedule]
+            passes += cuda.dataflow_lower_passes(target) + cuda.finalize_passes(target)
+            return tvm.transform.Sequential(passes)(mod)
+
+    return pipeline
 
 
 def _compile(mod, spec: TargetSpec, target, out: Path, cuda_code: str) -> dict[str, Any]:

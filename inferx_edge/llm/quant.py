@@ -210,6 +210,12 @@ class WeightMatrix(nn.Module):
 
         def compute(x: te.Tensor, *params: te.Tensor) -> te.Tensor:
             el = self.element(list(params))
+            if self.layout == "nt" and self.kind != "dense":
+                # GPUs: the dequantization as its own block, which dlight's GEMV / matmul rules inline
+                # into theirs (dequantized inside the reduction expression, no rule matched: every
+                # unfused int4 matmul ran the one-thread-per-output fallback, 36 us for SmolLM2's qkv)
+                w = te.compute((self.out, self.inn), el, name="dequantize")
+                el = lambda o, i: w[o, i]  # noqa: E731
             k = te.reduce_axis((0, self.inn), name="k")
             lead = list(x.shape[:-1])
 
