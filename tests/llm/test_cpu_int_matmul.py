@@ -29,7 +29,8 @@ def _emulate(x, params, kind):
     amax = np.abs(g).max(axis=2)
     inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
     xq = np.rint(g * inv[..., None]).astype(np.float64)  # float32 product, ties to even: the kernel's rounding
-    dx, xs = amax.astype(np.float64) / 127.0, g.astype(np.float64).sum(axis=2)
+    dx = amax.astype(np.float64) / 127.0
+    xs = dx * xq.sum(axis=2)  # the rounded activations' sum (llama.cpp's Q8_1 "s")
     packed = params["q"]
     words = packed.transpose(0, 2, 1).reshape(-1, packed.shape[1])  # [out, in / 8]
     nib = np.stack([(words >> np.uint32(quant.kn_shift(j))) & np.uint32(15) for j in range(8)], axis=-1)
