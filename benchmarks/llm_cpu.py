@@ -6,7 +6,7 @@ transformers, perplexity and greedy agreement per precision, and speed against l
 - correctness: the fp32 artifact's greedy 32-token continuations of 5 prompts against transformers
   (torch, fp32, CPU; its own GGUF loader), and the prompt logits' largest difference;
 - perplexity of the first ``--ppl-tokens`` tokens of a licence text Debian ships
-  (/usr/share/common-licenses/GPL-3) for every precision and for transformers fp32;
+  (/usr/share/common-licenses/GPL-3) for every precision, for transformers fp32 and for llama.cpp;
 - greedy-token agreement of each precision with fp32 (position by position over the 5 x 32 tokens:
   harsh, everything after a first divergence counts as a miss) and teacher-forced top-1 agreement
   (each precision fed fp32's continuation: does its next-token argmax match);
@@ -94,6 +94,20 @@ def _llama_cpp(gguf: Path, threads: int, vocab: int, prompt_len=128, steps=64):
     }
 
 
+def _llama_cpp_perplexity(gguf: Path, threads: int, ids: list[int]) -> float:
+    """llama.cpp's perplexity of ``ids`` (our tokenizer's ids, the same GGUF), from all its logits."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(gguf), n_threads=threads, n_ctx=len(ids) + 16, logits_all=True, verbose=False)
+    llm.reset()
+    llm.eval(ids)
+    lg = np.asarray(llm.scores[: len(ids)], dtype=np.float64)
+    top = lg.max(axis=1, keepdims=True)
+    logp = lg - top - np.log(np.exp(lg - top).sum(axis=1, keepdims=True))
+    nll = -float(logp[np.arange(len(ids) - 1), np.asarray(ids[1:])].sum())
+    return round(math.exp(nll / (len(ids) - 1)), 4)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gguf", type=Path, required=True)
@@ -165,6 +179,7 @@ def main() -> None:
     if fp32:
         results["inferx_fp32"]["greedy_identical_to_transformers"] = [o == r for o, r in zip(fp32, ref_out)]
     results["llama_cpp_gguf"] = _llama_cpp(args.gguf, threads, vocab)
+    results["llama_cpp_gguf"]["perplexity"] = _llama_cpp_perplexity(args.gguf, threads, text_ids)
     print("llama.cpp", results["llama_cpp_gguf"], flush=True)
     ratios = {
         f"inferx_{p}/llama_cpp:{m}": round(results[f"inferx_{p}"]["speed"][m] / results["llama_cpp_gguf"][m], 3)
