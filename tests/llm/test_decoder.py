@@ -193,25 +193,54 @@ def _integer_int4_linears(model, variant: str, original) -> None:
             module.forward = forward
 
 
-def test_quantized_variants_compute_their_dequantized_model(artifact, reference):
-    """int8/q4 kernels compute exactly the model with the dequantized weights: the kernels are right."""
+def _dequantized_twin(reference, variant: str):
+    """``reference`` with every matrix (the tied embedding included) quantized as a CPU (``kn``)
+    artifact of ``variant`` quantizes it, and back."""
     import copy
 
+    twin = copy.deepcopy(reference)
+    with torch.no_grad():
+        for _, p in twin.named_parameters():
+            if p.ndim == 2:
+                scheme = quant.get_scheme(variant)
+                if p.shape[0] == reference.config.vocab_size:
+                    scheme = quant.embedding_scheme(scheme)
+                kind = quant.effective_kind(scheme, p.shape[1], p.shape[0], "kn")
+                p.copy_(
+                    torch.from_numpy(quant.dequantize(quant.quantize(p.numpy(), kind, "float32", "kn"), kind, "kn"))
+                )
+    return twin
+
+
+def test_float_int4_kernels_compute_their_dequantized_model(tiny, reference, tmp_path, monkeypatch):
+    """The float int4 kernels (CPUs without AVX2, Arm) on the kn layout: exactly the dequantized model."""
+    from inferx_edge.llm import build as llm_build
+    from inferx_edge.llm import cpu_int_matmul
+    from inferx_edge.llm.build import LLMBuildOptions, build_llm_artifact
+    from inferx_edge.runtime.llm import LLMEngine
+
+    monkeypatch.setattr(cpu_int_matmul, "dot_lanes", lambda target: 0)
+    monkeypatch.setattr(llm_build, "dot_lanes", lambda target: 0)
+    out = tmp_path / "float.ixa"
+    build_llm_artifact(LLMBuildOptions(model=tiny, target="x86-cpu", output=out, precisions=("q4", "q4_1")), log=lambda s: None)  # fmt: skip
+    ids = list(range(40, 72))
+    for variant in ("q4", "q4_1"):
+        with LLMEngine(out, variant=variant) as e:
+            assert e.manifest.variant(variant).extra["llm"]["int4_activations"] == "float32"
+            e.add_sequence(1)
+            got = e.prefill([1], [ids], all_logits=True)
+        want = _ref_logits(_dequantized_twin(reference, variant), ids)
+        np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max())
+
+
+def test_quantized_variants_compute_their_dequantized_model(artifact, reference):
+    """int8/q4 kernels compute exactly the model with the dequantized weights: the kernels are right."""
     from inferx_edge.runtime.llm import LLMEngine
 
     ids = list(range(40, 72))
     ref = _ref_logits(reference, ids)
     for variant in ("int8", "q4", "q4_1"):
-        twin = copy.deepcopy(reference)
-        with torch.no_grad():
-            for _, p in twin.named_parameters():
-                if p.ndim == 2:  # every matrix, the tied embedding included (CPU artifacts: kn layout)
-                    scheme = quant.get_scheme(variant)
-                    if p.shape[0] == reference.config.vocab_size:
-                        scheme = quant.embedding_scheme(scheme)
-                    kind = quant.effective_kind(scheme, p.shape[1], p.shape[0], "kn")
-                    w = quant.dequantize(quant.quantize(p.numpy(), kind, "float32", "kn"), kind, "kn")
-                    p.copy_(torch.from_numpy(w))
+        twin = _dequantized_twin(reference, variant)
         with LLMEngine(artifact, variant=variant) as e:
             e.add_sequence(1)
             got = e.prefill([1], [ids], all_logits=True)
