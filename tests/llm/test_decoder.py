@@ -247,14 +247,12 @@ def test_quantized_variants_compute_their_dequantized_model(artifact, reference)
         if e.manifest.variant(variant).extra["llm"]["int4_activations"] == "int8":
             _integer_int4_linears(twin, variant, reference)  # x86 integer int4 kernels: the same arithmetic
         want = _ref_logits(twin, ids)
-        # integer kernels: a rounding tie decided differently after a float-order difference upstream moves
-        # one activation by a step (the kernel itself matches to 1e-7: test_cpu_int_matmul)
         scale = np.abs(want).max()
         if e.manifest.variant(variant).extra["llm"]["int4_activations"] == "int8":
-            err = np.abs(got - want) / scale  # a rounding tie moved by float order upstream moves every logit a little
-            assert (
-                np.median(err) < 1e-2 and err.max() < 0.1
-            )  # random weights amplify: real-weight perplexity in benchmarks
+            err = np.abs(got - want) / scale
+            # exact but for an activation whose rounding tie a float-order difference upstream decided
+            # the other way (q4 on this model: one such, 0.6 % of the largest logit)
+            assert np.median(err) < 1e-5 and err.max() < 2e-2
         else:
             np.testing.assert_allclose(got, want, atol=1e-4 * scale)
         if variant == "int8":  # q4 on random weights says nothing; real-weight agreement: benchmarks/llm_cpu.py
