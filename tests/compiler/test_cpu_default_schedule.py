@@ -54,6 +54,37 @@ def test_untuned_builds_match_onnxruntime(tmp_path, batch):
         np.testing.assert_allclose(engine.run(x)["prob"], want, rtol=1e-4, atol=1e-5)
 
 
+def test_fp16_cpu_build_of_a_silu_network_matches_onnxruntime(tmp_path):
+    """fp16 CPU variants of networks with exp in fp16 (sigmoid, SiLU) build and run: they failed with
+    'unknown intrinsic tirx.exp' (exit 4) while the vector exp lowering handled float32 only."""
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import helper, numpy_helper
+
+    from inferx_edge.runtime import Engine
+    from tests.helpers import write_onnx
+
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32), "w"),
+        numpy_helper.from_array((rng.standard_normal((10, 8)) * 0.3).astype(np.float32), "fc"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Sigmoid", ["c"], ["s"]),
+        helper.make_node("Mul", ["c", "s"], ["silu"]),
+        helper.make_node("GlobalAveragePool", ["silu"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", "fc"], ["y"], transB=1),
+    ]
+    model = write_onnx(tmp_path / "silu.onnx", nodes, {"x": [1, 3, 16, 16]}, {"y": [1, 10]}, inits)
+    art = build_quietly(tmp_path / "h.ixa", model=model, precisions=("fp16",), tuning=False)
+    x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    (want,) = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    with Engine(art) as engine:
+        got = engine.run(x)["y"]
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
+
+
 def test_the_cpu_pipeline_gives_convolutions_this_schedule():
     """Our rule comes before dlight's general reduction rule, which also claims convolutions (and made
     them an order of magnitude slower)."""
