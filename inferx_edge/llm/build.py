@@ -22,7 +22,6 @@ from inferx_edge.errors import BuildError, UsageError
 from inferx_edge.llm.checkpoint import Checkpoint, load_checkpoint
 from inferx_edge.llm.config import LlamaConfig
 from inferx_edge.llm.cpu_attention import use_fast_decode_attention
-from inferx_edge.llm.cpu_int_matmul import dot_lanes
 from inferx_edge.llm.quant import effective_kind, get_scheme, quantize
 from inferx_edge.package import Manifest, TensorSpec, Variant
 from inferx_edge.package.bundle import keep_other_build, sha256_file, write_artifact
@@ -107,25 +106,29 @@ def param_arrays(ck: Checkpoint, names: list[str], schemes: dict[str, tuple[str,
     return out
 
 
+def _int4_activations(model) -> str:
+    """``int8`` when some weight matrix of ``model`` takes the x86 integer int4 kernel, else its dtype."""
+    return "int8" if any(m.integer_kernel for _, m in _weight_matrices(model)) else model.dtype
+
+
 def _matrix_schemes(model) -> dict[str, tuple[str, str]]:
-    """Weight-matrix prefix -> (effective kind, layout), walking the module tree."""
+    """Weight-matrix prefix -> (effective kind, layout)."""
+    return {prefix: (m.kind, m.layout) for prefix, m in _weight_matrices(model)}
+
+
+def _weight_matrices(m, prefix: str = ""):
+    """(prefix, matrix) for every :class:`~inferx_edge.llm.quant.WeightMatrix` in the module tree."""
     from tvm.relax.frontend import nn
 
     from inferx_edge.llm.quant import WeightMatrix
 
-    found: dict[str, tuple[str, str]] = {}
-
-    def walk(m, prefix: str) -> None:
-        if isinstance(m, WeightMatrix):
-            found[prefix] = (m.kind, m.layout)
-            return
-        items = enumerate(m) if isinstance(m, nn.ModuleList) else vars(m).items()
-        for key, child in items:
-            if isinstance(child, (nn.Module, nn.ModuleList)):
-                walk(child, f"{prefix}.{key}" if prefix else str(key))
-
-    walk(model, "")
-    return found
+    if isinstance(m, WeightMatrix):
+        yield prefix, m
+        return
+    items = enumerate(m) if isinstance(m, nn.ModuleList) else vars(m).items()
+    for key, child in items:
+        if isinstance(child, (nn.Module, nn.ModuleList)):
+            yield from _weight_matrices(child, f"{prefix}.{key}" if prefix else str(key))
 
 
 def _source_digest(path: Path) -> str:
@@ -259,7 +262,8 @@ def _mixed(ck: Checkpoint, precision: str, opts: LLMBuildOptions, log) -> tuple[
 
 
 def export_model(cfg: LlamaConfig, precision: str, spec: TargetSpec, target, layer_precisions=None):
-    """The Relax module, its parameter names and each weight matrix's effective kind."""
+    """The Relax module, its parameter names, each weight matrix's effective kind, the activation dtype
+    and the dtype int4 matrices see their activations in (``int8`` where the x86 integer kernel runs)."""
     from inferx_edge.llm.model import LlamaForCausalLM
 
     layer_schemes = [get_scheme((layer_precisions or {}).get(i, precision)) for i in range(cfg.num_hidden_layers)]
@@ -267,7 +271,7 @@ def export_model(cfg: LlamaConfig, precision: str, spec: TargetSpec, target, lay
         cfg, get_scheme(precision), activation_dtype(precision, spec), target, layer_schemes, layout=weight_layout(spec)
     )
     mod, params = model.export_tvm(spec=model.get_default_spec())
-    return mod, [n for n, _ in params], _matrix_schemes(model), model.dtype
+    return mod, [n for n, _ in params], _matrix_schemes(model), model.dtype, _int4_activations(model)
 
 
 def build_llm_artifact(opts: LLMBuildOptions, log=print, checkpoint: Checkpoint | None = None) -> Manifest:
@@ -297,7 +301,7 @@ def build_llm_artifact(opts: LLMBuildOptions, log=print, checkpoint: Checkpoint 
             if opts.max_ppl_increase is not None:
                 layer_precisions, sensitivity = _mixed(ck, precision, opts, log)
             log(f"[2/4] compiling {precision} ({i}/{len(opts.precisions)}) for {spec.name}")
-            mod, names, schemes, dtype = export_model(cfg, precision, spec, target, layer_precisions)
+            mod, names, schemes, dtype, int4_activations = export_model(cfg, precision, spec, target, layer_precisions)
             if not spec.is_cuda:
                 mod = use_fast_decode_attention(
                     mod, cfg.num_key_value_heads, cfg.num_attention_heads, cfg.head_dim, dtype
@@ -309,7 +313,6 @@ def build_llm_artifact(opts: LLMBuildOptions, log=print, checkpoint: Checkpoint 
             weights = tmp / f"{precision}.npz"
             np.savez(weights, **dict(zip(names, arrays)))
             kinds = dict(collections.Counter(kind for kind, _layout in schemes.values()))
-            int_dot = not spec.is_cuda and dtype == "float32" and {"q4", "q4_1"} & set(kinds) and dot_lanes(target)
             weight_bytes = int(sum(a.nbytes for a in arrays))
             log(
                 f"      weights {weight_bytes / 2**20:.1f} MiB ({', '.join(f'{n} {k}' for k, n in kinds.items())} matrices)"
@@ -332,7 +335,7 @@ def build_llm_artifact(opts: LLMBuildOptions, log=print, checkpoint: Checkpoint 
                             "weight_kinds": kinds,
                             "weight_layout": weight_layout(spec),
                             # int4 matrices on x86: activations rounded to int8 per group of 32 (cpu_int_matmul)
-                            "int4_activations": "int8" if int_dot else dtype,
+                            "int4_activations": int4_activations,
                             "weight_bytes": weight_bytes,
                             "layer_precisions": {str(k): v for k, v in (layer_precisions or {}).items()},
                         }

@@ -160,16 +160,16 @@ class WeightMatrix(nn.Module):
             (nibble(kn_word(q, i // 8, o), i % 8).astype(dtype) - seven) * scale[i // GROUP, o].astype(dtype)
         )
 
+    @property
+    def integer_kernel(self) -> bool:
+        """Whether :meth:`matmul_nt` takes the x86 integer int4 kernel (activations rounded to int8)."""
+        return bool(self.dot_lanes) and self.layout == "kn" and self.kind in ("q4", "q4_1") and self.dtype == "float32"
+
     def matmul_nt(self, x: nn.Tensor, out_dtype: str | None = None, residual: nn.Tensor | None = None) -> nn.Tensor:
         """``x @ weight.T`` (``x``: ``[..., in]``), the weight dequantized inside the reduction
         (``+ residual``, same shape as the result, when given)."""
         out_dtype = out_dtype or self.dtype
-        if (
-            self.dot_lanes
-            and self.layout == "kn"
-            and self.kind in ("q4", "q4_1")
-            and out_dtype == self.dtype == "float32"
-        ):
+        if self.integer_kernel and out_dtype == self.dtype:
             return self._int_dot(x, residual)
         out = self._matmul(x, out_dtype)
         return out if residual is None else out + residual

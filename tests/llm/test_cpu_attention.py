@@ -79,7 +79,7 @@ def test_the_cpu_llm_module_gets_it(tiny_llama):
 
     cfg = load_checkpoint(tiny_llama).config
     spec = get_target("x86-cpu")
-    mod, _, _, dtype = export_model(cfg, "fp32", spec, resolve_tvm_target(spec), None)
+    mod, _, _, dtype, _ = export_model(cfg, "fp32", spec, resolve_tvm_target(spec), None)
     before = [f for f in mod.functions.values() if f.attrs is not None and f.attrs.get("global_symbol") == SYMBOL]
     assert len(before) == 1 and "T.parallel" not in before[0].script()
     mod = use_fast_decode_attention(mod, cfg.num_key_value_heads, cfg.num_attention_heads, cfg.head_dim, dtype)

@@ -214,13 +214,11 @@ def _dequantized_twin(reference, variant: str):
 
 def test_float_int4_kernels_compute_their_dequantized_model(tiny, reference, tmp_path, monkeypatch):
     """The float int4 kernels (CPUs without AVX2, Arm) on the kn layout: exactly the dequantized model."""
-    from inferx_edge.llm import build as llm_build
     from inferx_edge.llm import cpu_int_matmul
     from inferx_edge.llm.build import LLMBuildOptions, build_llm_artifact
     from inferx_edge.runtime.llm import LLMEngine
 
     monkeypatch.setattr(cpu_int_matmul, "dot_lanes", lambda target: 0)
-    monkeypatch.setattr(llm_build, "dot_lanes", lambda target: 0)
     out = tmp_path / "float.ixa"
     build_llm_artifact(LLMBuildOptions(model=tiny, target="x86-cpu", output=out, precisions=("q4", "q4_1")), log=lambda s: None)  # fmt: skip
     ids = list(range(40, 72))
