@@ -122,6 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calib-method", default="entropy")
     ap.add_argument("--quant-plan", type=Path, default=None, help="int8/mixed: a plan written by 'quantize'")
     ap.add_argument(
+        "--gpu-lock",
+        type=Path,
+        default=None,
+        help="hold an exclusive lock on this file while running on the device: several profiles can then "
+        "compile in parallel and still time one at a time",
+    )
+    ap.add_argument(
         "--costs-only",
         action="store_true",
         help="write each kernel's FLOPs and compulsory bytes (--json) without compiling or running: no GPU needed",
@@ -182,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
         ex = relax.build(mod, target, relax_pipeline=None, exec_mode="bytecode")
     print(f"compiled in {time.perf_counter() - t0:.1f} s; tuning: {tuned}")
 
+    lock = open(args.gpu_lock, "a") if args.gpu_lock else None  # noqa: SIM115 (held until exit)
+    if lock:
+        import fcntl
+
+        fcntl.flock(lock, fcntl.LOCK_EX)
     dev = tvm.cuda(0) if spec.is_cuda else tvm.cpu(0)
     vm = relax.VirtualMachine(ex, dev)
     rng = np.random.default_rng(0)

@@ -9,15 +9,36 @@ import pytest
 from inferx_edge.compiler.cuda import DEFAULT_TILE, TILE_LADDER, TileConfig, tile_candidates
 
 
+def _shape(c):
+    """A tile without its load widths, accumulator padding and stage depth."""
+    return replace(c, acc_pad=0, weight_vector=4, k_frags=4)
+
+
 def test_int8_tile_shrinks_until_every_sm_has_a_block():
     from inferx_edge.compiler.cuda import DEFAULT_TILE, TILE_LADDER, tile_for
 
-    assert tile_for((64 * 56 * 56, 256, 576), 132) == DEFAULT_TILE  # batch 64: the big tile
-    assert tile_for((49, 512, 4608), None) == DEFAULT_TILE  # no SM count: the big tile
+    assert _shape(tile_for((64 * 56 * 56, 256, 576), 132)) == DEFAULT_TILE  # batch 64: the big tile
+    assert _shape(tile_for((49, 512, 4608), None)) == DEFAULT_TILE  # no SM count: the big tile
     small = tile_for((49, 512, 4608), 132)  # batch-1 layer 4: 4 blocks with the big tile
-    assert small == TILE_LADDER[-1] and small.warps_i * small.frags_i * 16 == 32
+    assert _shape(small) == TILE_LADDER[-1] and small.warps_i * small.frags_i * 16 == 32
     # batch-64 layer 4 (3136 x 512): 25 x 4 blocks of 128x128 < 132 SMs; 64x128 gives 49 x 4
-    assert tile_for((3136, 512, 2048), 132) == TILE_LADDER[1]
+    assert _shape(tile_for((3136, 512, 2048), 132)) == TILE_LADDER[1]
+
+
+def test_default_tile_pads_the_accumulator_and_deepens_stages_under_one_wave():
+    """The measured rule: .a8.w16 everywhere (4-byte weight loads where the weight does not run
+    along K), 128-deep stages for int8 GEMMs with K >= 256 that give fewer blocks than SMs."""
+    from inferx_edge.compiler.cuda import tile_for
+
+    big = tile_for((64 * 56 * 56, 256, 576), 132)  # 196 x 2 blocks: a full wave
+    assert (big.acc_pad, big.weight_vector, big.k_frags) == (8, 16, 4)
+    small = tile_for((49, 512, 4608), 132)  # 2 x 16 blocks of 32x32
+    assert (small.acc_pad, small.weight_vector, small.k_frags) == (8, 16, 8)
+    assert tile_for((49, 512, 4608), 132, int8=False).k_frags == 4  # fp16 stages stay 64 deep
+    assert tile_for((49, 512, 128), 132).k_frags == 4  # K < 256: nothing to deepen
+    assert tile_for((49, 512, 4608), None).k_frags == 4  # no SM count: no wave to judge
+    assert tile_for((64, 1000, 2048), 132, weights_along_k=False).weight_vector == 4
+    assert tile_for((64 * 112 * 112, 16, 32), 132).k_frags == 2  # K <= 32: 32-deep stages
 
 
 def test_int8_tile_does_not_double_64_output_channels():
@@ -29,8 +50,8 @@ def test_int8_tile_does_not_double_64_output_channels():
     assert tile(tile_for((64 * 56 * 56, 64, 576), 132)) == (128, 64)  # ResNet-50 layer 1, batch 64
     assert tile(tile_for((64 * 112 * 112, 64, 196), None)) == (128, 64)  # its stem
     assert tile(tile_for((64 * 14 * 14, 160, 960), 132)) == (128, 64)  # 160 -> 192, not 256
-    assert tile_for((64 * 56 * 56, 96, 576), 132) == DEFAULT_TILE  # 96 -> 128 either way
-    assert tile_for((64 * 7 * 7, 576, 96), None) == DEFAULT_TILE  # 640 for 576: within 1/8
+    assert _shape(tile_for((64 * 56 * 56, 96, 576), 132)) == DEFAULT_TILE  # 96 -> 128 either way
+    assert _shape(tile_for((64 * 7 * 7, 576, 96), None)) == DEFAULT_TILE  # 640 for 576: within 1/8
 
 
 def test_narrow_int8_gemms_get_narrow_tiles_and_shallow_stages():

@@ -11,6 +11,7 @@ from inferx_edge.compiler.cuda.analysis import (
     _recorded_tile,
     _tensorizable,
     sm_version,
+    weights_along_k,
 )
 from inferx_edge.compiler.cuda.tensor_core import broadcasting_epilogue, strip_software_pipeline, tensor_core_schedule
 from inferx_edge.compiler.cuda.tile import TileConfig
@@ -40,7 +41,13 @@ def tensor_core_matmul_rule(tile_config: TileConfig | None = None, sm_count: int
                     ours = dtypes == _INT8 or sm_version(target) >= MIN_FP16_TILE_SM
                     if _tensorizable(dtypes, extents, tiled=ours):
                         if ours:  # built without TVM's software pipelining (cp.async by the tile's choice)
-                            cfg = tile_config or _recorded_tile(func) or tile_for(extents, sm_count)
+                            cfg = (
+                                tile_config
+                                or _recorded_tile(func)
+                                or tile_for(
+                                    extents, sm_count, weights_along_k=weights_along_k(func), int8=dtypes == _INT8
+                                )
+                            )
                             sch = tensor_core_schedule(func, target, cfg)
                         else:
                             sch = dl_matmul.MatmulTensorization().apply(func, target, tunable)
