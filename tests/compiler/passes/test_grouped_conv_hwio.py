@@ -9,7 +9,7 @@ from tests.helpers import main_ops, write_onnx
 
 
 def _grouped_net(path):
-    """Conv 3x3 with 4 groups of 8 channels, ReLU, then a depthwise conv (which keeps OHWI)."""
+    """Conv 3x3 with 4 groups of 8 channels, ReLU, then a depthwise conv."""
     rng = np.random.default_rng(0)
     w1 = numpy_helper.from_array((rng.standard_normal((32, 8, 3, 3)) * 0.2).astype(np.float32), "w1")
     b1 = numpy_helper.from_array(rng.standard_normal(32).astype(np.float32), "b1")
@@ -37,7 +37,7 @@ def test_grouped_conv_weights_become_hwio_at_build_time_with_the_same_results(tm
         for b in blk.bindings
         if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.nn.conv2d"
     ]
-    assert sorted(convs) == [(4, "HWIO"), (32, "OHWI")]  # grouped -> HWIO; depthwise untouched
+    assert sorted(convs) == [(4, "HWIO"), (32, "HWIO")]  # grouped and depthwise
     x = np.random.default_rng(1).standard_normal((2, 32, 12, 12)).astype(np.float32)
 
     def run(mod, params):

@@ -23,6 +23,10 @@ MIN_SMALL_REDUCTION_OUTPUTS = 4096
 SMALL_REDUCTION_CHANNELS = 8
 
 
+#: the same for fp32 small reductions: 4 consecutive channels per thread (16-byte loads)
+FP32_SMALL_REDUCTION_CHANNELS = 4
+
+
 _SMALL_REDUCTION_THREADS = 64
 
 
@@ -75,9 +79,12 @@ def _thread_copy(sch, block, tx, reduction_loop) -> None:
         sch.unroll(window)
 
 
-def channel_vectorized_reduction(func, target, channels: int = SMALL_REDUCTION_CHANNELS):
-    """Schedule a small fp16 reduction with ``channels`` consecutive innermost outputs per thread, or
-    None when it does not apply (another dtype, channels not a multiple, a schedule error).
+def channel_vectorized_reduction(
+    func, target, channels: int = SMALL_REDUCTION_CHANNELS, fp32_channels: int = FP32_SMALL_REDUCTION_CHANNELS
+):
+    """Schedule a small fp16 reduction with ``channels`` consecutive innermost outputs per thread (an
+    fp32 one with ``fp32_channels``; 1: not this schedule), or None when it does not apply (another
+    dtype, channels not a multiple, a schedule error).
 
     The input's padding block is not inlined: each thread copies its padded window into registers
     (16-byte loads, the bounds test once per tap), as it does weights and epilogue constants; the
@@ -106,7 +113,9 @@ def channel_vectorized_reduction(func, target, channels: int = SMALL_REDUCTION_C
             return None
         block = red.block_rv
         kinds = red.dom_kind()
-        if {str(r.source.dtype) for r in sch.get(block).reads} != {"float16"} or not re.fullmatch(r"S+R+", kinds):
+        dtypes = {str(r.source.dtype) for r in sch.get(block).reads}
+        channels = {"float16": channels, "float32": fp32_channels}.get(dtypes.pop()) if len(dtypes) == 1 else None
+        if not channels or channels == 1 or not re.fullmatch(r"S+R+", kinds):
             return None
         if _small_reduction_extents(red) is None or red.iters[kinds.index("R") - 1].dom % channels:
             return None
@@ -150,9 +159,10 @@ def channel_vectorized_reduction(func, target, channels: int = SMALL_REDUCTION_C
         return None
 
 
-def small_reduction_rule(channels: int = SMALL_REDUCTION_CHANNELS):
+def small_reduction_rule(channels: int = SMALL_REDUCTION_CHANNELS, fp32_channels: int = FP32_SMALL_REDUCTION_CHANNELS):
     """A dlight rule for reductions over a few elements per output: :func:`channel_vectorized_reduction`
-    for fp16 NHWC ones (``channels`` per thread, a multiple of 4; 1: off), else one output per thread."""
+    for fp16 and fp32 NHWC ones (``channels`` / ``fp32_channels`` per thread, a multiple of 4; 1: off),
+    else one output per thread."""
     from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
     class SmallReduction(GPUScheduleRule):
@@ -161,7 +171,7 @@ def small_reduction_rule(channels: int = SMALL_REDUCTION_CHANNELS):
 
             if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
                 return None
-            vectorized = channel_vectorized_reduction(func, target, channels) if channels > 1 else None
+            vectorized = channel_vectorized_reduction(func, target, channels, fp32_channels)
             if vectorized is not None:
                 return vectorized
             found = _inlined_blocks(self, func, target)
