@@ -9,7 +9,7 @@ from ``--zoo-dir``) is quantized once (seeded calibration samples, mse), then pr
 ``grouped_conv_hwio`` took depthwise convs) and HWIO. Every fused kernel holding a depthwise
 convolution is compiled in each variant of :data:`VARIANTS` (worker processes), run on the same
 random inputs (the HWIO weight is the OHWI one transposed) and timed with TVM's time evaluator.
-Outputs are compared with the first variant's. Writes ``results/<name>.json``.
+Outputs are compared with the first variant's. Writes ``results/<name>.json`` after every model.
 """
 
 from __future__ import annotations
@@ -177,9 +177,12 @@ def main() -> None:
             print(json.dumps(row), flush=True)
         for v in VARIANTS:
             totals[f"{name} {v} us"] = sum(r.get(f"{v} us", 0.0) for r in results if r["model"] == name)
+        if not args.compile_only:  # rewritten after every model: a cut run keeps what it measured
+            _write(args, totals, results)
     print(json.dumps(totals, indent=1))
-    if args.compile_only:
-        return
+
+
+def _write(args, totals: dict, results: list) -> None:
     import torch
 
     path = write_record(
@@ -189,11 +192,12 @@ def main() -> None:
             "driver": gpu_driver(),
             "versions": versions("apache-tvm", "torch", "inferx_edge"),
             "precision": "int8",
+            "batch": args.batch,
             "totals": totals,
             "results": results,
         },
     )
-    print(f"wrote {path}")
+    print(f"wrote {path}", flush=True)
 
 
 if __name__ == "__main__":
