@@ -11,13 +11,18 @@ from inferx_edge.compiler.cuda.tile import TileConfig
 
 
 def fusion_passes() -> list:
-    """Legalization and fusion as every target pipeline does them (before any schedule): the kernels
-    these passes make are the ones a build compiles, under the same names."""
+    """Legalization and fusion as every CUDA pipeline does them (before any schedule): the kernels
+    these passes make are the ones a build compiles, under the same names. A GEMM's result broadcast
+    over a larger tensor (squeeze-excite gates) is kept out of the GEMM's kernel
+    (:func:`~inferx_edge.compiler.cuda.broadcast_gates.split_broadcast_gates`)."""
     from tvm import relax
+
+    from inferx_edge.compiler.cuda.broadcast_gates import split_broadcast_gates
 
     return [
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
+        split_broadcast_gates(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),

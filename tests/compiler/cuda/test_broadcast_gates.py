@@ -1,0 +1,85 @@
+"""Squeeze-excite gates: the excite GEMM's kernel ends at the gate; the multiply over the feature map
+is its own elementwise kernel (with what follows it), and the results do not change."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _fused(mod, split: bool):
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.cuda.broadcast_gates import split_broadcast_gates
+
+    passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()]
+    passes += [split_broadcast_gates()] if split else []
+    passes += [relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    return tvm.transform.Sequential(passes)(mod)
+
+
+def _prepared(tmp_path, precision: str):
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.variant import prepare_variant, variant_layout
+    from inferx_edge.frontend import import_model
+    from inferx_edge.targets import get_target
+    from tests.compiler.test_zoo_blocks import _model
+
+    path, shape = _model(tmp_path, "squeeze_excite")
+    imported = import_model(path, {})
+    quantize = None
+    if precision == "int8":
+        from inferx_edge.quantize.driver import QuantOptions, quantizer, resolve_plan
+
+        calib = tmp_path / "calib.npy"
+        np.save(calib, np.random.default_rng(1).standard_normal((8, *shape[1:])).astype(np.float32))
+        quantize = quantizer(resolve_plan(path, {}, imported, "int8", QuantOptions(calib=calib)), "int8")
+    spec = get_target("h200")
+    return prepare_variant(
+        imported, variant_layout(spec, precision), quantize=quantize, target=resolve_tvm_target(spec), bake=True
+    ), shape
+
+
+def _broadcasting(mod) -> list[str]:
+    import tvm
+
+    from inferx_edge.compiler.cuda.tensor_core import broadcasting_epilogue
+
+    return [
+        gv.name_hint for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and broadcasting_epilogue(f)
+    ]
+
+
+def test_excite_gemm_no_longer_carries_the_broadcast_multiply(tmp_path):
+    prepared, _ = _prepared(tmp_path, "int8")
+    assert _broadcasting(_fused(prepared.mod, split=False))  # the pattern this pass exists for
+    fused = _fused(prepared.mod, split=True)
+    assert not _broadcasting(fused)
+    names = [gv.name_hint for gv, _ in fused.functions_items()]
+    assert any("_gate" in n for n in names), names
+
+
+def test_split_gates_compute_the_same_outputs(tmp_path):
+    import tvm
+    from tvm import relax
+
+    prepared, shape = _prepared(tmp_path, "fp32")
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    outs = []
+    for split in (False, True):
+        ex = relax.build(_fused(prepared.mod, split), tvm.target.Target({"kind": "llvm"}))
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        args = [tvm.runtime.tensor(a) for a in (x, *prepared.weight_arrays)]
+        outs.append(vm["main"](*args).numpy())
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-6, atol=1e-6)
+
+
+def test_bias_and_scale_broadcasts_still_fuse_into_their_gemm(tmp_path):
+    """A broadcast whose smaller operand is a constant (bias, scale) is not a gate: untouched."""
+    from tvm import relax
+
+    from inferx_edge.compiler.cuda.broadcast_gates import gate_calls
+
+    prepared, _ = _prepared(tmp_path, "fp32")
+    mod = relax.transform.AnnotateTIROpPattern()(relax.transform.LegalizeOps()(prepared.mod))
+    assert len(gate_calls(mod)) == 1  # only the gate multiply, not the convs' bias adds
