@@ -2,7 +2,7 @@
 ``torch.export`` program, built fp32 for this CPU (untuned), run on the exporter's seeded inputs and
 compared with torch's float64 output of the same network.
 
-    python -m benchmarks.zoo_check [--models a,b] [--zoo-dir ~/.cache/inferx_edge/zoo]
+    python -m benchmarks.zoo_check [--models a,b] [--zoo-dir ~/.cache/inferx_edge/zoo] [--name N]
 
 Writes ``benchmarks/results/zoo_check_<target>.json`` (+ ``.md``): per model and frontend, the build
 time, the largest element error relative to the output's largest magnitude, the relative L2 error, or
@@ -78,9 +78,10 @@ def main(argv=None) -> None:
     ap.add_argument("--zoo-dir", type=Path, default=Path.home() / ".cache/inferx_edge/zoo")
     ap.add_argument("--target", default="x86-cpu")
     ap.add_argument("--frontends", default=",".join(FRONTENDS))
+    ap.add_argument("--name", default=None, help="record name (default zoo_check_<target>)")
     args = ap.parse_args(argv)
     rows: list[dict] = []
-    name = f"zoo_check_{args.target}"
+    name = args.name or f"zoo_check_{args.target}"
     with tempfile.TemporaryDirectory() as tmp:
         for m in select(args.models):
             for fe in args.frontends.split(","):
