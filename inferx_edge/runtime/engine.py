@@ -284,4 +284,4 @@ def _check_one(spec: TensorSpec, array: np.ndarray) -> np.ndarray:
         want = "x".join("?" if d is None else str(d) for d in spec.shape)
         got = "x".join(str(s) for s in array.shape) or "scalar"
         raise InputError(f"input '{spec.name}' must have shape {want}, got {got}")
-    return np.ascontiguousarray(array)
+    return np.asarray(array, order="C")  # (np.ascontiguousarray makes a 0-d array 1-d)

@@ -43,7 +43,9 @@ def bake_weight_transforms(mod, params: list[np.ndarray] | None = None, log=None
     host = tvm.target.Target({"kind": "llvm"})
     with host:
         exe = relax.build(tmod, host)
-    out = relax.VirtualMachine(exe, tvm.cpu())["main"]([tvm.runtime.tensor(np.ascontiguousarray(p)) for p in params])
+    out = relax.VirtualMachine(exe, tvm.cpu())["main"](
+        [tvm.runtime.tensor(np.asarray(p, order="C")) for p in params]
+    )  # 0-d stays 0-d
     arrays = [o.numpy() for o in out]
     # the VM hands 0-d results back as shape (1,); the baked main declares each parameter's shape
     for i, (a, v) in enumerate(zip(arrays, new_main.params[num_input:], strict=True)):

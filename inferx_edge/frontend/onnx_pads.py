@@ -1,0 +1,107 @@
+"""Explicit zero ``Pad`` nodes in front of convolutions become the convolutions' own padding.
+
+Models converted from TensorFlow ("same" padding: EfficientNet-Lite, many TFLite-era networks) pad
+every strided or asymmetric convolution with a separate ``Pad`` node. TVM's ONNX frontend imports that
+as its own TIR function, which the layout conversion cannot see through: an NHWC build transposed
+the activation to NCHW, padded it, and transposed it back before every such convolution (three
+passes over the tensor), and the pad hid the clip in front of a depthwise convolution from the
+passes that key on it. Folded into the ``Conv`` (asymmetric pads are allowed there), the padding is
+part of the convolution's own window.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _constants(model) -> dict[str, np.ndarray]:
+    from onnx import numpy_helper
+
+    out = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.output:
+            for attr in node.attribute:
+                if attr.name == "value":
+                    out[node.output[0]] = numpy_helper.to_array(attr.t)
+    return out
+
+
+def _zero_pads(node, constants: dict) -> list[int] | None:
+    """The pads of a ``Pad`` node that pads with zeros (constant mode), as ONNX lists them (all begins,
+    then all ends), when every value is known; else None."""
+    from onnx import helper
+
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    mode = attrs.get("mode", b"constant")
+    if (mode.decode() if isinstance(mode, bytes) else mode) != "constant":
+        return None
+    if "pads" in attrs:  # opset < 11
+        pads, value = list(attrs["pads"]), attrs.get("value", 0.0)
+    else:
+        if len(node.input) < 2 or node.input[1] not in constants:
+            return None
+        if len(node.input) > 3 and node.input[3]:  # opset 18 axes: not folded
+            return None
+        pads = [int(p) for p in constants[node.input[1]].reshape(-1)]
+        value = 0.0
+        if len(node.input) > 2 and node.input[2]:
+            if node.input[2] not in constants:
+                return None
+            value = float(np.asarray(constants[node.input[2]]).reshape(-1)[0])
+    return pads if value == 0.0 else None
+
+
+def fold_pads_into_convs(model):
+    """A copy of ``model`` where each zero ``Pad`` whose only consumers are ``Conv`` nodes (reading it
+    as their data input, without ``auto_pad``) and which pads only spatial axes by non-negative
+    amounts is removed, its amounts added to each consumer's ``pads``. Returns ``(model, folded)``."""
+    import onnx
+    from onnx import helper
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    graph = m.graph
+    constants = _constants(m)
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+    removed = []
+    for node in graph.node:
+        if node.op_type != "Pad" or node.output[0] in outputs:
+            continue
+        pads = _zero_pads(node, constants)
+        users = consumers.get(node.output[0], [])
+        if pads is None or not users or len(pads) % 2 or min(pads) < 0:
+            continue
+        rank = len(pads) // 2
+        if rank < 3 or any(pads[a] or pads[rank + a] for a in (0, 1)):  # batch and channels untouched
+            continue
+        ok = True
+        for conv in users:
+            attrs = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
+            auto = attrs.get("auto_pad", b"NOTSET")
+            if (
+                conv.op_type != "Conv"
+                or list(conv.input).count(node.output[0]) != 1
+                or conv.input[0] != node.output[0]
+                or (auto.decode() if isinstance(auto, bytes) else auto) != "NOTSET"
+            ):
+                ok = False
+        if not ok:
+            continue
+        begin, end = pads[2:rank], pads[rank + 2 :]
+        for conv in users:
+            attrs = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
+            own = list(attrs.get("pads", [0] * (2 * (rank - 2))))
+            new = [own[i] + begin[i] for i in range(rank - 2)] + [own[rank - 2 + i] + end[i] for i in range(rank - 2)]
+            for a in list(conv.attribute):
+                if a.name == "pads":
+                    conv.attribute.remove(a)
+            conv.attribute.append(helper.make_attribute("pads", new))
+            conv.input[0] = node.input[0]
+        removed.append(node)
+    for node in removed:
+        graph.node.remove(node)
+    return m, len(removed)

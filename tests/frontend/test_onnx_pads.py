@@ -1,0 +1,132 @@
+"""Zero Pad nodes in front of convolutions (TensorFlow-style "same" padding) fold into the Conv."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+
+from tests.helpers import main_ops
+
+
+def _padded_net(
+    path, opset: int = 13, value: float = 0.0, axes_pad=(0, 0, 0, 1, 0, 0, 1, 2), bounds_as_initializers=False
+):
+    """Conv 1x1 -> Clip (ReLU6) -> Pad -> depthwise 3x3 stride 2 -> Pad -> Conv 1x1 -> output. The clip's
+    bounds are Constant nodes (as exporters write them) or 0-d initializers."""
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array((rng.standard_normal((8, 1, 3, 3)) * 0.3).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array((rng.standard_normal((4, 8, 1, 1)) * 0.3).astype(np.float32), "w2")
+    pads = numpy_helper.from_array(np.array(axes_pad, np.int64), "pads")
+    w0 = numpy_helper.from_array((rng.standard_normal((8, 8, 1, 1)) * 0.5).astype(np.float32), "w0")
+    inits = [w0, w1, w2, pads]
+    pad_inputs = ["c", "pads"]
+    if value:
+        inits.append(numpy_helper.from_array(np.array(value, np.float32), "v"))
+        pad_inputs.append("v")
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["x0"], kernel_shape=[1, 1]),
+        helper.make_node("Clip", ["x0", "lo", "hi"], ["c"]),
+        helper.make_node("Pad", pad_inputs, ["p"], mode="constant"),
+        helper.make_node("Conv", ["p", "w1"], ["d"], kernel_shape=[3, 3], strides=[2, 2], group=8),
+        helper.make_node("Pad", ["d", "pads2"], ["q"]),
+        helper.make_node("Conv", ["q", "w2"], ["y"], kernel_shape=[1, 1], pads=[1, 0, 0, 1]),
+    ]
+    bounds = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("lo", 0.0), ("hi", 6.0))]
+    if bounds_as_initializers:
+        inits += bounds
+    else:
+        nodes[:0] = [helper.make_node("Constant", [], [b.name], value=b) for b in bounds]
+    inits.append(numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads2"))
+    import onnx
+
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 8, 12, 12])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 4, 9, 10])
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y], inits), opset_imports=[helper.make_opsetid("", opset)]
+    )
+    model.ir_version = 8
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def test_zero_pads_fold_into_the_convs_and_compute_the_same(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    import onnx
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.frontend import import_model
+    from inferx_edge.frontend.onnx_pads import fold_pads_into_convs
+
+    path = _padded_net(tmp_path / "p.onnx")
+    folded, n = fold_pads_into_convs(onnx.load(str(path)))
+    assert n == 2 and "Pad" not in [node.op_type for node in folded.graph.node]
+    pads = {
+        node.output[0]: list(a.ints)
+        for node in folded.graph.node
+        if node.op_type == "Conv"
+        for a in node.attribute
+        if a.name == "pads"
+    }
+    assert list(pads["d"]) == [0, 1, 1, 2] and list(pads["y"]) == [2, 1, 1, 2]  # added to the conv's own
+    imported = import_model(path, {})
+    assert not [op for op in main_ops(imported.mod) if "pad" in op]
+    x = np.random.default_rng(1).uniform(-2, 8, (2, 8, 12, 12)).astype(np.float32)
+    (want,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    vm = relax.VirtualMachine(relax.build(imported.mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x), *[tvm.runtime.tensor(p) for p in imported.params]).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"value": 1.0}, {"axes_pad": (0, 1, 0, 0, 0, 0, 0, 0)}, {"axes_pad": (0, 0, -1, 0, 0, 0, 0, 0)}],
+    ids=["nonzero-value", "pads-channels", "crops"],
+)
+def test_pads_that_are_not_plain_spatial_zero_padding_stay(tmp_path, kwargs):
+    import onnx
+
+    from inferx_edge.frontend.onnx_pads import fold_pads_into_convs
+
+    folded, n = fold_pads_into_convs(onnx.load(str(_padded_net(tmp_path / "p.onnx", **kwargs))))
+    assert n == 1  # only the second Pad (plain spatial zeros) folds
+    assert [node.op_type for node in folded.graph.node].count("Pad") == 1
+
+
+def test_clip_before_a_padded_depthwise_conv_reaches_the_fp16_depthwise_pass(tmp_path):
+    """With the Pad folded, the ReLU6 clip is the depthwise conv's input: an int8 CUDA variant reads it
+    as fp16 (before, the NCHW pad between them hid it)."""
+    from inferx_edge.compiler.variant import prepare_variant, variant_layout
+    from inferx_edge.frontend import import_model
+    from inferx_edge.quantize.driver import QuantOptions, quantizer, resolve_plan
+    from inferx_edge.targets import get_target
+
+    path = _padded_net(tmp_path / "p.onnx")
+    imported = import_model(path, {})
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(1).uniform(-2, 8, (8, 8, 12, 12)).astype(np.float32))
+    quantize = quantizer(resolve_plan(path, {}, imported, "int8", QuantOptions(calib=calib)), "int8")
+    mod = prepare_variant(imported, variant_layout(get_target("h200"), "int8"), quantize=quantize, bake=True).mod
+    script = mod["main"].script()
+    depthwise = [line for line in script.splitlines() if "groups=8" in line]
+    assert len(depthwise) == 1 and 'out_dtype="float32"' in depthwise[0]  # fp16 operands, fp32 result
+    assert 'R.Tensor((2, 12, 12, 8), dtype="float16")' in script  # the clipped input, cast for it
+    assert main_ops(mod).count("relax.permute_dims") == 2  # the input and the output: none around a pad
+
+
+def test_a_clip_with_0d_initializer_bounds_builds_for_cuda_int8(tmp_path):
+    """0-d weights reach the build-time weight transforms as 0-d arrays (np.ascontiguousarray made them
+    shape (1,), and the int8 CUDA variant of such a clip failed with 'Mismatched lo.ndim')."""
+    from inferx_edge.compiler.variant import prepare_variant, variant_layout
+    from inferx_edge.frontend import import_model
+    from inferx_edge.quantize.driver import QuantOptions, quantizer, resolve_plan
+    from inferx_edge.targets import get_target
+
+    path = _padded_net(tmp_path / "p.onnx", bounds_as_initializers=True)
+    imported = import_model(path, {})
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(1).uniform(-2, 8, (8, 8, 12, 12)).astype(np.float32))
+    quantize = quantizer(resolve_plan(path, {}, imported, "int8", QuantOptions(calib=calib)), "int8")
+    prepared = prepare_variant(imported, variant_layout(get_target("h200"), "int8"), quantize=quantize, bake=True)
+    assert [a.shape for a in prepared.weight_arrays if a.ndim == 0]  # the bounds stay scalars
