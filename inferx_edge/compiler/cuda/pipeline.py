@@ -40,9 +40,13 @@ def cuda_pipeline(target, tile_config: TileConfig | None = None, sm_count: int |
     from tvm.s_tir import dlight as dl
 
     from inferx_edge.compiler.guarded_schedule import guarded_default_schedule
+    from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
     from inferx_edge.compiler.tvm_ops import tvm_op_fixes
 
     tvm_op_fixes()
+    # the tensor-core rules and dlight's import TVM's intrinsics; plainly that import took ~60 s of a
+    # 2-core build (34 s on a 16-core host), through this ~10 s
+    import_tensor_intrinsics()
     legalize = [
         *fusion_passes(),
         guarded_default_schedule(

@@ -17,6 +17,10 @@ def _register_int8_mma_intrinsics() -> None:
     """Register the int8 ldmatrix/mma intrinsics for dynamic shared memory that TVM 0.27 defines only
     for fp16 (names as ``get_mma_intrin_group`` gives them); idempotent."""
     from tvm.s_tir import TensorIntrin
+
+    from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
+
+    import_tensor_intrinsics()  # a minute on 2 cores when imported plainly (see that module)
     from tvm.s_tir.tensor_intrin import cuda
 
     for name, make in (
@@ -196,6 +200,9 @@ def _stage_operands(sch, block_outer, k0, k1, thread_idy, vectors, g: _Gemm):
 def _tensorize(sch, mats, store, init, block_inner, operand_scope, g: _Gemm) -> bool:
     """Replace the register loads, the init, the store and the multiply by the tensor-core
     intrinsics; False when the shape is one they cannot cover."""
+    from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
+
+    import_tensor_intrinsics()
     from tvm.s_tir.tensor_intrin.cuda import get_mma_intrin_group, get_wmma_intrin_group
 
     micro, micro_k = g.micro, g.micro_k
