@@ -18,12 +18,16 @@ MIN_SMALL_REDUCTION_OUTPUTS = 4096
 
 #: fp16 small reductions (depthwise convolutions, pooling) whose innermost output axis (NHWC's channels)
 #: is a multiple of this give each thread this many consecutive channels: 16-byte input and weight
-#: loads (8 measured faster than 4 and than one channel per thread for fp16; for fp32 it was slower, so
-#: fp32 keeps one output per thread: ``benchmarks/gpu_small_reduction.py`` and its record)
+#: loads (8 measured faster than 4 and than one channel per thread: ``benchmarks/gpu_small_reduction.py``
+#: and its record)
 SMALL_REDUCTION_CHANNELS = 8
 
 
-#: the same for fp32 small reductions: 4 consecutive channels per thread (16-byte loads)
+#: the same for fp32 ones: 4 channels (16 bytes) per thread. With HWIO depthwise weights this took
+#: ConvNeXt-T's 7x7 depthwise kernels from 866 to 548 us at batch 64 on the H200, EfficientNet-B0's from
+#: 982 to 851, MobileNetV3's from 506 to 408 (``gpu_depthwise_h200.json``; 26 of 29 kernels faster,
+#: three of EfficientNet-B0's on 28x28 and 14x14 inputs 3-12 % slower); with OHWI weights (a thread's 4 filters a whole filter apart) an earlier comparison had found one
+#: output per thread faster.
 FP32_SMALL_REDUCTION_CHANNELS = 4
 
 
