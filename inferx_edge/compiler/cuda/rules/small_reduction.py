@@ -26,8 +26,8 @@ SMALL_REDUCTION_CHANNELS = 8
 #: the same for fp32 ones: 4 channels (16 bytes) per thread. With HWIO depthwise weights this took
 #: ConvNeXt-T's 7x7 depthwise kernels from 866 to 548 us at batch 64 on the H200, EfficientNet-B0's from
 #: 982 to 851, MobileNetV3's from 506 to 408 (``gpu_depthwise_h200.json``; 26 of 29 kernels faster,
-#: three of EfficientNet-B0's on 28x28 and 14x14 inputs 3-12 % slower); with OHWI weights (a thread's 4 filters a whole filter apart) an earlier comparison had found one
-#: output per thread faster.
+#: three of EfficientNet-B0's on 28x28 and 14x14 inputs 3-12 % slower); with OHWI weights (a thread's
+#: 4 filters a whole filter apart) an earlier comparison had found one output per thread faster.
 FP32_SMALL_REDUCTION_CHANNELS = 4
 
 
