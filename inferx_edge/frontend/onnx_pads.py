@@ -6,7 +6,10 @@ as its own TIR function, which the layout conversion cannot see through: an NHWC
 the activation to NCHW, padded it, and transposed it back before every such convolution (three
 passes over the tensor), and the pad hid the clip in front of a depthwise convolution from the
 passes that key on it. Folded into the ``Conv`` (asymmetric pads are allowed there), the padding is
-part of the convolution's own window.
+part of the convolution's own window. A ``Pad`` by zero everywhere (Swin's pad of a feature map to
+whole windows, when it already is whole) becomes an ``Identity``: as a TIR function it was a copy,
+and it kept the fp16 conversion from running at all (TVM's ``ToMixedPrecision`` rejects ``call_tir``
+arguments: "Expected TensorType, but got R.Callable").
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ def _zero_pads(node, constants: dict) -> list[int] | None:
 def fold_pads_into_convs(model):
     """A copy of ``model`` where each zero ``Pad`` whose only consumers are ``Conv`` nodes (reading it
     as their data input, without ``auto_pad``) and which pads only spatial axes by non-negative
-    amounts is removed, its amounts added to each consumer's ``pads``. Returns ``(model, folded)``."""
+    amounts is removed, its amounts added to each consumer's ``pads``, and each ``Pad`` whose amounts
+    are all zero (any mode) is an ``Identity``. Returns ``(model, rewritten Pad count)``."""
     import onnx
     from onnx import helper
 
@@ -67,8 +71,14 @@ def fold_pads_into_convs(model):
         for name in node.input:
             consumers.setdefault(name, []).append(node)
     outputs = {o.name for o in graph.output}
-    removed = []
+    removed, identities = [], 0
     for node in graph.node:
+        if node.op_type == "Pad" and _no_op(node, constants):
+            node.op_type = "Identity"
+            del node.input[1:]
+            del node.attribute[:]
+            identities += 1
+            continue
         if node.op_type != "Pad" or node.output[0] in outputs:
             continue
         pads = _zero_pads(node, constants)
@@ -104,4 +114,18 @@ def fold_pads_into_convs(model):
         removed.append(node)
     for node in removed:
         graph.node.remove(node)
-    return m, len(removed)
+    return m, len(removed) + identities
+
+
+def _no_op(node, constants: dict) -> bool:
+    """Whether a ``Pad`` node pads nothing (every amount zero, known)."""
+    from onnx import helper
+
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if "pads" in attrs:
+        pads = list(attrs["pads"])
+    elif len(node.input) > 1 and node.input[1] in constants:
+        pads = [int(p) for p in constants[node.input[1]].reshape(-1)]
+    else:
+        return False
+    return bool(pads) and not any(pads)

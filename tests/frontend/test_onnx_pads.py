@@ -130,3 +130,40 @@ def test_a_clip_with_0d_initializer_bounds_builds_for_cuda_int8(tmp_path):
     quantize = quantizer(resolve_plan(path, {}, imported, "int8", QuantOptions(calib=calib)), "int8")
     prepared = prepare_variant(imported, variant_layout(get_target("h200"), "int8"), quantize=quantize, bake=True)
     assert [a.shape for a in prepared.weight_arrays if a.ndim == 0]  # the bounds stay scalars
+
+
+def test_a_pad_by_nothing_is_an_identity_and_the_model_converts_to_fp16(tmp_path):
+    """Swin pads feature maps to whole windows; where they already are whole the Pad is all zeros. As
+    a TIR function it kept the fp16 conversion from running (ToMixedPrecision rejects call_tir)."""
+    import onnx
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.variant import prepare_variant, variant_layout
+    from inferx_edge.frontend import import_model
+    from inferx_edge.frontend.onnx_pads import fold_pads_into_convs
+    from inferx_edge.targets import get_target
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((6, 6)) * 0.3).astype(np.float32), "w")
+    zeros = numpy_helper.from_array(np.zeros(6, np.int64), "zeros")
+    nodes = [
+        helper.make_node("Pad", ["x", "zeros"], ["p"], mode="constant"),
+        helper.make_node("MatMul", ["p", "w"], ["y"]),
+    ]
+    x_info = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 7, 6])
+    y_info = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 7, 6])
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x_info], [y_info], [w, zeros]), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    model.ir_version = 8
+    path = tmp_path / "z.onnx"
+    path.write_bytes(model.SerializeToString())
+    folded, n = fold_pads_into_convs(model)
+    assert n == 1 and [node.op_type for node in folded.graph.node] == ["Identity", "MatMul"]
+    spec = get_target("x86-cpu")
+    prepared = prepare_variant(import_model(path, {}), variant_layout(spec, "fp16"), bake=True)
+    x = rng.standard_normal((2, 7, 6)).astype(np.float32)
+    vm = relax.VirtualMachine(relax.build(prepared.mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x), *[tvm.runtime.tensor(a) for a in prepared.weight_arrays]).numpy()
+    np.testing.assert_allclose(got, x @ numpy_helper.to_array(w), rtol=1e-2, atol=1e-2)
