@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 from inferx_edge.compiler.cuda.analysis import _TENSOR_CORE_DTYPES, _innermost_is_reduction
 from inferx_edge.compiler.cuda.tile import _PIPELINE_LEAD, DEFAULT_TILE, PIPELINES, TileConfig
+from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
 
 _PIPELINE_KEYS = ("software_pipeline_order", "software_pipeline_stage", "software_pipeline_async_stages")
 
@@ -17,8 +18,6 @@ def _register_int8_mma_intrinsics() -> None:
     """Register the int8 ldmatrix/mma intrinsics for dynamic shared memory that TVM 0.27 defines only
     for fp16 (names as ``get_mma_intrin_group`` gives them); idempotent."""
     from tvm.s_tir import TensorIntrin
-
-    from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
 
     import_tensor_intrinsics()  # a minute on 2 cores when imported plainly (see that module)
     from tvm.s_tir.tensor_intrin import cuda
@@ -200,8 +199,6 @@ def _stage_operands(sch, block_outer, k0, k1, thread_idy, vectors, g: _Gemm):
 def _tensorize(sch, mats, store, init, block_inner, operand_scope, g: _Gemm) -> bool:
     """Replace the register loads, the init, the store and the multiply by the tensor-core
     intrinsics; False when the shape is one they cannot cover."""
-    from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
-
     import_tensor_intrinsics()
     from tvm.s_tir.tensor_intrin.cuda import get_mma_intrin_group, get_wmma_intrin_group
 
