@@ -41,9 +41,9 @@ def _show(label: str, row: dict) -> None:
         print(f"   {k['ms_per_step']:8.4f} ms {k['calls_per_step']:6.1f}x  {name[:110]}", flush=True)
 
 
-def _prefill(e, tokens: int, steps: int, rng, profile) -> dict:
+def _prefill(e, tokens: int, steps: int, rng) -> dict:
     """One sequence's prompt of ``tokens`` (in prefill_chunk pieces), ``steps`` times."""
-    from torch.profiler import ProfilerActivity
+    from torch.profiler import ProfilerActivity, profile
 
     prompt = rng.integers(0, e.vocab_size, tokens).tolist()
 
@@ -111,25 +111,11 @@ def main() -> None:
                 torch.cuda.synchronize()
                 for s in ids:
                     e.remove_sequence(s)
-                kernels = {}
-                for ev in prof.key_averages():
-                    t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
-                    if t:
-                        kernels[ev.key] = {
-                            "ms_per_step": round(t / 1e3 / args.steps, 4),
-                            "calls_per_step": ev.count / args.steps,
-                        }
-                top = dict(sorted(kernels.items(), key=lambda kv: -kv[1]["ms_per_step"]))
-                row = {
-                    "wall_ms_per_step": round(statistics.median(walls) * 1e3, 3),
-                    "gpu_ms_per_step": round(sum(k["ms_per_step"] for k in top.values()), 3),
-                    "kernels_per_step": round(sum(k["calls_per_step"] for k in top.values()), 1),
-                    "kernels": dict(list(top.items())[:25]),
-                }
+                row = _row(prof, walls, args.steps)
                 report[f"{variant}_b{batch}"] = row
                 _show(f"{variant} decode b{batch}", row)
             if args.prefill:
-                report[f"{variant}_prefill{args.prefill}"] = _prefill(e, args.prefill, args.steps, rng, profile)
+                report[f"{variant}_prefill{args.prefill}"] = _prefill(e, args.prefill, args.steps, rng)
     (args.out / "llm_gpu_profile.json").write_text(json.dumps(report, indent=1))
 
 

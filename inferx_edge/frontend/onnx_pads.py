@@ -29,28 +29,36 @@ def _constants(model) -> dict[str, np.ndarray]:
     return out
 
 
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _pad_amounts(node, attrs: dict, constants: dict) -> list[int] | None:
+    """A ``Pad`` node's amounts as ONNX lists them (all begins, then all ends): its ``pads`` attribute
+    (opset < 11) or its constant ``pads`` input; None when not known."""
+    if "pads" in attrs:
+        return list(attrs["pads"])
+    if len(node.input) > 1 and node.input[1] in constants:
+        return [int(p) for p in constants[node.input[1]].reshape(-1)]
+    return None
+
+
 def _zero_pads(node, constants: dict) -> list[int] | None:
     """The pads of a ``Pad`` node that pads with zeros (constant mode), as ONNX lists them (all begins,
     then all ends), when every value is known; else None."""
     from onnx import helper
 
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    mode = attrs.get("mode", b"constant")
-    if (mode.decode() if isinstance(mode, bytes) else mode) != "constant":
+    if _text(attrs.get("mode", b"constant")) != "constant":
         return None
-    if "pads" in attrs:  # opset < 11
-        pads, value = list(attrs["pads"]), attrs.get("value", 0.0)
-    else:
-        if len(node.input) < 2 or node.input[1] not in constants:
+    pads = _pad_amounts(node, attrs, constants)
+    if pads is None or (len(node.input) > 3 and node.input[3]):  # opset 18 axes: not folded
+        return None
+    value = attrs.get("value", 0.0)  # opset < 11
+    if len(node.input) > 2 and node.input[2]:
+        if node.input[2] not in constants:
             return None
-        if len(node.input) > 3 and node.input[3]:  # opset 18 axes: not folded
-            return None
-        pads = [int(p) for p in constants[node.input[1]].reshape(-1)]
-        value = 0.0
-        if len(node.input) > 2 and node.input[2]:
-            if node.input[2] not in constants:
-                return None
-            value = float(np.asarray(constants[node.input[2]]).reshape(-1)[0])
+        value = float(np.asarray(constants[node.input[2]]).reshape(-1)[0])
     return pads if value == 0.0 else None
 
 
@@ -91,12 +99,11 @@ def fold_pads_into_convs(model):
         ok = True
         for conv in users:
             attrs = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
-            auto = attrs.get("auto_pad", b"NOTSET")
             if (
                 conv.op_type != "Conv"
                 or list(conv.input).count(node.output[0]) != 1
                 or conv.input[0] != node.output[0]
-                or (auto.decode() if isinstance(auto, bytes) else auto) != "NOTSET"
+                or _text(attrs.get("auto_pad", b"NOTSET")) != "NOTSET"
             ):
                 ok = False
         if not ok:
@@ -121,11 +128,5 @@ def _no_op(node, constants: dict) -> bool:
     """Whether a ``Pad`` node pads nothing (every amount zero, known)."""
     from onnx import helper
 
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    if "pads" in attrs:
-        pads = list(attrs["pads"])
-    elif len(node.input) > 1 and node.input[1] in constants:
-        pads = [int(p) for p in constants[node.input[1]].reshape(-1)]
-    else:
-        return False
+    pads = _pad_amounts(node, {a.name: helper.get_attribute_value(a) for a in node.attribute}, constants)
     return bool(pads) and not any(pads)

@@ -44,8 +44,8 @@ def cuda_pipeline(target, tile_config: TileConfig | None = None, sm_count: int |
     from inferx_edge.compiler.tvm_ops import tvm_op_fixes
 
     tvm_op_fixes()
-    # the tensor-core rules and dlight's import TVM's intrinsics; plainly that import took ~60 s of a
-    # 2-core build (34 s on a 16-core host), through this ~10 s
+    # the tensor-core rules and dlight's import TVM's intrinsics; imported plainly that took 24.6 s
+    # alone on a 2-core host (more inside a build process), through this 5.5 s
     import_tensor_intrinsics()
     legalize = [
         *fusion_passes(),

@@ -70,6 +70,25 @@ def rewrite_convs(mod, rewrite):
     return rewrite_calls(mod, lambda call: rewrite(call, call.attrs, *call.args) if call.op == conv else None)
 
 
+def static_shape(expr) -> list[int] | None:
+    """``expr``'s tensor shape when every dimension is a constant, else None."""
+    import tvm
+    from tvm import relax
+
+    ty = getattr(expr, "ty", None)
+    if not isinstance(ty, relax.TensorType) or ty.shape is None or not hasattr(ty.shape, "values"):
+        return None
+    dims = list(ty.shape.values)
+    if any(not isinstance(d, tvm.tirx.IntImm) for d in dims):
+        return None
+    return [int(d) for d in dims]
+
+
+def permute_axes(call, rank: int) -> list[int]:
+    """The axes of a ``permute_dims`` call over a rank-``rank`` operand (unset: reversed)."""
+    return list(reversed(range(rank))) if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
+
+
 def swaps_last_two(call) -> bool:
     """Whether ``call`` is a ``permute_dims`` that swaps its operand's last two axes and keeps the rest
     (a 2-D transpose may leave ``axes`` unset)."""

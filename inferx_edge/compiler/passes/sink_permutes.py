@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from inferx_edge.compiler.passes._rewrite import rewrite_calls_in_context
+from inferx_edge.compiler.passes._rewrite import permute_axes, rewrite_calls_in_context, static_shape
 
 #: an operand other than a transposed one is moved along (permuted the other way) only when it is at
 #: most this share of the result's elements (scales, biases, constants); a full-size one would cost
@@ -23,23 +23,6 @@ _UNARY = (
 )  # fmt: skip
 
 
-def _axes(call, rank: int) -> list[int]:
-    return list(reversed(range(rank))) if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
-
-
-def _static_shape(expr) -> list[int] | None:
-    import tvm
-    from tvm import relax
-
-    ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or ty.shape is None or not hasattr(ty.shape, "values"):
-        return None
-    dims = list(ty.shape.values)
-    if any(not isinstance(d, tvm.tirx.IntImm) for d in dims):
-        return None
-    return [int(d) for d in dims]
-
-
 def sink_permutes(mod):
     """``mod`` with ``permute_dims`` moved below elementwise ops and composed: ``f(permute(x, p))`` ->
     ``permute(f(x), p)`` for unary elementwise ops; ``g(permute(x, p), permute(y, p))`` ->
@@ -51,8 +34,8 @@ def sink_permutes(mod):
     from tvm import relax
 
     permute = tvm.ir.Op.get("relax.permute_dims")
-    binary = {tvm.ir.Op.get(f"relax.{n}"): n for n in _BINARY}
-    unary = {tvm.ir.Op.get(f"relax.{n}"): n for n in _UNARY}
+    binary = {tvm.ir.Op.get(f"relax.{n}") for n in _BINARY}
+    unary = {tvm.ir.Op.get(f"relax.{n}") for n in _UNARY}
     astype = tvm.ir.Op.get("relax.astype")
 
     def narrowing(call) -> bool:
@@ -69,7 +52,7 @@ def sink_permutes(mod):
         return value if isinstance(value, relax.Call) and value.op == permute else None
 
     def rewrite(call, ctx):
-        out = _static_shape(call)
+        out = static_shape(call)
         if out is None:
             return None
         rank = len(out)
@@ -77,7 +60,7 @@ def sink_permutes(mod):
             inner = producer(ctx, call.args[0])
             if inner is None:
                 return None
-            p, q = _axes(inner, rank), _axes(call, rank)
+            p, q = permute_axes(inner, rank), permute_axes(call, rank)
             composed = [p[a] for a in q]
             x = inner.args[0]
             return x if composed == list(range(rank)) else relax.op.permute_dims(x, composed)
@@ -86,24 +69,24 @@ def sink_permutes(mod):
             if inner is None:
                 return None
             moved = relax.Call(call.op, [inner.args[0], *call.args[1:]], call.attrs, call.ty_args)
-            return relax.op.permute_dims(moved, _axes(inner, rank))
+            return relax.op.permute_dims(moved, permute_axes(inner, rank))
         if call.op in binary and len(call.args) == 2:
             a, b = call.args
             pa, pb = producer(ctx, a), producer(ctx, b)
             if pa is None and pb is None:
                 return None
             if pa is not None and pb is not None:
-                if _axes(pa, rank) != _axes(pb, rank) or _static_shape(a) != out or _static_shape(b) != out:
+                if permute_axes(pa, rank) != permute_axes(pb, rank) or static_shape(a) != out or static_shape(b) != out:
                     return None
-                return relax.op.permute_dims(relax.Call(call.op, [pa.args[0], pb.args[0]]), _axes(pa, rank))
+                return relax.op.permute_dims(relax.Call(call.op, [pa.args[0], pb.args[0]]), permute_axes(pa, rank))
             perm, other, first = (pa, b, True) if pa is not None else (pb, a, False)
-            shape = _static_shape(other)
+            shape = static_shape(other)
             transposed = a if first else b
-            if shape is None or _static_shape(transposed) != out or len(shape) > rank:
+            if shape is None or static_shape(transposed) != out or len(shape) > rank:
                 return None
             if math.prod(shape) > _SMALL_OPERAND * math.prod(out):
                 return None
-            p = _axes(perm, rank)
+            p = permute_axes(perm, rank)
             inverse = [p.index(i) for i in range(rank)]
             full = [1] * (rank - len(shape)) + shape  # numpy broadcasting aligns the trailing axes
             moved = relax.op.permute_dims(relax.op.reshape(other, full) if len(shape) < rank else other, inverse)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inferx_edge.compiler.passes._rewrite import rewrite_calls
+from inferx_edge.compiler.passes._rewrite import permute_axes, rewrite_calls, static_shape
 
 
 def unit_transposes_to_reshapes(mod):
@@ -22,15 +22,13 @@ def unit_transposes_to_reshapes(mod):
         if call.op != permute:
             return None
         x = call.args[0]
-        if not isinstance(x.ty, relax.TensorType) or x.ty.shape is None or not hasattr(x.ty.shape, "values"):
+        shape = static_shape(x)
+        if shape is None:
             return None
-        shape = list(x.ty.shape.values)
-        if any(not isinstance(d, tvm.tirx.IntImm) for d in shape):
-            return None
-        axes = list(reversed(range(len(shape)))) if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
-        moved = [a for a in axes if int(shape[a]) != 1]
+        axes = permute_axes(call, len(shape))
+        moved = [a for a in axes if shape[a] != 1]
         if moved != sorted(moved):
             return None
-        return relax.op.reshape(x, [int(shape[a]) for a in axes])
+        return relax.op.reshape(x, [shape[a] for a in axes])
 
     return rewrite_calls(mod, rewrite)
