@@ -53,8 +53,16 @@ def add_quantization_arguments(p: argparse.ArgumentParser, plan: bool = True) ->
         type=float,
         default=None,
         metavar="POINTS",
-        help="top-1 budget in points against fp32: mixed keeps the most sensitive layers in fp32 until it holds "
-        "(default 0.5 for mixed); int8 is checked against it",
+        help="budget in points of --accuracy-metric against fp32: mixed keeps the most sensitive layers in fp32 "
+        "until it holds (default 0.5 for mixed); int8 is checked against it",
+    )
+    p.add_argument(
+        "--accuracy-metric",
+        default="auto",
+        choices=("auto", "top1", "cosine"),
+        help="what the budget measures: top1 (accuracy with labels, else agreement with fp32) or cosine (100 x the "
+        "mean per-sample cosine similarity of the first output to fp32's: a 1-point budget means >= 0.99). auto: "
+        "top1 for labelled data or a 2-D output of float inputs (a classifier), cosine otherwise",
     )
     p.add_argument(
         "--min-int8-share",
@@ -96,6 +104,7 @@ QUANTIZATION_OPTIONS = (
     "calib_method",
     "quant_plan",
     "max_accuracy_drop",
+    "accuracy_metric",
     "min_int8_share",
     "eval_data",
     "allow_over_budget",

@@ -131,12 +131,12 @@ def prepare_variant(
         if p.applies(layout):
             try:
                 mod = p.run(mod, layout)
-            except Exception as exc:  # noqa: BLE001 - e.g. TVM's ConvertLayout dying with std::bad_alloc
+            except Exception as exc:  # noqa: BLE001 - e.g. a TVM layout rule dying with std::bad_alloc
                 hint = ""
                 if p.name == "convert_layout":
-                    # seen on torch.export's decomposed nn.MultiheadAttention (ViT-B/16); keeping NCHW
-                    # instead ran the next passes out of memory, so this stops here with the reason
-                    hint = "; export the model to ONNX instead (its graph of the same network converts)"
+                    # TVM's per-op layout rules; the known failures (negative squeeze/permute axes) are
+                    # rewritten first (passes/nonnegative_axes.py), an unknown one stops here by name
+                    hint = "; the other frontend's graph of the same network (ONNX or torch.export) may convert"
                 raise BuildError(
                     f"the {p.name} rewrite ({layout.conv}) failed on {imported.name}: {type(exc).__name__}: {exc}{hint}"
                 ) from exc

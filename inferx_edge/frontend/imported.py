@@ -42,7 +42,9 @@ def finish_import(
     """Detach weights, read the signature off the Relax function, and check it is fully static."""
     from tvm.relax.frontend import detach_params
 
-    mod, params = detach_params(mod)
+    from inferx_edge.frontend.broadcasts import drop_redundant_broadcasts
+
+    mod, params = detach_params(drop_redundant_broadcasts(mod))
     func = mod["main"]
     num_input = int(func.attrs["num_input"])
     weights = [p.numpy() for p in params.get("main", [])]

@@ -79,8 +79,10 @@ class QuantOptions:
         for the embedded model: its calibration images).
     calib_method : activation calibration, one of :data:`~inferx_edge.quantize.calibration.OBSERVERS`.
     quant_plan : a plan written by ``quantize``: applied as is, nothing recalibrated.
-    max_accuracy_drop : top-1 budget in points against fp32 (mixed default: :data:`DEFAULT_MAX_DROP`;
-        int8: checked against it when given).
+    max_accuracy_drop : budget in points of ``accuracy_metric`` against fp32 (mixed default:
+        :data:`DEFAULT_MAX_DROP`; int8: checked against it when given).
+    accuracy_metric : ``auto``, ``top1`` or ``cosine`` (:func:`~inferx_edge.quantize.mixed.resolve_metric`;
+        cosine in points of 100 x mean cosine similarity, so 1.0 asks for >= 0.99).
     min_int8_share : mixed: the budget counts as unmet below this share of conv/matmul MACs in int8.
     eval_data : data the budget is measured on (default: the embedded holdout, else the calibration data).
     allow_over_budget : keep the best mix found (with a warning) when the budget cannot be met.
@@ -92,6 +94,7 @@ class QuantOptions:
     calib_method: str = DEFAULT_METHOD
     quant_plan: Path | None = None
     max_accuracy_drop: float | None = None
+    accuracy_metric: str = "auto"
     min_int8_share: float = 0.5
     eval_data: Path | None = None
     allow_over_budget: bool = False
@@ -99,6 +102,7 @@ class QuantOptions:
 
     def __post_init__(self) -> None:
         check_choice("calibration method", self.calib_method, OBSERVERS)
+        check_choice("accuracy metric", self.accuracy_metric, ("auto", "top1", "cosine"))
         if self.max_accuracy_drop is not None and self.max_accuracy_drop < 0:
             raise UsageError(f"--max-accuracy-drop must be >= 0 points, got {self.max_accuracy_drop}")
         if not 0 <= self.min_int8_share <= 1:
@@ -220,7 +224,7 @@ def make_plan(
         return plan
     from inferx_edge.quantize.mixed import choose_mix, format_table, load_eval_set
 
-    eval_set = load_eval_set(opts.eval_data, model, base.inputs, data)
+    eval_set = load_eval_set(opts.eval_data, model, base.inputs, data, base.outputs, opts.accuracy_metric)
     if precision == "int8":  # no float fallback allowed: only check the budget
         min_int8_share = 1.0
     mix = choose_mix(
@@ -238,8 +242,9 @@ def make_plan(
     plan.float_layers, plan.layers, plan.accuracy = mix.float_layers, mix.layers, mix.accuracy
     log(format_table(plan.layers))
     a = mix.accuracy
+    unit = "" if eval_set.kind == "cosine" else " %"
     summary = (
-        f"{a['metric']}: fp32 {a['fp32']:.2f} %, all-int8 {a['int8']:.2f} %, {precision} {a['mixed']:.2f} % "
+        f"{a['metric']}: fp32 {a['fp32']:.2f}{unit}, all-int8 {a['int8']:.2f}{unit}, {precision} {a['mixed']:.2f}{unit} "
         f"(drop {a['drop']:.2f} points, budget {max_drop}); int8 share of MACs {a['int8_mac_share'] * 100:.1f} %"
     )
     if not mix.met:

@@ -12,8 +12,13 @@ with ``blend=True``). Any mix is then one run over the evaluation set, no recomp
 4. the chosen mix is compiled for real (int8 kernels) and measured; while it still misses the budget,
    the next layer goes back to float.
 
-Accuracy is top-1 against labels when the evaluation set has them, otherwise top-1 agreement with the
-float model (its complement bounds the accuracy drop from above).
+The metric (``--accuracy-metric``, in points = percent): ``top1`` — top-1 against labels when the
+evaluation set has them, otherwise top-1 agreement with the float model (its complement bounds the
+accuracy drop from above); ``cosine`` — the mean over samples of the cosine similarity between each
+sample's output (flattened) and the float model's, times 100, so a 1-point budget asks for a mean cosine
+of at least 0.99 (embeddings, feature maps, detection heads). ``auto`` takes top-1 with labels, top-1
+agreement for a 2-D output of a model with float inputs (an image or feature classifier), and cosine
+for everything else (token-id encoders, dense outputs).
 """
 
 from __future__ import annotations
@@ -25,7 +30,10 @@ import numpy as np
 
 from inferx_edge import models
 from inferx_edge.data import load_arrays
-from inferx_edge.errors import UsageError
+from inferx_edge.errors import UsageError, check_choice
+
+#: accuracy metrics of the budget (``--accuracy-metric``)
+METRICS = ("auto", "top1", "cosine")
 
 
 @dataclass
@@ -33,29 +41,54 @@ class EvalSet:
     inputs: dict[str, np.ndarray]
     labels: np.ndarray | None
     description: str
+    kind: str = "top1"  # "top1" or "cosine" (resolved, never "auto")
 
     def __len__(self) -> int:
         return len(next(iter(self.inputs.values())))
 
     @property
     def metric(self) -> str:
+        if self.kind == "cosine":
+            return "mean cosine similarity to the float output (x100)"
         return "top-1 accuracy" if self.labels is not None else "top-1 agreement with the float model"
 
 
-def load_eval_set(path: Path | None, model: Path, inputs, calib: dict[str, np.ndarray] | None) -> EvalSet:
+def resolve_metric(metric: str, labels, inputs, outputs) -> str:
+    """``top1`` or ``cosine`` for ``metric`` (one of :data:`METRICS`) given the model's first output."""
+    check_choice("accuracy metric", metric, METRICS)
+    out = outputs[0] if outputs else None
+    if metric == "auto":
+        if labels is not None:
+            return "top1"
+        classifier = out is not None and len(out.shape) == 2 and all(s.dtype.startswith("float") for s in inputs)
+        return "top1" if classifier else "cosine"
+    if metric == "top1" and out is not None and len(out.shape) != 2:
+        raise UsageError(
+            f"--accuracy-metric top1 needs a classifier output (samples x classes); output '{out.name}' has "
+            f"{len(out.shape)} dimensions. Use --accuracy-metric cosine (or auto)"
+        )
+    if metric == "cosine" and labels is not None:
+        raise UsageError("--accuracy-metric cosine compares with the float output; the evaluation data has labels")
+    return metric
+
+
+def load_eval_set(
+    path: Path | None, model: Path, inputs, calib: dict[str, np.ndarray] | None, outputs=(), metric: str = "auto"
+) -> EvalSet:
     """The data that measures accuracy: ``path`` (.npz with one array per input name, or ``x``, plus
     optional integer ``labels``/``y``); else the embedded model's labelled holdout; else the calibration
-    data without labels."""
+    data without labels. ``metric`` (:data:`METRICS`) is resolved against the model's ``outputs``."""
     from inferx_edge.quantize.calibration import check_calibration_batch
 
     names = [s.name for s in inputs]
     if path is None:
         if models.is_default_model(model):
             x, y = models.holdout()
-            return EvalSet({names[0]: x}, y, models.HOLDOUT_DESCRIPTION)
+            return EvalSet({names[0]: x}, y, models.HOLDOUT_DESCRIPTION, resolve_metric(metric, y, inputs, outputs))
         if calib is None:
             raise UsageError("measuring an accuracy budget needs data: --eval-data FILE.npz (or --calib)")
-        return EvalSet(calib, None, "calibration data (no labels)")
+        kind = resolve_metric(metric, None, inputs, outputs)
+        return EvalSet(calib, None, "calibration data (no labels)", kind)
     arrays = load_arrays(path, "evaluation data")
     if not isinstance(arrays, dict):
         raise UsageError(
@@ -75,7 +108,8 @@ def load_eval_set(path: Path | None, model: Path, inputs, calib: dict[str, np.nd
         n.add(len(labels))
     if len(n) != 1:
         raise UsageError(f"evaluation data {path}: inputs and labels differ in sample count ({sorted(n)})")
-    return EvalSet({k: arrays[k] for k in names}, labels, str(path))
+    kind = resolve_metric(metric, labels, inputs, outputs)
+    return EvalSet({k: arrays[k] for k in names}, labels, str(path), kind)
 
 
 class Evaluator:
@@ -113,20 +147,45 @@ class Evaluator:
                 res = res[0]
             out.append(res.numpy()[:rows])
         logits = np.concatenate(out)
-        if logits.ndim != 2:
+        if self.eval_set.kind == "top1" and logits.ndim != 2:
             raise UsageError(
                 f"accuracy budgets need a classifier output (samples x classes); the first output has shape "
-                f"{list(logits.shape)}"
+                f"{list(logits.shape)}; use --accuracy-metric cosine"
             )
         return logits
 
 
 def score(eval_set: EvalSet, logits: np.ndarray, reference: np.ndarray) -> dict[str, float]:
-    """Top-1 (percent) and relative L2 error against the float ``reference``."""
+    """The metric's value in percent (``top1``: top-1; ``cosine``: 100 x the mean per-sample cosine
+    similarity to ``reference``, with its minimum in ``cosine_min``) and the relative L2 error against the
+    float ``reference``."""
+    rel = float(np.linalg.norm(logits - reference) / max(np.linalg.norm(reference), 1e-30))
+    if eval_set.kind == "cosine":
+        cos = cosine_per_sample(logits, reference)
+        cos[~np.isfinite(cos)] = -1.0  # a NaN/inf output counts as the worst possible sample
+        return {"value": float(cos.mean() * 100), "cosine_min": float(cos.min()), "rel_error": rel}
     pred = logits.argmax(axis=1)
     truth = eval_set.labels if eval_set.labels is not None else reference.argmax(axis=1)
-    rel = float(np.linalg.norm(logits - reference) / max(np.linalg.norm(reference), 1e-30))
-    return {"top1": float((pred == truth).mean() * 100), "rel_error": rel}
+    return {"value": float((pred == truth).mean() * 100), "rel_error": rel}
+
+
+def show(eval_set: EvalSet, s: dict) -> str:
+    """A score for the log: ``97.50 %`` (top-1) or ``cosine 0.9934 (min 0.9712)``."""
+    if eval_set.kind == "cosine":
+        return f"cosine {s['value'] / 100:.4f} (min {s['cosine_min']:.4f})"
+    return f"{s['value']:.2f} %"
+
+
+def cosine_per_sample(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine similarity of each sample's flattened output in ``a`` and ``b`` (float64). Two all-zero
+    samples count as identical (1); one all-zero against a non-zero one as 0; NaN anywhere gives NaN."""
+    a = a.reshape(len(a), -1).astype(np.float64)
+    b = b.reshape(len(b), -1).astype(np.float64)
+    na, nb = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
+    dot = np.sum(a * b, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cos = np.where((na == 0) & (nb == 0), 1.0, dot / np.maximum(na * nb, 1e-300))
+    return np.clip(cos, -1.0, 1.0)
 
 
 @dataclass
@@ -174,12 +233,13 @@ def choose_mix(
     ref, fp = run(np.zeros(len(keys)))
     _, all8 = run(np.ones(len(keys)), ref)
     log(
-        f"      {eval_set.metric} on {eval_set.description}: float {fp['top1']:.2f} %, all int8 (switchable model) {all8['top1']:.2f} %"
+        f"      {eval_set.metric} on {eval_set.description}: float {show(eval_set, fp)}, "
+        f"all int8 (switchable model) {show(eval_set, all8)}"
     )
     rows = []
     for i, k in enumerate(keys):
         _, s = run(np.eye(len(keys))[i], ref)
-        rows.append({"layer": k, "op": targets[i].op, "macs": macs[k], "drop": fp["top1"] - s["top1"], **s})
+        rows.append({"layer": k, "op": targets[i].op, "macs": macs[k], "drop": fp["value"] - s["value"], **s})
     order = sorted(range(len(keys)), key=lambda i: (rows[i]["drop"], rows[i]["rel_error"]), reverse=True)
 
     def share(mask):
@@ -188,7 +248,7 @@ def choose_mix(
     mask = np.ones(len(keys))
     predicted = all8
     queue = list(order)
-    while fp["top1"] - predicted["top1"] > max_drop and queue:
+    while fp["value"] - predicted["value"] > max_drop and queue:
         mask[queue.pop(0)] = 0
         _, predicted = run(mask, ref)
 
@@ -203,14 +263,14 @@ def choose_mix(
         return measured_by_mask[key]
 
     real8 = measure(np.ones(len(keys)))
-    log(f"      all int8, compiled: {real8['top1']:.2f} % (relative output error {real8['rel_error']:.4f})")
+    log(f"      all int8, compiled: {show(eval_set, real8)} (relative output error {real8['rel_error']:.4f})")
     measured = measure(mask)
-    while fp["top1"] - measured["top1"] > max_drop and queue:
+    while fp["value"] - measured["value"] > max_drop and queue:
         i = queue.pop(0)
         mask[i] = 0
-        log(f"      measured drop {fp['top1'] - measured['top1']:.2f} points is over budget: {keys[i]} back to float")
+        log(f"      measured drop {fp['value'] - measured['value']:.2f} points is over budget: {keys[i]} back to float")
         measured = measure(mask)
-    met = fp["top1"] - measured["top1"] <= max_drop and share(mask) >= min_int8_share
+    met = fp["value"] - measured["value"] <= max_drop and share(mask) >= min_int8_share
     for i, r in enumerate(rows):
         r["precision"] = "int8" if mask[i] else "fp32"
     return MixResult(
@@ -218,17 +278,23 @@ def choose_mix(
         layers=rows,
         accuracy={
             "metric": eval_set.metric,
+            "metric_kind": eval_set.kind,
             "data": eval_set.description,
             "samples": len(eval_set),
-            "fp32": fp["top1"],
-            "int8": real8["top1"],
+            "fp32": fp["value"],
+            "int8": real8["value"],
             "int8_rel_error": real8["rel_error"],
-            "mixed": measured["top1"],
+            "mixed": measured["value"],
             "mixed_rel_error": measured["rel_error"],
             "max_drop": max_drop,
-            "drop": fp["top1"] - measured["top1"],
+            "drop": fp["value"] - measured["value"],
             "int8_mac_share": share(mask),
             "min_int8_share": min_int8_share,
+            **(
+                {"int8_cosine_min": real8["cosine_min"], "mixed_cosine_min": measured["cosine_min"]}
+                if "cosine_min" in real8
+                else {}
+            ),
         },
         met=met,
     )

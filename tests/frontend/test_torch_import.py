@@ -96,3 +96,41 @@ def test_integer_operands_of_float_arithmetic_keep_their_fraction(tmp_path):
     with Engine(tmp_path / "a.ixa", trust=False) as engine:
         got = next(iter(engine.run(x).values()))
     np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+
+
+class AttentionNet(torch.nn.Module):
+    """A patch-embedding conv then ``nn.MultiheadAttention``: torch.export writes the attention with a
+    negative-axis squeeze and its input projection as a matmul with a broadcast weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patch = torch.nn.Conv2d(3, 16, 4, stride=4)
+        self.attn = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+
+    def forward(self, x):
+        t = self.patch(x).flatten(2).transpose(1, 2)
+        return self.attn(t, t, t, need_weights=False)[0]
+
+
+def test_multihead_attention_export_builds_in_nhwc_and_matches_torch(tmp_path):
+    from tvm import relax
+
+    torch.manual_seed(0)
+    net = AttentionNet().eval()
+    x = torch.randn(2, 3, 12, 12)
+    path = tmp_path / "attn.pt2"
+    torch.export.save(torch.export.export(net, (x,)), str(path))
+    imported = import_model(path, {})
+    ops = []
+    relax.analysis.post_order_visit(
+        imported.mod["main"], lambda e: ops.append(getattr(getattr(e, "op", None), "name", None))
+    )
+    # the in-projection's weight reaches its matmul unbroadcast (weight-only work stays weight-sized)
+    assert "relax.matmul" in ops and ops.count("relax.broadcast_to") == 0
+    out = tmp_path / "attn.ixa"
+    build_artifact(BuildOptions(model=path, target=host_target_name(), output=out), log=lambda *a: None)
+    with Engine(out) as engine, torch.no_grad():
+        got = engine.run({"x": x.numpy()})
+        want = net(x).numpy()
+    (name,) = got
+    np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5)

@@ -117,3 +117,85 @@ def test_mixed_on_the_embedded_model_meets_the_default_budget(tmp_path):
     assert r.returncode == 0, r.stderr
     acc = json.loads((tmp_path / "p.json").read_text())["accuracy"]
     assert acc["fp32"] - acc["mixed"] <= 0.5 and acc["int8_mac_share"] >= 0.9
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory, mlp):
+    """The MLP with a 3-D output (N x 2 x 5) and no labels: not a classifier, so the budget is cosine."""
+    import onnx
+
+    d = tmp_path_factory.mktemp("encoder")
+    m = onnx.load(mlp / "mlp.onnx")
+    g = m.graph
+    g.node[-1].output[0] = "flat"
+    g.initializer.append(numpy_helper.from_array(np.array([-1, 2, 5], np.int64), "shape"))
+    g.node.append(helper.make_node("Reshape", ["flat", "shape"], ["y"]))
+    del g.output[:]
+    g.output.append(helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2, 5]))
+    onnx.save(m, d / "enc.onnx")
+    np.savez(d / "eval.npz", x=np.load(mlp / "eval.npz")["x"])
+    return d
+
+
+def test_cosine_budget_for_outputs_that_are_not_class_scores(mlp, encoder, tmp_path):
+    plan_path = tmp_path / "plan.json"
+    r = cli(
+        "quantize", "-m", encoder / "enc.onnx", "--calib", mlp / "calib.npy", "--calib-method", "minmax",
+        "--eval-data", encoder / "eval.npz", "--max-accuracy-drop", "1", "--min-int8-share", "0.3",
+        "-o", plan_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(plan_path.read_text())
+    acc = plan["accuracy"]
+    assert acc["metric_kind"] == "cosine" and "cosine" in r.stdout
+    assert acc["fp32"] == pytest.approx(100.0)
+    # all int8: the outlier-calibrated layer wrecks the output; with it in fp32 the mean cosine is >= 0.99
+    assert acc["int8"] < 99 and acc["mixed"] >= 99 and acc["mixed_cosine_min"] <= acc["mixed"] / 100
+    assert plan["float_layers"] == ["w1"]
+    # the same model's 3-D output cannot be scored by top-1: a clear error, no plan
+    bad = tmp_path / "bad.json"
+    r = cli(
+        "quantize", "-m", encoder / "enc.onnx", "--calib", mlp / "calib.npy", "--eval-data", encoder / "eval.npz",
+        "--accuracy-metric", "top1", "-o", bad,
+    )  # fmt: skip
+    assert r.returncode == 2 and "--accuracy-metric cosine" in r.stderr and "Traceback" not in r.stderr
+    assert not bad.exists()
+
+
+def test_metric_resolution_and_cosine_edge_cases():
+    from inferx_edge.errors import UsageError
+    from inferx_edge.package import TensorSpec
+    from inferx_edge.quantize.mixed import cosine_per_sample, resolve_metric
+
+    image = (TensorSpec("x", (None, 3, 8, 8), "float32"),)
+    tokens = (TensorSpec("ids", (None, 16), "int64"),)
+    logits = (TensorSpec("y", (None, 10), "float32"),)
+    fmap = (TensorSpec("y", (None, 4, 8, 8), "float32"),)
+    assert resolve_metric("auto", None, image, logits) == "top1"  # an image classifier: agreement
+    assert resolve_metric("auto", None, tokens, logits) == "cosine"  # a token encoder's 2-D embedding
+    assert resolve_metric("auto", None, image, fmap) == "cosine"
+    assert resolve_metric("auto", np.zeros(3), tokens, logits) == "top1"  # labels decide
+    assert resolve_metric("cosine", None, image, logits) == "cosine"
+    with pytest.raises(UsageError, match="classifier output"):
+        resolve_metric("top1", None, image, fmap)
+    with pytest.raises(UsageError, match="has labels"):
+        resolve_metric("cosine", np.zeros(3), image, logits)
+    with pytest.raises(UsageError, match="auto, top1, cosine"):
+        resolve_metric("l2", None, image, logits)
+
+    a = np.array([[1.0, 0.0], [0.0, 0.0], [0.0, 0.0], [1.0, 1.0], [np.nan, 1.0]])
+    b = np.array([[2.0, 0.0], [0.0, 0.0], [3.0, 0.0], [-1.0, -1.0], [1.0, 1.0]])
+    cos = cosine_per_sample(a, b)
+    assert cos[:4] == pytest.approx([1.0, 1.0, 0.0, -1.0]) and np.isnan(cos[4])
+    # per sample over all output elements (a 3-D output is flattened per sample)
+    x = np.random.default_rng(0).standard_normal((4, 3, 5))
+    assert cosine_per_sample(x, 2 * x) == pytest.approx(np.ones(4))
+
+
+def test_a_nan_output_is_the_worst_cosine_not_a_pass():
+    from inferx_edge.quantize.mixed import EvalSet, score
+
+    ev = EvalSet({"x": np.zeros((2, 3))}, None, "test", "cosine")
+    ref = np.ones((2, 3))
+    got = score(ev, np.array([[1.0, 1.0, 1.0], [np.nan, 1.0, 1.0]]), ref)
+    assert got["value"] == pytest.approx(0.0) and got["cosine_min"] == -1.0

@@ -18,6 +18,7 @@ from inferx_edge.compiler.passes.fp16_activation_matmuls import fp16_activation_
 from inferx_edge.compiler.passes.fp16_bounded_depthwise import FP16_MAX, fp16_bounded_depthwise
 from inferx_edge.compiler.passes.grouped_conv_hwio import grouped_conv_hwio
 from inferx_edge.compiler.passes.int8_matmul_weights_along_k import int8_matmul_weights_along_k
+from inferx_edge.compiler.passes.nonnegative_axes import nonnegative_axes
 from inferx_edge.compiler.passes.pad_int8_conv_channels import pad_int8_conv_channels
 from inferx_edge.compiler.passes.pad_ragged_conv_outputs import PAD_TO, pad_ragged_conv_outputs
 from inferx_edge.compiler.passes.sink_permutes import sink_permutes
@@ -44,15 +45,16 @@ def convert_layout(mod, layout: str, kernel_layout: str = "OHWI"):
     convolutions with a channel count that is not a multiple of 4 (RGB stems) get their input and weight
     zero-padded to 4 channels (:func:`pad_int8_conv_channels`: one 4-byte load per pixel instead of a
     byte gather), and stride-2 ones over at most 4 (padded) channels run on a space-to-depth input
-    (:func:`space_to_depth_int8_convs`). Transposes move below elementwise ops and cancel where they
-    meet their inverse (:func:`sink_permutes`: a channels-last block inside an NCHW network), and
-    last, transposes that only move axes of extent 1 become reshapes (:func:`unit_transposes_to_reshapes`).
+    (:func:`space_to_depth_int8_convs`). Negative ``squeeze``/``permute_dims`` axes are made
+    non-negative first (:func:`nonnegative_axes`: TVM's layout rules for those two fail on them).
+    Transposes move below elementwise ops and cancel where they meet their inverse
+    (:func:`sink_permutes`: a channels-last block inside an NCHW network), and last, transposes that only move axes of extent 1 become reshapes (:func:`unit_transposes_to_reshapes`).
     """
     if layout == "NCHW":
         return mod
     from tvm import relax
 
-    mod = clip_to_min_max(mod)
+    mod = nonnegative_axes(clip_to_min_max(mod))
     mod = relax.transform.ConvertLayout({"relax.nn.conv2d": [layout, kernel_layout]})(mod)
     mod = relax.transform.DeadCodeElimination()(sink_permutes(mod))
     if layout == "NHWC":

@@ -20,11 +20,17 @@ class CallContext:
     given: list
     bindings: dict
     builder: Any
+    visit: Any = None  # the rewriter's visit_expr: an original expression as rewritten so far
 
     def producer(self, arg):
         """The value the module bound ``arg`` (one of :attr:`given`) to, or None (a parameter, a
         constant)."""
         return self.bindings.get(arg)
+
+    def rewritten(self, expr):
+        """``expr`` (e.g. an argument of a :meth:`producer`) as it stands in the rewritten module: a
+        variable whose binding was rewritten has been renamed."""
+        return self.visit(expr)
 
 
 def rewrite_calls_in_context(mod, rewrite):
@@ -46,7 +52,7 @@ def rewrite_calls_in_context(mod, rewrite):
         def visit_call_(self, call):
             given = list(call.args)
             call = super().visit_call_(call)
-            new = rewrite(call, CallContext(given, self.bindings, self.builder_))
+            new = rewrite(call, CallContext(given, self.bindings, self.builder_, self.visit_expr))
             return call if new is None else new
 
     rewriter = _Rewriter(mod)

@@ -36,6 +36,12 @@ def bake_weight_transforms(mod, params: list[np.ndarray] | None = None, log=None
     baked = _unique([p.name for p in new_main.params[num_input:]])
     if params is None:
         return kept, baked, None
+    before = sum(p.nbytes for p in params)
+    planned = _static_nbytes(transform)
+    if planned is not None and planned > MAX_BAKED_GROWTH * before + (1 << 20):  # checked before running it
+        if log:
+            log(f"      weight transforms kept in the model: their results ({planned >> 20} MiB) outgrow the weights")
+        return mod, original, params
     tmod = tvm.IRModule({"main": transform.with_attr("global_symbol", "main")})
     for gv, f in kept.functions_items():
         if not isinstance(f, relax.Function):
@@ -54,12 +60,26 @@ def bake_weight_transforms(mod, params: list[np.ndarray] | None = None, log=None
             want = tuple(int(d) for d in shape)
             if a.shape != want and a.size == int(np.prod(want)):
                 arrays[i] = a.reshape(want)
-    before, after = sum(p.nbytes for p in params), sum(a.nbytes for a in arrays)
+    after = sum(a.nbytes for a in arrays)
     if after > MAX_BAKED_GROWTH * before + (1 << 20):
         if log:
             log(f"      weight transforms kept in the model: their results ({after >> 20} MiB) outgrow the weights")
         return mod, original, params
     return kept, baked, arrays
+
+
+def _static_nbytes(transform) -> int | None:
+    """The bytes ``transform``'s results take, from its return type; None where a shape is not static."""
+    import tvm
+
+    ret = transform.ret_ty
+    total = 0
+    for ty in getattr(ret, "fields", [ret]):
+        dims = getattr(getattr(ty, "shape", None), "values", None)
+        if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+            return None
+        total += int(np.prod([int(d) for d in dims], dtype=np.int64)) * tvm.DataType(str(ty.dtype)).bits // 8
+    return total
 
 
 def _unique(names: list[str]) -> list[str]:

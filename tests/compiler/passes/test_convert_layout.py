@@ -104,3 +104,35 @@ def test_onnx_clip_with_tensor_bounds_stays_in_nhwc(tmp_path):
     assert "call_tir(cls.maximum" not in script and "call_tir(cls.minimum" not in script
     acts = [ln for ln in script.splitlines() if "R.permute_dims(" in ln and "(2, " in ln.split("=")[0]]
     assert len(acts) == 2, script
+
+
+def test_negative_squeeze_and_permute_axes_convert_and_compute_the_same():
+    """TVM's layout rules for squeeze and permute_dims fail on negative axes (std::bad_alloc, 'Invalid
+    layout'); convert_layout makes them non-negative first. Every case against the unconverted module."""
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.passes import convert_layout
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 3, 3, 3)).astype(np.float32)
+    x = rng.standard_normal((1, 3, 6, 8)).astype(np.float32)
+    tails = {
+        "squeeze the last axis": lambda y: relax.op.squeeze(relax.op.sum(y, axis=[-1], keepdims=True), axis=[-1]),
+        "squeeze the batch axis": lambda y: relax.op.squeeze(y, axis=[-4]),
+        "permute with a negative axis": lambda y: relax.op.permute_dims(y, axes=[0, -1, 1, 2]),
+    }
+    for name, tail in tails.items():
+        bb = relax.BlockBuilder()
+        xv = relax.Var("x", relax.TensorType(x.shape, "float32"))
+        with bb.function("main", [xv]):
+            with bb.dataflow():
+                y = bb.emit(relax.op.nn.conv2d(xv, relax.const(w)))
+                out = bb.emit_output(bb.emit(tail(y)))
+            bb.emit_func_output(out)
+        outs = []
+        for mod in (bb.get(), convert_layout(bb.get(), "NHWC", "HWIO")):
+            vm = relax.VirtualMachine(relax.build(mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+            outs.append(vm["main"](tvm.runtime.tensor(x)).numpy())
+        assert outs[0].shape == outs[1].shape, name
+        np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5, err_msg=name)
