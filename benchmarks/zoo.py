@@ -85,10 +85,12 @@ def build_job(
     eval_data: Path | None = None,
     tag: str = "",
     tune_tiles_min: float | None = None,
+    max_drop: float | None = None,
 ) -> dict:
     """One artifact (model x precision, every batch), in a worker process. With ``tune_tiles_min`` (CUDA,
     fp16/int8) the tensor-core tile search runs first for that long (split over the batches) into a
-    database under ``out`` that the build then applies."""
+    database under ``out`` that the build then applies. ``max_drop``: the accuracy budget in points (mixed
+    default 0.5)."""
     from inferx_edge.build import BuildOptions, build_artifact
     from inferx_edge.quantize.driver import QuantOptions
     from inferx_edge.tune.driver import TILE_PRECISIONS
@@ -97,7 +99,9 @@ def build_job(
     art = out / "artifacts" / f"{name}-{target}-{precision}{tag}.ixa"
     art.parent.mkdir(parents=True, exist_ok=True)
     quant = (
-        QuantOptions(calib=calibration(name, d), calib_method=calib_method, eval_data=eval_data)
+        QuantOptions(
+            calib=calibration(name, d), calib_method=calib_method, eval_data=eval_data, max_accuracy_drop=max_drop
+        )
         if precision in ("int8", "mixed")
         else QuantOptions()
     )
@@ -451,15 +455,18 @@ def markdown(record: dict) -> str:
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for a in record["accuracy"]:
+            precision = a.get("precision", "-")
+            if a.get("budget_points") is not None:
+                precision += f" ({a['budget_points']:g}-point budget)"
             if "error" in a:
                 out.append(
-                    f"| {a['model']} | {a['precision']} | {a['calib_method']} | failed: {a['error'][:150]} |||||| "
+                    f"| {a['model']} | {precision} | {a.get('calib_method', '-')} | failed: {a['error'][:150]} |||||| "
                 )
                 continue
             share = f"{a['int8_mac_share'] * 100:.0f} %" if a.get("int8_mac_share") is not None else "-"
             cos = f"{a['cosine_mean']} / {a['cosine_min']}" if "cosine_mean" in a else "-"
             out.append(
-                f"| {a['model']} | {a['precision']} | {a['calib_method']} | {share} | {a.get('top1_agreement', '-')} | "
+                f"| {a['model']} | {precision} | {a['calib_method']} | {share} | {a.get('top1_agreement', '-')} | "
                 f"{a.get('fp32_top1_in_top5', '-')} | {cos} | {a['rel_error_vs_fp32']} | {a['samples']} |"
             )
     if failed:

@@ -17,6 +17,7 @@ from inferx_edge.compiler.passes.clip_to_min_max import clip_to_min_max
 from inferx_edge.compiler.passes.fp16_activation_matmuls import fp16_activation_matmuls
 from inferx_edge.compiler.passes.fp16_bounded_depthwise import FP16_MAX, fp16_bounded_depthwise
 from inferx_edge.compiler.passes.grouped_conv_hwio import grouped_conv_hwio
+from inferx_edge.compiler.passes.hide_tir_calls import hide_tir_calls
 from inferx_edge.compiler.passes.int8_matmul_weights_along_k import int8_matmul_weights_along_k
 from inferx_edge.compiler.passes.nonnegative_axes import nonnegative_axes
 from inferx_edge.compiler.passes.pad_int8_conv_channels import pad_int8_conv_channels
@@ -29,10 +30,13 @@ from inferx_edge.compiler.passes.unit_transposes_to_reshapes import unit_transpo
 def to_fp16(mod):
     """Relax ``ToMixedPrecision``: fp16 compute and accumulation; the signature stays fp32. Clips become
     ``minimum(maximum(...))`` first: ``ToMixedPrecision`` rejects ``clip``'s scalar bounds ("Expected
-    TensorType, but got T.int64": MobileNetV3's hardswish/hardsigmoid did not build in fp16)."""
+    TensorType, but got T.int64": MobileNetV3's hardswish/hardsigmoid did not build in fp16). It also
+    rejects ``call_tir`` (a frontend's direct TE lowering: ONNX Pad, Tile, Einsum...): those are hidden
+    from it (:func:`hide_tir_calls`) and stay float32, cast around."""
     from tvm import relax
 
-    return relax.transform.ToMixedPrecision(out_dtype="float16")(clip_to_min_max(mod))
+    hidden, restore = hide_tir_calls(clip_to_min_max(mod))
+    return restore(relax.transform.ToMixedPrecision(out_dtype="float16")(hidden))
 
 
 def convert_layout(mod, layout: str, kernel_layout: str = "OHWI"):
