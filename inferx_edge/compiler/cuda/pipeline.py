@@ -14,12 +14,16 @@ def fusion_passes() -> list:
     """Legalization and fusion as every CUDA pipeline does them (before any schedule): the kernels
     these passes make are the ones a build compiles, under the same names. A GEMM's result broadcast
     over a larger tensor (squeeze-excite gates) is kept out of the GEMM's kernel
-    (:func:`~inferx_edge.compiler.cuda.broadcast_gates.split_broadcast_gates`)."""
+    (:func:`~inferx_edge.compiler.cuda.broadcast_gates.split_broadcast_gates`); parameters are renamed
+    first so kernel buffers have names the mma.sync codegen can carry
+    (:func:`~inferx_edge.compiler.cuda.kernel_names.lowercase_kernel_names`)."""
     from tvm import relax
 
     from inferx_edge.compiler.cuda.broadcast_gates import split_broadcast_gates
+    from inferx_edge.compiler.cuda.kernel_names import lowercase_kernel_names
 
     return [
+        lowercase_kernel_names(),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         split_broadcast_gates(),
