@@ -16,6 +16,7 @@ from inferx_edge.compiler.passes.bake_weight_transforms import MAX_BAKED_GROWTH,
 from inferx_edge.compiler.passes.clip_to_min_max import clip_to_min_max
 from inferx_edge.compiler.passes.fp16_activation_matmuls import fp16_activation_matmuls
 from inferx_edge.compiler.passes.fp16_bounded_depthwise import FP16_MAX, fp16_bounded_depthwise
+from inferx_edge.compiler.passes.fp16_matmul_weights_along_k import fp16_matmul_weights_along_k
 from inferx_edge.compiler.passes.grouped_conv_hwio import grouped_conv_hwio
 from inferx_edge.compiler.passes.hide_tir_calls import hide_tir_calls
 from inferx_edge.compiler.passes.int8_matmul_weights_along_k import int8_matmul_weights_along_k
@@ -85,6 +86,12 @@ PASSES: tuple[Pass, ...] = (
         lambda v: v.quantized and v.conv == "NHWC" and v.kernel == "OHWI",
         lambda mod, v: int8_matmul_weights_along_k(mod),
     ),
+    # CUDA fp16: dense layers read their fp16 weights along K, as int8 ones do
+    Pass(
+        "fp16_matmul_weights_along_k",
+        lambda v: v.precision == "fp16" and v.conv == "NHWC" and v.kernel == "OHWI",
+        lambda mod, v: fp16_matmul_weights_along_k(mod),
+    ),
     # CUDA int8/mixed: attention's activation x activation matmuls on fp16 tensor cores
     Pass(
         "fp16_activation_matmuls",
@@ -116,6 +123,7 @@ __all__ = [
     "convert_layout",
     "fp16_activation_matmuls",
     "fp16_bounded_depthwise",
+    "fp16_matmul_weights_along_k",
     "grouped_conv_hwio",
     "int8_matmul_weights_along_k",
     "pad_int8_conv_channels",

@@ -124,3 +124,15 @@ def nt_matmul(a, b_jk, acc_dtype: str):
         return te.sum(a[(*idx[:-1], k)].astype(acc_dtype) * b_jk[b_idx].astype(acc_dtype), axis=k)
 
     return te.compute((*a.shape[:-1], b_jk.shape[-2]), compute, name="NT_matmul")
+
+
+def weight_only(expr, ctx: CallContext, weights: set) -> bool:
+    """Whether ``expr`` depends on nothing but ``weights`` (a function's weight parameters) and
+    constants, through the bindings ``ctx`` knows."""
+    import tvm
+    from tvm import relax
+
+    if isinstance(expr, tvm.ir.expr.Constant) or expr in weights:
+        return True
+    value = ctx.bindings.get(expr) if isinstance(expr, relax.Var) else None
+    return isinstance(value, relax.Call) and bool(value.args) and all(weight_only(a, ctx, weights) for a in value.args)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inferx_edge.compiler.passes._rewrite import nt_matmul, rewrite_calls_in_context, swaps_last_two
+from inferx_edge.compiler.passes._rewrite import nt_matmul, rewrite_calls_in_context, swaps_last_two, weight_only
 from inferx_edge.compiler.passes.fp16_bounded_depthwise import FP16_MAX
 
 
@@ -24,18 +24,12 @@ def fp16_activation_matmuls(mod):
     n_inputs = int(main.attrs["num_input"]) if main.attrs is not None and "num_input" in main.attrs else None
     weights = set(main.params[n_inputs:]) if n_inputs is not None else set()
 
-    def weight_only(e, ctx) -> bool:
-        if isinstance(e, tvm.ir.expr.Constant) or e in weights:
-            return True
-        v = ctx.bindings.get(e) if isinstance(e, relax.Var) else None
-        return isinstance(v, relax.Call) and bool(v.args) and all(weight_only(a, ctx) for a in v.args)
-
     def half(x):
         lo, hi = relax.const(-FP16_MAX, "float32"), relax.const(FP16_MAX, "float32")
         return relax.op.astype(relax.op.minimum(relax.op.maximum(x, lo), hi), "float16")
 
     def rewrite(call, ctx):
-        if call.op != matmul or len(ctx.given) != 2 or any(weight_only(a, ctx) for a in ctx.given):
+        if call.op != matmul or len(ctx.given) != 2 or any(weight_only(a, ctx, weights) for a in ctx.given):
             return None
         a, b = call.args
         if str(a.ty.dtype) != "float32" or str(b.ty.dtype) != "float32" or min(a.ty.ndim, b.ty.ndim) < 2:
