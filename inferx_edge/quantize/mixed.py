@@ -230,6 +230,11 @@ def choose_mix(
         lg = probe.logits(mask.astype(np.float32))
         return lg, score(eval_set, lg, lg if ref is None else ref)
 
+    if eval_set.kind == "top1" and 0 < max_drop < 100 / len(eval_set):
+        log(
+            f"      note: one changed prediction is {100 / len(eval_set):.2f} points on {len(eval_set)} samples, more "
+            f"than the {max_drop}-point budget: it allows none (more --eval-data samples give it room)"
+        )
     ref, fp = run(np.zeros(len(keys)))
     _, all8 = run(np.ones(len(keys)), ref)
     log(

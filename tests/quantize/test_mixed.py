@@ -199,3 +199,9 @@ def test_a_nan_output_is_the_worst_cosine_not_a_pass():
     ref = np.ones((2, 3))
     got = score(ev, np.array([[1.0, 1.0, 1.0], [np.nan, 1.0, 1.0]]), ref)
     assert got["value"] == pytest.approx(0.0) and got["cosine_min"] == -1.0
+
+
+def test_a_budget_finer_than_one_sample_is_called_out(mlp, tmp_path):
+    r = _quantize(mlp, tmp_path / "p.json", "--max-accuracy-drop", "0.2", "--allow-over-budget")
+    assert r.returncode == 0, r.stderr
+    assert "one changed prediction is 0.33 points on 300 samples" in r.stdout and "allows none" in r.stdout
