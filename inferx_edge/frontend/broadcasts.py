@@ -51,6 +51,9 @@ def drop_redundant_broadcasts(mod):
         shapes = [static_shape(a) for a in args]
         if any(s is None for s in shapes):
             return None
+        want = _result_shape(call.op == matmul, shapes)
+        if want is None:  # a form this check does not model (e.g. a 1-D matmul operand): leave it
+            return None
         changed = False
         for i in range(len(args)):
             found = source(ctx, i)
@@ -58,7 +61,7 @@ def drop_redundant_broadcasts(mod):
                 continue
             inner, before, _ = found
             trial = [*shapes[:i], before, *shapes[i + 1 :]]
-            if _result_shape(call.op == matmul, trial) == _result_shape(call.op == matmul, shapes):
+            if _result_shape(call.op == matmul, trial) == want:
                 args[i], shapes[i], changed = inner, before, True
         if not changed:
             return None
