@@ -28,7 +28,7 @@ import numpy as np
 
 from benchmarks import zoo_accuracy
 from benchmarks._record import versions, write_record
-from benchmarks.zoo_models import ZOO, select
+from benchmarks.zoo_models import ZOO, select, spec_of
 
 GPU_SYSTEMS = ("inferx-int8", "inferx-fp16", "torch-compile", "torch-eager")
 CPU_SYSTEMS = ("inferx-fp32", "onnxruntime")
@@ -46,13 +46,13 @@ def model_dir(name: str, zoo_dir: Path, out: Path) -> Path:
         return d
     from benchmarks.zoo_export import export_one
 
-    export_one(ZOO[name], out / "models" / name, batch=2)
+    export_one(spec_of(name), out / "models" / name, batch=2)
     return out / "models" / name
 
 
 def calibration(name: str, d: Path, batches: int = 16) -> Path:
     """Calibration data: real images / real text for real-weight models, seeded samples otherwise."""
-    spec = ZOO[name]
+    spec = spec_of(name)
     path = d / "calib.npz"
     if spec.real_weights and spec.is_text and (d / "text.npz").exists():
         data = dict(np.load(d / "text.npz"))
@@ -95,7 +95,7 @@ def build_job(
     from inferx_edge.quantize.driver import QuantOptions
     from inferx_edge.tune.driver import TILE_PRECISIONS
 
-    spec, d, out = ZOO[name], Path(d), Path(out)
+    spec, d, out = spec_of(name), Path(d), Path(out)
     art = out / "artifacts" / f"{name}-{target}-{precision}{tag}.ixa"
     art.parent.mkdir(parents=True, exist_ok=True)
     quant = (
@@ -177,9 +177,9 @@ def tune_tiles(model, spec, target, precision, batches, minutes, root, quant, li
 def torch_system(system: str, name: str, x: dict, ref_dtype: str = "float16"):
     import torch
 
-    net = ZOO[name].make().cuda()
+    net = spec_of(name).make().cuda()
     args = [torch.from_numpy(v).cuda() for v in x.values()]
-    if not ZOO[name].is_text:
+    if not spec_of(name).is_text:
         net = net.half().to(memory_format=torch.channels_last)
         args = [a.half().contiguous(memory_format=torch.channels_last) for a in args]
     else:
@@ -206,7 +206,11 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("/tmp/zoo"))
     ap.add_argument("--target", default="h200")
-    ap.add_argument("--models", default=None, help=f"comma list (default: all): {', '.join(ZOO)}")
+    ap.add_argument(
+        "--models",
+        default=None,
+        help=f"comma list (default: the whole zoo): {', '.join(ZOO)}; 'extra': architectures outside it",
+    )
     ap.add_argument("--batches", default=None, help="default 1,64 on GPUs, 1 on CPUs")
     ap.add_argument("--systems", default=None)
     ap.add_argument("--precisions", default="fp32,fp16,int8", help="for --build-only")

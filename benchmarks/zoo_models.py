@@ -169,12 +169,12 @@ def _ssdlite_heads(seed: int = 0):
     return Heads().eval()
 
 
-def _lraspp(seed: int = 0):
+def _lraspp(seed: int = 0, name: str = "lraspp_mobilenet_v3_large"):
     import torch
     import torchvision
 
     torch.manual_seed(seed)
-    seg = torchvision.models.segmentation.lraspp_mobilenet_v3_large(weights=None, weights_backbone=None).eval()
+    seg = getattr(torchvision.models.segmentation, name)(weights=None, weights_backbone=None).eval()
 
     class Out(torch.nn.Module):
         def __init__(self):
@@ -462,13 +462,46 @@ def _entries() -> dict[str, ZooModel]:
 ZOO: dict[str, ZooModel] = _entries()
 
 
+def _extra_entries() -> dict[str, ZooModel]:
+    """Architectures outside the zoo, never tuned for: a check that the defaults are general (the zoo's
+    tooling takes them by name, or all of them as ``--models extra``; ``all`` stays the zoo)."""
+    e = [
+        ZooModel("googlenet", _tv("googlenet", aux_logits=False, init_weights=True), classes=("inception", "concat")),
+        ZooModel("inception_v3", _tv("inception_v3", aux_logits=False, init_weights=True), image=299,
+                 classes=("inception", "asymmetric-conv")),
+        ZooModel("squeezenet1_1", _tv("squeezenet1_1"), classes=("fire", "concat", "ceil-mode-pool")),
+        ZooModel("mnasnet1_0", _tv("mnasnet1_0"), classes=("depthwise", "5x5")),
+        ZooModel("efficientnet_v2_s", _tv("efficientnet_v2_s"), image=256, classes=("fused-mbconv", "squeeze-excite")),
+        ZooModel("regnet_x_400mf", _tv("regnet_x_400mf"), classes=("grouped",)),
+        ZooModel("vgg11_bn", _tv("vgg11_bn"), classes=("plain", "large-dense")),
+        ZooModel("mobilenet_v3_small", _tv("mobilenet_v3_small"), classes=("depthwise", "squeeze-excite", "hardswish")),
+        ZooModel("deeplabv3_mobilenet_v3_large", lambda seed=0: _lraspp(seed, "deeplabv3_mobilenet_v3_large"),
+                 kind="segmenter", image=320, classes=("dilated", "aspp", "upsample")),
+        ZooModel("maxvit_t", _tv("maxvit_t"), kind="transformer", classes=("block-attention", "mbconv", "relative-bias")),
+    ]  # fmt: skip
+    return {m.name: m for m in e}
+
+
+#: not in the zoo: architectures the defaults were never tuned on (``--models extra``)
+EXTRA: dict[str, ZooModel] = _extra_entries()
+
+
+def spec_of(name: str) -> ZooModel:
+    """A zoo or :data:`EXTRA` entry by name."""
+    return ZOO[name] if name in ZOO else EXTRA[name]
+
+
 def select(names: str | None) -> list[ZooModel]:
-    """The zoo entries named in a comma list (all when empty); unknown names are an error listing the zoo."""
+    """The zoo entries named in a comma list (the whole zoo when empty; ``extra``: every :data:`EXTRA`
+    architecture); unknown names are an error listing both."""
     if not names:
         return list(ZOO.values())
     out = []
     for n in names.split(","):
-        if n not in ZOO:
-            raise SystemExit(f"unknown zoo model '{n}'; the zoo: {', '.join(ZOO)}")
-        out.append(ZOO[n])
+        if n == "extra":
+            out += list(EXTRA.values())
+        elif n in ZOO or n in EXTRA:
+            out.append(ZOO.get(n) or EXTRA[n])
+        else:
+            raise SystemExit(f"unknown zoo model '{n}'; the zoo: {', '.join(ZOO)}; extra: {', '.join(EXTRA)}")
     return out
