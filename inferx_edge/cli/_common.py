@@ -7,6 +7,7 @@ from pathlib import Path
 
 from inferx_edge.models import DEFAULT_MODEL
 from inferx_edge.quantize.calibration import DEFAULT_METHOD, OBSERVERS
+from inferx_edge.quantize.mixed import METRICS
 from inferx_edge.targets import host_target_name
 
 
@@ -59,7 +60,7 @@ def add_quantization_arguments(p: argparse.ArgumentParser, plan: bool = True) ->
     p.add_argument(
         "--accuracy-metric",
         default="auto",
-        choices=("auto", "top1", "cosine"),
+        choices=METRICS,
         help="what the budget measures: top1 (accuracy with labels, else agreement with fp32) or cosine (100 x the "
         "mean per-sample cosine similarity of the first output to fp32's: a 1-point budget means >= 0.99). auto: "
         "top1 for labelled data or a 2-D output of float inputs (a classifier), cosine otherwise",

@@ -15,6 +15,7 @@ from inferx_edge.data import load_arrays
 from inferx_edge.errors import BudgetError, InputError, UsageError, check_choice
 from inferx_edge.frontend import ImportedModel, import_model
 from inferx_edge.quantize.calibration import DEFAULT_METHOD, OBSERVERS, check_calibration_batch
+from inferx_edge.quantize.mixed import METRICS
 from inferx_edge.quantize.rewrite import calibrate, find_targets, qdq_weights, quantize_imported
 
 CALIB_CHUNK = 16
@@ -102,7 +103,7 @@ class QuantOptions:
 
     def __post_init__(self) -> None:
         check_choice("calibration method", self.calib_method, OBSERVERS)
-        check_choice("accuracy metric", self.accuracy_metric, ("auto", "top1", "cosine"))
+        check_choice("accuracy metric", self.accuracy_metric, METRICS)
         if self.max_accuracy_drop is not None and self.max_accuracy_drop < 0:
             raise UsageError(f"--max-accuracy-drop must be >= 0 points, got {self.max_accuracy_drop}")
         if not 0 <= self.min_int8_share <= 1:

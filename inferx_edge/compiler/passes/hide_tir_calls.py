@@ -11,6 +11,8 @@ unknown operator: float32 in, float32 out, with casts around it), and is put bac
 
 from __future__ import annotations
 
+from inferx_edge.compiler.passes._rewrite import rewrite_calls, rewrite_calls_in_context
+
 
 def hide_tir_calls(mod):
     """``(module, restore)``: ``mod`` with every ``call_tir`` replaced by a call to a placeholder
@@ -22,35 +24,22 @@ def hide_tir_calls(mod):
     call_tir = tvm.ir.Op.get("relax.call_tir")
     hidden: dict = {}  # placeholder GlobalVar -> the call_tir's (PrimFunc GlobalVar, attrs, type args)
 
-    @relax.expr_functor.mutator
-    class _Hide(relax.PyExprMutator):
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            if call.op != call_tir or len(call.args) != 2 or not isinstance(call.args[1], relax.Tuple):
-                return call
-            params = [relax.Var(f"a{i}", a.ty) for i, a in enumerate(call.args[1].fields)]
-            body = relax.Call(call_tir, [call.args[0], relax.Tuple(params)], call.attrs, call.ty_args)
-            # added to get a typed GlobalVar; dropped from the module below
-            gv = self.builder_.add_func(relax.Function(params, body, call.ty), f"_tir_call_{len(hidden)}")
-            hidden[gv] = (call.args[0], call.attrs, call.ty_args)
-            return relax.Call(gv, list(call.args[1].fields))
+    def hide(call, ctx):
+        if call.op != call_tir or len(call.args) != 2 or not isinstance(call.args[1], relax.Tuple):
+            return None
+        params = [relax.Var(f"a{i}", a.ty) for i, a in enumerate(call.args[1].fields)]
+        body = relax.Call(call_tir, [call.args[0], relax.Tuple(params)], call.attrs, call.ty_args)
+        # added to get a typed GlobalVar; dropped from the module below
+        gv = ctx.builder.add_func(relax.Function(params, body, call.ty), f"_tir_call_{len(hidden)}")
+        hidden[gv] = (call.args[0], call.attrs, call.ty_args)
+        return relax.Call(gv, list(call.args[1].fields))
 
-    @relax.expr_functor.mutator
-    class _Restore(relax.PyExprMutator):
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            if call.op not in hidden:
-                return call
-            prim, attrs, ty_args = hidden[call.op]
-            return relax.Call(call_tir, [prim, relax.Tuple(list(call.args))], attrs, ty_args)
+    def restore(call):
+        if call.op not in hidden:
+            return None
+        prim, attrs, ty_args = hidden[call.op]
+        return relax.Call(call_tir, [prim, relax.Tuple(list(call.args))], attrs, ty_args)
 
-    def apply(mutator_cls, module):
-        m = mutator_cls(module)
-        for gv, func in list(module.functions_items()):
-            if isinstance(func, relax.Function):
-                m.builder_.update_func(gv, m.visit_expr(func))
-        return m.builder_.get()
-
-    out = apply(_Hide, mod)
+    out = rewrite_calls_in_context(mod, hide)
     out = tvm.IRModule({gv: f for gv, f in out.functions_items() if gv not in hidden}, attrs=out.attrs)
-    return out, (lambda module: apply(_Restore, module) if hidden else module)
+    return out, (lambda module: rewrite_calls(module, restore) if hidden else module)
