@@ -32,13 +32,14 @@ def drop_redundant_broadcasts(mod):
     elementwise = {tvm.ir.Op.get(f"relax.{n}") for n in ELEMENTWISE}
 
     def source(ctx, i):
-        """The operand under a ``broadcast_to`` producing argument ``i`` (rewritten), and both shapes."""
+        """The operand under a ``broadcast_to`` producing argument ``i`` (rewritten) and its static
+        shape, or None."""
         producer = ctx.producer(ctx.given[i])
         if not isinstance(producer, relax.Call) or producer.op != bcast:
             return None
         inner = ctx.rewritten(producer.args[0])
-        before, after = static_shape(inner), static_shape(ctx.given[i])
-        return None if before is None or after is None else (inner, before, after)
+        shape = static_shape(inner)
+        return None if shape is None else (inner, shape)
 
     def rewrite(call, ctx):
         if call.op == bcast:
@@ -59,7 +60,7 @@ def drop_redundant_broadcasts(mod):
             found = source(ctx, i)
             if found is None:
                 continue
-            inner, before, _ = found
+            inner, before = found
             trial = [*shapes[:i], before, *shapes[i + 1 :]]
             if _result_shape(call.op == matmul, trial) == want:
                 args[i], shapes[i], changed = inner, before, True

@@ -14,7 +14,18 @@ from __future__ import annotations
 
 import re
 
-_UNSAFE = re.compile("[A-F]")
+#: what the mma.sync asm template substitution breaks
+UNSAFE = re.compile("[A-F]")
+
+
+def safe_name(name: str, taken: set[str]) -> str:
+    """``name`` in lower case, suffixed ``_1``, ``_2``... until not in ``taken`` (which it joins)."""
+    new, n = name.lower(), 0
+    while new in taken:
+        n += 1
+        new = f"{name.lower()}_{n}"
+    taken.add(new)
+    return new
 
 
 def lowercase_kernel_names():
@@ -30,21 +41,16 @@ def lowercase_kernel_names():
     def _pass(mod, _ctx):
         updates = {}
         for gv, func in mod.functions_items():
-            if not isinstance(func, relax.Function) or not any(_UNSAFE.search(p.name) for p in func.params):
+            if not isinstance(func, relax.Function) or not any(UNSAFE.search(p.name) for p in func.params):
                 continue
             taken = {p.name for p in func.params}
             mutator = _Rename(mod)
             params = []
             for p in func.params:
-                if not _UNSAFE.search(p.name):
+                if not UNSAFE.search(p.name):
                     params.append(p)
                     continue
-                new, n = p.name.lower(), 0
-                while new in taken:
-                    n += 1
-                    new = f"{p.name.lower()}_{n}"
-                taken.add(new)
-                q = relax.Var(new, p.ty)
+                q = relax.Var(safe_name(p.name, taken), p.ty)
                 mutator.set_var_remap(p, q)
                 params.append(q)
             body = mutator.visit_expr(func.body)

@@ -39,18 +39,15 @@ def _mma_safe_buffer_names(func):
     kernel (Relax calls it positionally); renamed through a TVMScript round trip."""
     import tvm
 
-    names = [p.name for p in func.params if re.search("[A-F]", p.name)]
+    from inferx_edge.compiler.cuda.kernel_names import UNSAFE, safe_name
+
+    names = [p.name for p in func.params if UNSAFE.search(p.name)]
     if not names:
         return func
     script = func.script()
     taken = set(re.findall(r"\b\w+\b", script))
     for name in names:
-        new, n = name.lower(), 0
-        while new in taken:
-            n += 1
-            new = f"{name.lower()}_{n}"
-        taken.add(new)
-        script = re.sub(rf"\b{re.escape(name)}\b", new, script)
+        script = re.sub(rf"\b{re.escape(name)}\b", safe_name(name, taken), script)
     try:
         renamed = tvm.script.from_source(script)
     except Exception:  # not printable/parsable (e.g. omitted metadata): the caller keeps wmma

@@ -53,7 +53,8 @@ def convert_layout(mod, layout: str, kernel_layout: str = "OHWI"):
     (:func:`space_to_depth_int8_convs`). Negative ``squeeze``/``permute_dims`` axes are made
     non-negative first (:func:`nonnegative_axes`: TVM's layout rules for those two fail on them).
     Transposes move below elementwise ops and cancel where they meet their inverse
-    (:func:`sink_permutes`: a channels-last block inside an NCHW network), and last, transposes that only move axes of extent 1 become reshapes (:func:`unit_transposes_to_reshapes`).
+    (:func:`sink_permutes`: a channels-last block inside an NCHW network), and last, transposes that
+    only move axes of extent 1 become reshapes (:func:`unit_transposes_to_reshapes`).
     """
     if layout == "NCHW":
         return mod

@@ -136,3 +136,40 @@ def weight_only(expr, ctx: CallContext, weights: set) -> bool:
         return True
     value = ctx.bindings.get(expr) if isinstance(expr, relax.Var) else None
     return isinstance(value, relax.Call) and bool(value.args) and all(weight_only(a, ctx, weights) for a in value.args)
+
+
+def weight_params(mod) -> set:
+    """``main``'s weight parameters (those after its ``num_input`` inputs); none without that attribute."""
+    main = mod["main"]
+    if main.attrs is None or "num_input" not in main.attrs:
+        return set()
+    return set(main.params[int(main.attrs["num_input"]) :])
+
+
+def dense_weights_along_k(mod, in_dtype: str, out_dtypes: tuple[str, ...], is_weight):
+    """Every ``in_dtype`` x ``in_dtype`` ``matmul`` (``out_dtype`` one of ``out_dtypes``) whose second
+    operand is a 2-D weight (``is_weight(given operand, ctx)``) as one ``NT_matmul`` kernel reading
+    that weight as [J, K]: a Gemm's ``transB`` parameter as it is, any other weight through a
+    ``permute_dims`` that is weight-only work (baked at build time). Accumulates in ``out_dtype``."""
+    import tvm
+    from tvm import relax
+
+    matmul = tvm.ir.Op.get("relax.matmul")
+
+    def rewrite(call, ctx):
+        if call.op != matmul or len(ctx.given) != 2:
+            return None
+        x, w = call.args
+        out_dtype = str(call.attrs.out_dtype)
+        if str(x.ty.dtype) != in_dtype or str(w.ty.dtype) != in_dtype or out_dtype not in out_dtypes:
+            return None
+        if w.ty.ndim != 2 or x.ty.ndim < 2 or not is_weight(ctx.given[1], ctx):
+            return None
+        producer = ctx.producer(ctx.given[1])
+        if swaps_last_two(producer):
+            w_jk = ctx.rewritten(producer.args[0])  # a Gemm's transB: the weight already is [J, K]
+        else:
+            w_jk = ctx.builder.emit(relax.op.permute_dims(w))
+        return ctx.builder.call_te(nt_matmul, x, w_jk, out_dtype, primfunc_name_hint="NT_matmul")
+
+    return relax.transform.DeadCodeElimination()(rewrite_calls_in_context(mod, rewrite))

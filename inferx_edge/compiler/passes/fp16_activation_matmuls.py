@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from inferx_edge.compiler.passes._rewrite import nt_matmul, rewrite_calls_in_context, swaps_last_two, weight_only
+from inferx_edge.compiler.passes._rewrite import (
+    nt_matmul,
+    rewrite_calls_in_context,
+    swaps_last_two,
+    weight_only,
+    weight_params,
+)
 from inferx_edge.compiler.passes.fp16_bounded_depthwise import FP16_MAX
 
 
@@ -20,9 +26,7 @@ def fp16_activation_matmuls(mod):
     from tvm import relax
 
     matmul = tvm.ir.Op.get("relax.matmul")
-    main = mod["main"]
-    n_inputs = int(main.attrs["num_input"]) if main.attrs is not None and "num_input" in main.attrs else None
-    weights = set(main.params[n_inputs:]) if n_inputs is not None else set()
+    weights = weight_params(mod)
 
     def half(x):
         lo, hi = relax.const(-FP16_MAX, "float32"), relax.const(FP16_MAX, "float32")
