@@ -177,9 +177,10 @@ def tune_tiles(model, spec, target, precision, batches, minutes, root, quant, li
 def torch_system(system: str, name: str, x: dict, ref_dtype: str = "float16"):
     import torch
 
-    net = spec_of(name).make().cuda()
+    spec = spec_of(name)
+    net = spec.make().cuda()
     args = [torch.from_numpy(v).cuda() for v in x.values()]
-    if not spec_of(name).is_text:
+    if not spec.is_text:
         net = net.half().to(memory_format=torch.channels_last)
         args = [a.half().contiguous(memory_format=torch.channels_last) for a in args]
     else:

@@ -169,7 +169,8 @@ def _ssdlite_heads(seed: int = 0):
     return Heads().eval()
 
 
-def _lraspp(seed: int = 0, name: str = "lraspp_mobilenet_v3_large"):
+def _segmentation(seed: int = 0, name: str = "lraspp_mobilenet_v3_large"):
+    """A torchvision segmentation network returning its ``out`` map (the dict's other heads dropped)."""
     import torch
     import torchvision
 
@@ -434,7 +435,9 @@ def _entries() -> dict[str, ZooModel]:
             note="backbone + heads; the NMS postprocess is not imported",
             classes=("depthwise", "detection-heads"),
         ),
-        ZooModel("lraspp_mobilenet_v3_large", _lraspp, kind="segmenter", image=320, classes=("depthwise", "upsample")),
+        ZooModel(
+            "lraspp_mobilenet_v3_large", _segmentation, kind="segmenter", image=320, classes=("depthwise", "upsample")
+        ),
         ZooModel(
             "yolov8n",
             _yolov8n,
@@ -475,7 +478,7 @@ def _extra_entries() -> dict[str, ZooModel]:
         ZooModel("regnet_x_400mf", _tv("regnet_x_400mf"), classes=("grouped",)),
         ZooModel("vgg11_bn", _tv("vgg11_bn"), classes=("plain", "large-dense")),
         ZooModel("mobilenet_v3_small", _tv("mobilenet_v3_small"), classes=("depthwise", "squeeze-excite", "hardswish")),
-        ZooModel("deeplabv3_mobilenet_v3_large", lambda seed=0: _lraspp(seed, "deeplabv3_mobilenet_v3_large"),
+        ZooModel("deeplabv3_mobilenet_v3_large", lambda seed=0: _segmentation(seed, "deeplabv3_mobilenet_v3_large"),
                  kind="segmenter", image=320, classes=("dilated", "aspp", "upsample")),
         ZooModel("maxvit_t", _tv("maxvit_t"), kind="transformer", classes=("block-attention", "mbconv", "relative-bias")),
     ]  # fmt: skip
@@ -501,7 +504,7 @@ def select(names: str | None) -> list[ZooModel]:
         if n == "extra":
             out += list(EXTRA.values())
         elif n in ZOO or n in EXTRA:
-            out.append(ZOO.get(n) or EXTRA[n])
+            out.append(spec_of(n))
         else:
             raise SystemExit(f"unknown zoo model '{n}'; the zoo: {', '.join(ZOO)}; extra: {', '.join(EXTRA)}")
     return out
