@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Move the parts of the working tree a GPU-host run does not need (tests/, tuning_logs/,
-# benchmarks/results/) out of the repository and back. The tracked tree is ~4 MiB; with the 61 MiB
-# TVM bundle a remote GPU host that takes at most 64 MiB refuses it, parked it is ~2.9 MiB.
+# benchmarks/results/) out of the repository and back. The tracked tree is ~5.2 MiB; with the 61 MiB
+# TVM bundle a remote GPU host that takes at most 64 MiB refuses it, parked it is ~2.2 MiB.
 #
 #   bash scripts/park_for_device.sh park      # before the remote run
 #   bash scripts/park_for_device.sh restore   # after it (copy new records in afterwards)
