@@ -171,7 +171,7 @@ def parse_infer_request(body: bytes, header_length: str | int | None, shm=None) 
         if name in inputs:
             raise ProtocolError(f"input '{name}' is given twice")
         datatype = t.get("datatype")
-        if datatype not in DATATYPES:
+        if not isinstance(datatype, str) or datatype not in DATATYPES:
             raise ProtocolError(
                 f"input '{name}': datatype {datatype!r} is not supported; valid: {', '.join(DATATYPES)}"
             )

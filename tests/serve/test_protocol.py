@@ -70,6 +70,11 @@ BAD = [
         "datatype 'FLOAT' is not supported; valid: BOOL",
     ),
     (
+        _json({"inputs": [{"name": "x", "datatype": [], "shape": [1], "data": [1]}]}),
+        None,
+        "datatype [] is not supported; valid: BOOL",
+    ),
+    (
         _json({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, "a"], "data": [1]}]}),
         None,
         "'shape' must be a list of integers",
