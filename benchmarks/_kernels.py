@@ -4,9 +4,10 @@ benchmarks compare schedules."""
 from __future__ import annotations
 
 
-def compile_with_rules(func, target: str, rules: list):
-    """``func`` scheduled by the first of ``rules`` that takes it and compiled for ``target`` (cubin, no
-    cp.async), with the operator fixes every build applies."""
+def compile_with_rules(func, target: str, rules: list, async_copy: bool = False):
+    """``func`` scheduled by the first of ``rules`` that takes it and compiled for ``target`` (cubin;
+    cp.async where the schedule asks for it only with ``async_copy``, as builds compile), with the
+    operator fixes every build applies."""
     import tvm
     from tvm.s_tir import dlight as dl
 
@@ -21,5 +22,5 @@ def compile_with_rules(func, target: str, rules: list):
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
     with tvm_target:
         mod = dl.ApplyDefaultSchedule(*rules)(mod)
-    with device_compiler(spec, "cubin"), tvm_target, pass_config(async_copy=False):
+    with device_compiler(spec, "cubin"), tvm_target, pass_config(async_copy=async_copy):
         return tvm.compile(mod, target=tvm_target)

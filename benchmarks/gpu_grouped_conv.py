@@ -1,12 +1,15 @@
-"""Grouped 3x3 convolutions (RegNet, ResNeXt shapes) on one GPU: the window-reduction register tile
-against dlight's reduction rules and cuDNN, in one process.
+"""Grouped 3x3 convolutions (RegNet, ResNeXt shapes) on one GPU: the batched tensor-core GEMM, the
+window-reduction register tile, dlight's reduction rules and cuDNN, in one process.
 
     python -m benchmarks.gpu_grouped_conv [--batches 64,1] [--dtypes float32,float16] [--name NAME]
 
 Each case is an NHWC grouped conv with bias and ReLU, legalized and fused as ``build`` does, and
-scheduled three ways: :func:`~inferx_edge.compiler.cuda.rules.window_reduction.window_reduction_rule`
-on HWIO weights (the build's default), the same rule on OHWI weights, and without the rule ("before":
-the small-reduction rule, then dlight's reductions, as builds ran until then); timed with TVM's time
+scheduled four ways: as one batched GEMM on fp16 tensor cores
+(:func:`~inferx_edge.compiler.passes.grouped_conv_gemm`, fp32 accumulation; for a float32 case the
+operands are fp16 as in int8 variants, the input cast not timed: a network's producer writes it),
+:func:`~inferx_edge.compiler.cuda.rules.window_reduction.window_reduction_rule` on HWIO weights, the
+same rule on OHWI weights, and without the rule ("before": the small-reduction rule, then dlight's
+reductions); timed with TVM's time
 evaluator; torch runs the same conv + bias + ReLU (cuDNN, NCHW fp32 with TF32 off, fp16
 channels-last) timed with CUDA events. Outputs are checked against torch fp32 on the same inputs.
 Writes ``results/<name>.json``.
@@ -35,8 +38,11 @@ CASES = [
 ]
 
 
-#: (name, window-reduction rule, HWIO weights): the build's default first
+#: (name, window-reduction rule, HWIO weights)
 VARIANTS = [("window rule", True, True), ("window rule OHWI", True, False), ("before", False, False)]
+
+#: the tensor-core variant's column
+GEMM = "tensor-core gemm"
 
 
 def grouped_conv_module(n, hw, c, group_width, stride=1, dtype="float32"):
@@ -73,6 +79,31 @@ def grouped_conv_func(n, hw, c, group_width, stride, dtype, hwio: bool):
     mod = tvm.transform.Sequential(fusion_passes())(mod)
     (func,) = [f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and "conv" in gv.name_hint]
     return func
+
+
+def gemm_case(n, hw, c, group_width, stride, dtype, w):
+    """The fused kernel of :func:`grouped_conv_module` after
+    :func:`~inferx_edge.compiler.passes.grouped_conv_gemm` (None when that leaves the conv alone) and
+    its weight operand computed from the OHWI weights ``w`` as the build bakes it."""
+    import tvm
+
+    from inferx_edge.compiler.cuda.pipeline import fusion_passes
+    from inferx_edge.compiler.passes.grouped_conv_gemm import merge_factor
+
+    groups = c // group_width
+    k = merge_factor(groups, group_width, group_width, 9)
+    if k is None:
+        return None
+    from inferx_edge.compiler.passes import grouped_conv_gemm
+
+    mod = grouped_conv_gemm(grouped_conv_module(n, hw, c, group_width, stride, dtype), saturate=dtype == "float32")
+    mod = tvm.transform.Sequential(fusion_passes())(mod)
+    (func,) = [f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and "gemm" in gv.name_hint]
+    w6 = w.astype(np.float16).reshape(groups // k, k, group_width, 3, 3, 1, group_width)
+    w5 = (w6 * np.eye(k, dtype=np.float16).reshape(1, k, 1, 1, 1, k, 1)).reshape(
+        groups // k, k * group_width, 3, 3, k * group_width
+    )
+    return func, w5
 
 
 def compile_kernel(func, target: str, window: bool):
@@ -119,6 +150,21 @@ def run_case(case, batch: int, dtype: str, target: str) -> dict:
         hw_ = tw.half().contiguous(memory_format=torch.channels_last)
         hb = tb.half()
         row["cudnn fp16 channels-last us"] = torch_us(lambda: F.relu(F.conv2d(hx, hw_, hb, stride, 1, 1, groups)))
+    gemm = gemm_case(batch, hw, c, gw, stride, dtype, w)
+    if gemm is not None:
+        from benchmarks._kernels import compile_with_rules
+        from inferx_edge.compiler.cuda.rules.tensor_core_matmul import tensor_core_matmul_rule
+
+        func, w5 = gemm
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        lib = compile_with_rules(func, target, [tensor_core_matmul_rule(None, sms)], async_copy=True)
+        tensors = [tvm.runtime.tensor(a, dev) for a in (x.astype(np.float16), w5, b)]
+        tensors.append(tvm.runtime.tensor(np.zeros(ref.shape, dtype), dev))
+        lib["main"](*tensors)
+        got = tensors[-1].numpy().astype(np.float32)
+        row[f"{GEMM} rel error"] = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+        timer = lib.mod.time_evaluator("main", dev, number=10, repeat=5, min_repeat_ms=50)
+        row[f"{GEMM} us"] = float(np.median(timer(*tensors).results)) * 1e6
     for variant, window, hwio in VARIANTS:
         lib = compile_kernel(grouped_conv_func(batch, hw, c, gw, stride, dtype, hwio), target, window)
         weights = np.ascontiguousarray(w.transpose(1, 2, 3, 0)) if hwio else w
@@ -133,6 +179,9 @@ def run_case(case, batch: int, dtype: str, target: str) -> dict:
     row["speedup vs before"] = row["before us"] / row["window rule us"]
     row["window rule / cudnn (time ratio)"] = row["window rule us"] / row[peer]
     row["window rule TFLOPS"] = row["gflop"] / row["window rule us"] * 1e3
+    if f"{GEMM} us" in row:
+        row[f"{GEMM} / window rule (time ratio)"] = row[f"{GEMM} us"] / row["window rule us"]
+        row[f"{GEMM} / cudnn (time ratio)"] = row[f"{GEMM} us"] / row[peer]
     return row
 
 
@@ -153,14 +202,17 @@ def main() -> None:
             rows = [r for r in results if (r["network"], r["batch"], r["dtype"]) == key and "error" not in r]
             if rows:
                 cols = (
+                    f"{GEMM} us",
                     "window rule us",
                     "window rule OHWI us",
                     "before us",
                     "cudnn fp32 us",
                     "cudnn fp16 channels-last us",
                 )
+                # the gemm column: what a build runs (the window kernel where the pass leaves a conv alone)
                 totals[f"{key[0]} b{key[1]} {key[2]} ({len(rows)} convs)"] = {
-                    k: round(sum(r[k] for r in rows), 1) for k in cols
+                    k: round(sum(r.get(k, r["window rule us"] if k == f"{GEMM} us" else 0) for r in rows), 1)
+                    for k in cols
                 }
         path = write_record(
             args.name or f"gpu_grouped_conv_{args.target}",

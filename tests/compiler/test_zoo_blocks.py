@@ -266,6 +266,8 @@ def test_block_compiles_for_cuda_with_tensor_cores_on_every_gemm(tmp_path, name,
     assert record["kernels_modules"]
     scripts = {gv.name_hint: f.script() for gv, f in scheduled.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
     assert gemms, sorted(scripts)  # every block has a convolution or dense layer large enough
+    if name == "grouped_conv":  # the grouped 3x3 conv is a batched GEMM too (passes/grouped_conv_gemm.py)
+        assert any("group_conv_gemm" in g for g in gemms), sorted(gemms)
     mma = {
         "int8": 'mma("m16n8k32", "row", "col", "int8", "int8", "int32"',
         "float16": 'mma("m16n8k16", "row", "col", "fp16"',

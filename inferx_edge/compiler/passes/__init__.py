@@ -17,6 +17,7 @@ from inferx_edge.compiler.passes.clip_to_min_max import clip_to_min_max
 from inferx_edge.compiler.passes.fp16_activation_matmuls import fp16_activation_matmuls
 from inferx_edge.compiler.passes.fp16_bounded_depthwise import FP16_MAX, fp16_bounded_depthwise
 from inferx_edge.compiler.passes.fp16_matmul_weights_along_k import fp16_matmul_weights_along_k
+from inferx_edge.compiler.passes.grouped_conv_gemm import grouped_conv_gemm
 from inferx_edge.compiler.passes.grouped_conv_hwio import grouped_conv_hwio
 from inferx_edge.compiler.passes.hide_tir_calls import hide_tir_calls
 from inferx_edge.compiler.passes.int8_matmul_weights_along_k import int8_matmul_weights_along_k
@@ -99,7 +100,13 @@ PASSES: tuple[Pass, ...] = (
         lambda v: v.quantized and v.conv == "NHWC" and v.kernel == "OHWI",
         lambda mod, v: fp16_activation_matmuls(mod),
     ),
-    # CUDA: grouped convs' weights contiguous along output channels for the window-reduction kernel
+    # CUDA fp16/int8/mixed: grouped convs as batched GEMMs on fp16 tensor cores
+    Pass(
+        "grouped_conv_gemm",
+        lambda v: v.precision != "fp32" and v.conv == "NHWC" and v.kernel == "OHWI",
+        lambda mod, v: grouped_conv_gemm(mod, saturate=v.quantized),
+    ),
+    # CUDA: the other grouped convs' weights contiguous along output channels for the window-reduction kernel
     Pass("grouped_conv_hwio", lambda v: v.conv == "NHWC" and v.kernel == "OHWI", lambda mod, v: grouped_conv_hwio(mod)),
     # CPU: float convs with output channels no vector width divides compute whole vectors
     Pass(
@@ -125,6 +132,7 @@ __all__ = [
     "fp16_activation_matmuls",
     "fp16_bounded_depthwise",
     "fp16_matmul_weights_along_k",
+    "grouped_conv_gemm",
     "grouped_conv_hwio",
     "int8_matmul_weights_along_k",
     "pad_int8_conv_channels",
