@@ -15,7 +15,7 @@ from typing import Any
 from inferx_edge.compiler.passes.bake_weight_transforms import MAX_BAKED_GROWTH, bake_weight_transforms
 from inferx_edge.compiler.passes.clip_to_min_max import clip_to_min_max
 from inferx_edge.compiler.passes.fp16_activation_matmuls import fp16_activation_matmuls
-from inferx_edge.compiler.passes.fp16_bounded_depthwise import FP16_MAX, fp16_bounded_depthwise
+from inferx_edge.compiler.passes.fp16_depthwise import FP16_MAX, fp16_depthwise
 from inferx_edge.compiler.passes.fp16_matmul_weights_along_k import fp16_matmul_weights_along_k
 from inferx_edge.compiler.passes.grouped_conv_gemm import grouped_conv_gemm
 from inferx_edge.compiler.passes.grouped_conv_hwio import grouped_conv_hwio
@@ -116,7 +116,7 @@ PASSES: tuple[Pass, ...] = (
     ),
     # CUDA int8/mixed: their float depthwise convs
     Pass(
-        "fp16_bounded_depthwise", lambda v: v.conv == "NHWC" and v.quantized, lambda mod, v: fp16_bounded_depthwise(mod)
+        "fp16_depthwise", lambda v: v.conv == "NHWC" and v.quantized, lambda mod, v: fp16_depthwise(mod)
     ),
 )
 
@@ -130,7 +130,7 @@ __all__ = [
     "clip_to_min_max",
     "convert_layout",
     "fp16_activation_matmuls",
-    "fp16_bounded_depthwise",
+    "fp16_depthwise",
     "fp16_matmul_weights_along_k",
     "grouped_conv_gemm",
     "grouped_conv_hwio",

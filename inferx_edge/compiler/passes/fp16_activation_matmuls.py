@@ -9,7 +9,7 @@ from inferx_edge.compiler.passes._rewrite import (
     weight_only,
     weight_params,
 )
-from inferx_edge.compiler.passes.fp16_bounded_depthwise import FP16_MAX
+from inferx_edge.compiler.passes.fp16_depthwise import saturated_fp16
 
 
 def fp16_activation_matmuls(mod):
@@ -28,10 +28,6 @@ def fp16_activation_matmuls(mod):
     matmul = tvm.ir.Op.get("relax.matmul")
     weights = weight_params(mod)
 
-    def half(x):
-        lo, hi = relax.const(-FP16_MAX, "float32"), relax.const(FP16_MAX, "float32")
-        return relax.op.astype(relax.op.minimum(relax.op.maximum(x, lo), hi), "float16")
-
     def rewrite(call, ctx):
         if call.op != matmul or len(ctx.given) != 2 or any(weight_only(a, ctx, weights) for a in ctx.given):
             return None
@@ -44,14 +40,14 @@ def fp16_activation_matmuls(mod):
             for x, y in zip(list(a.ty.shape)[:-2], list(b.ty.shape)[:-2], strict=True)
         )
         if not same_batch:
-            return relax.op.matmul(half(a), half(b), out_dtype="float32")
+            return relax.op.matmul(saturated_fp16(a), saturated_fp16(b), out_dtype="float32")
         producer = ctx.producer(ctx.given[1])
         if swaps_last_two(producer):
             b_jk = producer.args[0]  # Q x K^T: K itself is [..., J, K]
         else:
             b_jk = relax.op.permute_dims(b, [*range(n - 2), n - 1, n - 2])  # fused into V's producer
         return ctx.builder.call_te(
-            nt_matmul, ctx.builder.emit(half(a)), ctx.builder.emit(half(b_jk)), "float32",
+            nt_matmul, ctx.builder.emit(saturated_fp16(a)), ctx.builder.emit(saturated_fp16(b_jk)), "float32",
             primfunc_name_hint="NT_matmul",
         )  # fmt: skip
 

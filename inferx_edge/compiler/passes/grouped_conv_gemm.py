@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from inferx_edge.compiler.passes._rewrite import rewrite_calls_in_context
-from inferx_edge.compiler.passes.fp16_bounded_depthwise import FP16_MAX
+from inferx_edge.compiler.passes.fp16_depthwise import saturated_fp16
 
 #: the tensor-core schedule's smallest GEMM width and depth (output channels and taps x input
 #: channels of one group): narrower groups are merged (block-diagonal weights) up to it
@@ -86,12 +86,6 @@ def grouped_conv_gemm(mod, saturate: bool):
 
     conv = tvm.ir.Op.get("relax.nn.conv2d")
 
-    def half(x):
-        if str(x.ty.dtype) == "float16":
-            return x
-        lo, hi = relax.const(-FP16_MAX, "float32"), relax.const(FP16_MAX, "float32")
-        return relax.op.astype(relax.op.minimum(relax.op.maximum(x, lo), hi), "float16")
-
     def rewrite(call, ctx):
         if call.op != conv:
             return None
@@ -111,13 +105,13 @@ def grouped_conv_gemm(mod, saturate: bool):
         if k is None:
             return None
         out_dtype = "float32" if saturate else str(call.ty.dtype)
-        w5 = block_diagonal(half(w), (o, kh, kw, cg), "float16", groups, k)
+        w5 = block_diagonal(saturated_fp16(w), (o, kh, kw, cg), "float16", groups, k)
         strides = [int(s) for s in a.strides]
         padding = [int(p) for p in a.padding]
         dilation = [int(d) for d in a.dilation]
         b = ctx.builder
         return b.call_te(
-            grouped_gemm_te, b.emit(half(x)), b.emit(w5), strides, padding, dilation, out_dtype,
+            grouped_gemm_te, b.emit(saturated_fp16(x)), b.emit(w5), strides, padding, dilation, out_dtype,
             primfunc_name_hint="group_conv_gemm",
         )  # fmt: skip
 
