@@ -115,9 +115,7 @@ PASSES: tuple[Pass, ...] = (
         lambda mod, v: pad_ragged_conv_outputs(mod),
     ),
     # CUDA int8/mixed: their float depthwise convs
-    Pass(
-        "fp16_depthwise", lambda v: v.conv == "NHWC" and v.quantized, lambda mod, v: fp16_depthwise(mod)
-    ),
+    Pass("fp16_depthwise", lambda v: v.conv == "NHWC" and v.quantized, lambda mod, v: fp16_depthwise(mod)),
 )
 
 __all__ = [
