@@ -51,6 +51,7 @@ class TileGroup:
     kernels: list[str] = field(default_factory=list)
     weights_along_k: bool = True  # 16-byte weight loads apply (compiler.cuda.analysis.weights_along_k)
     int8: bool = True  # int8 operands (fp16 ones do not get the 8-warp tiles: too much shared memory)
+    batch: int = 1  # GEMMs per kernel (attention's batch x heads, a grouped convolution's groups)
 
 
 def tile_groups(mod) -> list[TileGroup]:
@@ -58,7 +59,7 @@ def tile_groups(mod) -> list[TileGroup]:
     tile key, in module order."""
     import tvm
 
-    from inferx_edge.compiler.cuda import is_int8_gemm, tile_gemm_extents, weights_along_k
+    from inferx_edge.compiler.cuda import gemm_batch, is_int8_gemm, tile_gemm_extents, weights_along_k
 
     groups: dict[str, TileGroup] = {}
     for gv, func in mod.functions_items():
@@ -71,8 +72,9 @@ def tile_groups(mod) -> list[TileGroup]:
         key = tile_key(script)
         if key not in groups:
             groups[key] = TileGroup(
-                key, list(extents), "if_then_else" in script, func, [], weights_along_k(func), is_int8_gemm(func)
-            )
+                key, list(extents), "if_then_else" in script, func, [], weights_along_k(func), is_int8_gemm(func),
+                gemm_batch(func),
+            )  # fmt: skip
         groups[key].kernels.append(gv.name_hint)
     return list(groups.values())
 

@@ -43,8 +43,9 @@ _TENSOR_CORE_DTYPES = (_INT8, ("float16", "float16"), ("float16", "float32"))
 MIN_FP16_TILE_SM = 80
 
 
-def _matmul_signature(func) -> tuple[tuple[str, str], list[int]] | None:
-    """((input dtype, output dtype), static (I, J, K) extents) of a matmul-like kernel, else None."""
+def _normalized_gemm(func) -> tuple[tuple[str, str], list[int]] | None:
+    """((input dtype, output dtype), static (S, I, J, K) extents: GEMM batch, rows, columns, depth) of a
+    matmul-like kernel as dlight normalizes it, else None."""
     from tvm import s_tir, tirx
     from tvm.s_tir.dlight.gpu.matmul import get_in_out_dtypes, get_index_map, get_reduction_blocks, get_root_block
 
@@ -62,13 +63,26 @@ def _matmul_signature(func) -> tuple[tuple[str, str], list[int]] | None:
         maps = get_index_map(sch.get(main))
         sch.transform_block_layout(main, maps[0])
         extents = []
-        for iv in sch.get(main).iter_vars[1:]:
+        for iv in sch.get(main).iter_vars:
             if not isinstance(iv.dom.extent, tirx.expr.IntImm):
                 return None
             extents.append(int(iv.dom.extent.value))
         return dtypes, extents
     except Exception:  # not a matmul dlight can normalize
         return None
+
+
+def _matmul_signature(func) -> tuple[tuple[str, str], list[int]] | None:
+    """((input dtype, output dtype), static (I, J, K) extents) of a matmul-like kernel, else None."""
+    norm = _normalized_gemm(func)
+    return None if norm is None else (norm[0], norm[1][1:])
+
+
+def gemm_batch(func) -> int:
+    """The batch extent of a matmul-like kernel (attention's batch x heads, a grouped convolution's
+    groups; 1 for a plain GEMM or convolution, or when ``func`` is not one)."""
+    norm = _normalized_gemm(func)
+    return norm[1][0] if norm is not None else 1
 
 
 def _innermost_is_reduction(block, read: int) -> bool:

@@ -26,9 +26,9 @@ def _cols(c: TileConfig) -> int:
     return 16 * c.warps_j * c.frags_j
 
 
-def _blocks(c: TileConfig, i: int, j: int) -> int:
-    """Thread blocks of tile ``c`` on an I x J output."""
-    return -(-i // _rows(c)) * -(-j // _cols(c))
+def _blocks(c: TileConfig, i: int, j: int, batch: int = 1) -> int:
+    """Thread blocks of tile ``c`` on ``batch`` I x J outputs."""
+    return batch * -(-i // _rows(c)) * -(-j // _cols(c))
 
 
 def _pads_j_within_limit(c: TileConfig, j: int) -> bool:
@@ -50,16 +50,16 @@ def _stage_depth(cfg: TileConfig, k: int) -> TileConfig:
     return replace(cfg, k_frags=2) if k <= 32 and cfg.intrin == "mma" and cfg.k_frags > 2 else cfg
 
 
-def _ladder_tile(extents, sm_count: int | None, ladder=TILE_LADDER) -> TileConfig:
-    """The tile shape for a GEMM of (I, J, K) ``extents`` (batch dims excluded) on a GPU with
-    ``sm_count`` SMs. Among the tiles of ``ladder`` that pad J by at most :data:`MAX_J_PADDING`: the
-    largest giving at least one thread block per SM, else the one giving the most blocks; without an
-    SM count, the largest."""
+def _ladder_tile(extents, sm_count: int | None, ladder=TILE_LADDER, batch: int = 1) -> TileConfig:
+    """The tile shape for ``batch`` GEMMs of (I, J, K) ``extents`` on a GPU with ``sm_count`` SMs.
+    Among the tiles of ``ladder`` that pad J by at most :data:`MAX_J_PADDING`: the largest giving at
+    least one thread block per SM (over the whole batch), else the one giving the most blocks; without
+    an SM count, the largest."""
     i, j = extents[0], extents[1]
     k = extents[2] if len(extents) > 2 else 1 << 20
 
     def blocks(c: TileConfig) -> int:
-        return _blocks(c, i, j)
+        return _blocks(c, i, j, batch)
 
     fitting = _fitting_tiles(j, ladder)
     if not sm_count:
@@ -71,22 +71,30 @@ def _ladder_tile(extents, sm_count: int | None, ladder=TILE_LADDER) -> TileConfi
 
 
 def tile_for(
-    extents, sm_count: int | None, ladder=TILE_LADDER, weights_along_k: bool = True, int8: bool = True
+    extents,
+    sm_count: int | None,
+    ladder=TILE_LADDER,
+    weights_along_k: bool = True,
+    int8: bool = True,
+    batch: int = 1,
 ) -> TileConfig:
     """The tile a tensor-core GEMM of (I, J, K) ``extents`` gets without a tuning database: the shape
     of :func:`_ladder_tile`, with the padded shared accumulator tile and, where the weight runs along K
     (``weights_along_k``), 16-byte weight loads (``.a8.w16``); an ``int8`` GEMM with K >= 256 whose
-    tile gives fewer thread blocks than ``sm_count`` also gets 128-deep reduction stages.
+    tile gives fewer thread blocks than ``sm_count`` also gets 128-deep reduction stages. ``batch``:
+    GEMMs per kernel (attention's batch x heads, a grouped convolution's groups), counted in the thread
+    blocks: ViT-B/16's batch-64 attention matmuls (768 GEMMs of 197 x 197) took 32 x 32 tiles when
+    only one GEMM's blocks were counted.
 
     Decided from every kernel group the tile search measured with the current kernels
     (``tuning_logs/h200/resnet50-07fbab4388a8``, 30 groups; the older databases agree): ``.a8.w16``
     took 0.91x the time of the plain tile (geometric mean, 22 of 22 batch-64 groups faster, worst
     0.98x); the 128-deep stage on top took 0.73x on GEMMs under one block per SM (7 of 7 faster) and
     was mixed above it (0.90x mean, worst 1.32x), so only the former get it."""
-    cfg = _ladder_tile(extents, sm_count, ladder)
+    cfg = _ladder_tile(extents, sm_count, ladder, batch)
     cfg = replace(cfg, acc_pad=8, weight_vector=16 if weights_along_k else 4)
     k = extents[2] if len(extents) > 2 else 1 << 20
-    if int8 and sm_count and k >= 256 and cfg.k_frags == 4 and _blocks(cfg, extents[0], extents[1]) < sm_count:
+    if int8 and sm_count and k >= 256 and cfg.k_frags == 4 and _blocks(cfg, extents[0], extents[1], batch) < sm_count:
         cfg = replace(cfg, k_frags=8)
     return cfg
 
@@ -98,6 +106,7 @@ def tile_candidates(
     ladder=TILE_LADDER,
     weights_along_k: bool = True,
     int8: bool = True,
+    batch: int = 1,
 ) -> list[TileConfig]:
     """The tiles a tile search measures for a GEMM of (I, J, K) ``extents``, the default
     (:func:`tile_for`) first: the tiles :func:`tile_for` chooses among that give at
@@ -112,13 +121,13 @@ def tile_candidates(
     block and pad J by at most :data:`MAX_J_PADDING`, with the two- and three-buffer pipelines, the
     same load widths and accumulator/weight pairs, and three buffers with two fragment buffers."""
     i, j, k = extents[0], extents[1], extents[2]
-    default = tile_for(extents, sm_count, ladder, weights_along_k, int8)
+    default = tile_for(extents, sm_count, ladder, weights_along_k, int8, batch)
     area = _rows(default) * _cols(default)
     tiles = [_stage_depth(c, k) for c in _fitting_tiles(j, ladder)]
-    shape = _ladder_tile(extents, sm_count, ladder)
+    shape = _ladder_tile(extents, sm_count, ladder, batch)
     tiles = [c for c in tiles if c == shape or 4 * _rows(c) * _cols(c) >= area]
     if sm_count:
-        tiles = [c for c in tiles if c == shape or 4 * _blocks(c, i, j) >= sm_count]
+        tiles = [c for c in tiles if c == shape or 4 * _blocks(c, i, j, batch) >= sm_count]
     if k >= 256:
         tiles += [replace(c, k_frags=2 * c.k_frags) for c in tiles[:2]]
     out = [default]
@@ -135,7 +144,7 @@ def tile_candidates(
                         out.append(cfg)
     if int8 and ladder is TILE_LADDER and k >= 1024:
         for tile in INT8_WIDE_TILES:
-            if (sm_count and _blocks(tile, i, j) < sm_count) or not _pads_j_within_limit(tile, j):
+            if (sm_count and _blocks(tile, i, j, batch) < sm_count) or not _pads_j_within_limit(tile, j):
                 continue
             predicated = input_padded or i % _rows(tile) or k % (16 * tile.k_frags)
             for width in (4, 16) if predicated else (4,):

@@ -9,8 +9,11 @@ from inferx_edge.compiler.passes.fp16_depthwise import saturated_fp16
 #: channels of one group): narrower groups are merged (block-diagonal weights) up to it
 MIN_GROUP_GEMM = 16
 
-#: at most this many groups merged into one (the merged GEMM does that many times the work)
-MAX_MERGE = 4
+#: at most this many groups merged into one (the merged GEMM does that many times the work). Measured
+#: on the H200 (``benchmarks/results/gpu_grouped_conv_h200_gemm.json``): ResNeXt's 8-wide groups merged
+#: two to a GEMM beat the window kernel 5x at batch 64 (113 vs 580 us), its 4-wide ones merged four to
+#: a GEMM lost (254 vs 160 us; 11.4 vs 5.4 us at batch 1), so those stay on the window kernel
+MAX_MERGE = 2
 
 
 def merge_factor(groups: int, in_per_group: int, out_per_group: int, taps: int) -> int | None:
@@ -75,7 +78,7 @@ def grouped_conv_gemm(mod, saturate: bool):
     """Every grouped (not depthwise) NHWC convolution with OHWI weights becomes one batched-GEMM kernel
     (:func:`grouped_gemm_te`) with fp16 operands, reshaped back to NHWC: the tensor-core schedule runs
     it on sm_80+ where the window-reduction kernel ran it on CUDA cores (RegNet, ResNeXt: 3-8x cuDNN's
-    fp16 time at batch 64). Groups narrower than :data:`MIN_GROUP_GEMM` are merged (:func:`merge_factor`,
+    fp16 time at batch 64; as one GEMM about cuDNN fp16's time on the H200). Groups narrower than :data:`MIN_GROUP_GEMM` are merged (:func:`merge_factor`,
     :func:`block_diagonal`); a conv no merge makes wide enough is left to the window kernel.
 
     ``saturate`` (int8/mixed variants, whose float layers are float32): the operands are clamped to

@@ -10,6 +10,7 @@ from inferx_edge.compiler.cuda.analysis import (
     _matmul_signature,
     _recorded_tile,
     _tensorizable,
+    gemm_batch,
     sm_version,
     weights_along_k,
 )
@@ -45,7 +46,11 @@ def tensor_core_matmul_rule(tile_config: TileConfig | None = None, sm_count: int
                                 tile_config
                                 or _recorded_tile(func)
                                 or tile_for(
-                                    extents, sm_count, weights_along_k=weights_along_k(func), int8=dtypes == _INT8
+                                    extents,
+                                    sm_count,
+                                    weights_along_k=weights_along_k(func),
+                                    int8=dtypes == _INT8,
+                                    batch=gemm_batch(func),
                                 )
                             )
                             sch = tensor_core_schedule(func, target, cfg)
