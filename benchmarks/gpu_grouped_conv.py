@@ -124,10 +124,23 @@ def torch_us(fn, iters: int = 50) -> float:
     return float(np.median([time_cuda(fn, iters) for _ in range(5)])) * 1e3
 
 
+def _run_and_time(lib, args, out_shape, dtype, ref, row: dict, name: str) -> None:
+    """Run ``lib`` on ``args`` (host arrays), record its error against ``ref`` and its time in ``row``."""
+    import tvm
+
+    dev = tvm.cuda(0)
+    tensors = [tvm.runtime.tensor(a, dev) for a in args]
+    tensors.append(tvm.runtime.tensor(np.zeros(out_shape, dtype), dev))
+    lib["main"](*tensors)
+    got = tensors[-1].numpy().astype(np.float32)
+    row[f"{name} rel error"] = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+    timer = lib.mod.time_evaluator("main", dev, number=10, repeat=5, min_repeat_ms=50)
+    row[f"{name} us"] = float(np.median(timer(*tensors).results)) * 1e6
+
+
 def run_case(case, batch: int, dtype: str, target: str) -> dict:
     import torch
     import torch.nn.functional as F
-    import tvm
 
     net, hw, c, gw, stride = case
     rng = np.random.default_rng(0)
@@ -137,7 +150,6 @@ def run_case(case, batch: int, dtype: str, target: str) -> dict:
     row = {"network": net, "batch": batch, "dtype": dtype, "hw": hw, "channels": c, "group_width": gw}
     row |= {"stride": stride, "gflop": 2 * batch * (hw // stride) ** 2 * c * 9 * gw / 1e9}
 
-    dev = tvm.cuda(0)
     tx = torch.from_numpy(x.astype(np.float32)).cuda().permute(0, 3, 1, 2).contiguous()
     tw = torch.from_numpy(w.astype(np.float32)).cuda().permute(0, 3, 1, 2).contiguous()
     tb = torch.from_numpy(b.astype(np.float32).reshape(-1)).cuda()
@@ -158,23 +170,11 @@ def run_case(case, batch: int, dtype: str, target: str) -> dict:
         func, w5 = gemm
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         lib = compile_with_rules(func, target, [tensor_core_matmul_rule(None, sms)], async_copy=True)
-        tensors = [tvm.runtime.tensor(a, dev) for a in (x.astype(np.float16), w5, b)]
-        tensors.append(tvm.runtime.tensor(np.zeros(ref.shape, dtype), dev))
-        lib["main"](*tensors)
-        got = tensors[-1].numpy().astype(np.float32)
-        row[f"{GEMM} rel error"] = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
-        timer = lib.mod.time_evaluator("main", dev, number=10, repeat=5, min_repeat_ms=50)
-        row[f"{GEMM} us"] = float(np.median(timer(*tensors).results)) * 1e6
+        _run_and_time(lib, (x.astype(np.float16), w5, b), ref.shape, dtype, ref, row, GEMM)
     for variant, window, hwio in VARIANTS:
         lib = compile_kernel(grouped_conv_func(batch, hw, c, gw, stride, dtype, hwio), target, window)
         weights = np.ascontiguousarray(w.transpose(1, 2, 3, 0)) if hwio else w
-        tensors = [tvm.runtime.tensor(a, dev) for a in (x, weights, b)]
-        tensors.append(tvm.runtime.tensor(np.zeros(ref.shape, dtype), dev))
-        lib["main"](*tensors)
-        got = tensors[-1].numpy().astype(np.float32)
-        row[f"{variant} rel error"] = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
-        timer = lib.mod.time_evaluator("main", dev, number=10, repeat=5, min_repeat_ms=50)
-        row[f"{variant} us"] = float(np.median(timer(*tensors).results)) * 1e6
+        _run_and_time(lib, (x, weights, b), ref.shape, dtype, ref, row, variant)
     peer = "cudnn fp16 channels-last us" if dtype == "float16" else "cudnn fp32 us"
     row["speedup vs before"] = row["before us"] / row["window rule us"]
     row["window rule / cudnn (time ratio)"] = row["window rule us"] / row[peer]
