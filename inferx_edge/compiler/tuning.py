@@ -53,6 +53,10 @@ class TileGroup:
     int8: bool = True  # int8 operands (fp16 ones do not get the 8-warp tiles: too much shared memory)
     batch: int = 1  # GEMMs per kernel (attention's batch x heads, a grouped convolution's groups)
 
+    def shape_options(self) -> dict:
+        """What :func:`~inferx_edge.compiler.cuda.tile_candidates` takes about the kernel beyond its extents."""
+        return {"weights_along_k": self.weights_along_k, "int8": self.int8, "batch": self.batch}
+
 
 def tile_groups(mod) -> list[TileGroup]:
     """The tensor-core kernels (int8 and fp16) of a legalized, fused module (not yet scheduled), by

@@ -306,9 +306,7 @@ def _plan(groups: list[TileGroup], data: dict, sm_count: int | None, anew: set =
 
     plans = []
     for g in sorted(groups, key=lambda g: -math.prod(g.extents) * len(g.kernels)):
-        cands = tile_candidates(
-            g.extents, sm_count, g.input_padded, weights_along_k=g.weights_along_k, int8=g.int8, batch=g.batch
-        )
+        cands = tile_candidates(g.extents, sm_count, g.input_padded, **g.shape_options())
         rec = {} if g.key in anew else data["groups"].get(g.key, {})
         if _older_kernels(rec):
             rec = {}
