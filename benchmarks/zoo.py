@@ -256,7 +256,15 @@ def main(argv=None) -> None:
         rec.with_suffix(".md").write_text(md)
         (args.out / f"{name}.md").write_text(md)
 
-    dirs = {m.name: model_dir(m.name, args.zoo_dir, args.out) for m in models}
+    dirs = {}
+    for m in list(models):  # a model that cannot be exported here is recorded, the others still run
+        try:
+            dirs[m.name] = model_dir(m.name, args.zoo_dir, args.out)
+        except Exception as exc:
+            error = f"export failed: {type(exc).__name__}: {exc}"[:600]
+            record["builds"].append({"model": m.name, "precision": "-", "error": error})
+            print(f"{m.name}: export failed, skipped ({type(exc).__name__}: {exc})", flush=True)
+            models.remove(m)
     if args.build_only:
         precisions = args.precisions.split(",")
     else:

@@ -4,7 +4,8 @@ a float64 torch reference output on seeded inputs, into a cache directory outsid
     python -m benchmarks.zoo_export --out ~/.cache/inferx_edge/zoo [--models a,b] [--batch 2]
 
 Needs torch + torchvision (and transformers for MiniLM); on the build host run it with the side
-virtualenv's Python. Writes ``<out>/<model>/{model.onnx, model.pt2, ref.npz, export.json}``; a model
+virtualenv's Python. Writes ``<out>/<model>/{model.onnx, model.pt2, ref.npz, calib.npz, export.json}``
+(``calib.npz``: what zoo builds and ``scripts/kernel_profile.py`` calibrate on); a model
 whose torch.export fails keeps its ONNX file and says why in ``export.json``.
 """
 
@@ -114,6 +115,9 @@ def main(argv=None) -> None:
     for spec in select(args.models):
         try:
             info = export_one(spec, args.out / spec.name, args.batch)
+            from benchmarks.zoo import calibration  # what zoo builds calibrate on (kernel profiles too)
+
+            calibration(spec.name, args.out / spec.name)
             print(json.dumps(info), flush=True)
         except Exception:
             print(f"{spec.name}: export failed", flush=True)
