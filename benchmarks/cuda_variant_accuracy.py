@@ -1,0 +1,117 @@
+"""INT8 accuracy of the CUDA int8 variant's numerics, on this host's CPU: the real-weight zoo models
+built as a CUDA int8 variant is prepared (NHWC convolutions, OHWI weights, every CUDA rewrite: fp16
+depthwise/grouped/attention operands, dense weights along K...) but compiled for the CPU, against the
+host's own int8 build and fp32, on the real data of :mod:`benchmarks.zoo_accuracy`.
+
+    python -m benchmarks.cuda_variant_accuracy [--models mobilenet_v2,efficientnet_lite0,minilm_l6]
+
+The accuracy budgets of ``quantize``/``build --precision mixed`` are measured on the host's build,
+which has none of the CUDA variants' fp16 reads; this measures what those change. Same int8 plan
+(calibrated once, ``mse``) for both. Writes ``results/cuda_variant_accuracy_<host>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks._record import versions, write_record
+
+REAL_WEIGHT_MODELS = "mobilenet_v2,efficientnet_lite0,minilm_l6"
+
+
+def _samples(m, d: Path) -> list[dict]:
+    from benchmarks.zoo_accuracy import images
+
+    if m.is_text:
+        data = dict(np.load(d / "text.npz"))
+        return [{k: v[i : i + 1] for k, v in data.items()} for i in range(16, len(data["input_ids"]))]
+    return [{"image": x[None]} for x in images(m, "eval")]
+
+
+def _outputs(mod, weights, samples, inputs: list[str]) -> np.ndarray:
+    """``mod`` compiled for this CPU, run on every sample; its first output stacked (float64)."""
+    import tvm
+    from tvm import relax
+
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    w = [tvm.runtime.tensor(np.array(a, order="C")) for a in weights]  # (ascontiguousarray makes 0-d 1-d)
+    outs = []
+    for s in samples:
+        got = vm["main"](*[tvm.runtime.tensor(s[k]) for k in inputs], *w)
+        got = got if hasattr(got, "numpy") else got[0]  # a tuple of outputs: the first
+        outs.append(got.numpy().astype(np.float64))
+    return np.concatenate(outs)
+
+
+def measure(name: str, zoo_dir: Path) -> list[dict]:
+    from benchmarks.zoo import calibration
+    from benchmarks.zoo_accuracy import _compare
+    from benchmarks.zoo_models import spec_of
+    from inferx_edge.compiler.variant import VariantLayout, prepare_variant, variant_layout
+    from inferx_edge.frontend import import_model
+    from inferx_edge.quantize.driver import QuantOptions, quantizer, resolve_plan
+    from inferx_edge.targets import get_target
+
+    m = spec_of(name)
+    d = zoo_dir / name
+    exported = json.loads((d / "export.json").read_text())
+    if not exported.get("real_weights"):
+        return [{"model": name, "error": "exported with seeded random weights: accuracy not measured"}]
+    samples = _samples(m, d)
+    inputs = list(samples[0])
+    shapes = {k: list(v.shape) for k, v in samples[0].items()}
+    imported = import_model(d / "model.onnx", shapes)
+    calib = calibration(name, d)
+    plan = resolve_plan(
+        d / "model.onnx", shapes, imported, "int8", QuantOptions(calib=calib, calib_method="mse"), log=lambda *a: None
+    )
+    host = get_target("x86-cpu")
+    builds = {
+        "fp32": (variant_layout(host, "fp32"), None),
+        "int8 host build": (variant_layout(host, "int8"), quantizer(plan, "int8")),
+        "int8 CUDA variant": (VariantLayout("int8", "NHWC", "OHWI", "OHWI"), quantizer(plan, "int8")),
+    }
+    outs, rows = {}, []
+    for label, (layout, quantize) in builds.items():
+        t0 = time.time()
+        pv = prepare_variant(imported, layout, quantize=quantize, bake=True)
+        outs[label] = _outputs(pv.mod, pv.weight_arrays, samples, inputs)
+        print(f"{name} {label}: {len(samples)} samples in {time.time() - t0:.0f} s", flush=True)
+        if label != "fp32":
+            rows.append(
+                {"model": name, "build": label, "samples": len(samples)} | _compare(m, outs["fp32"], outs[label])
+            )
+            print(rows[-1], flush=True)
+    return rows
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=REAL_WEIGHT_MODELS)
+    ap.add_argument("--zoo-dir", type=Path, default=Path.home() / ".cache/inferx_edge/zoo")
+    ap.add_argument("--name", default=None)
+    args = ap.parse_args(argv)
+    import platform
+
+    results: list[dict] = []
+    for name in args.models.split(","):
+        try:
+            results += measure(name, args.zoo_dir)
+        except Exception as exc:  # recorded; the other models still run
+            results.append({"model": name, "error": f"{type(exc).__name__}: {exc}"[:600]})
+            print(results[-1], flush=True)
+        path = write_record(
+            args.name or f"cuda_variant_accuracy_{platform.machine()}",
+            {"host": platform.processor() or platform.machine(), "versions": versions("apache-tvm", "inferx_edge"),
+             "calib_method": "mse", "results": results},
+        )  # fmt: skip
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
