@@ -58,19 +58,19 @@ def grouped_gemm_te(x, w5, strides, padding, dilation, acc_dtype: str):
     return topi.reshape(out, (n, oh, ow, groups * jg))
 
 
-def block_diagonal(w, shape, dtype: str, groups: int, k: int):
-    """Relax: OHWI grouped weights ``w`` (``shape`` ``[groups * J, KH, KW, C]``) as ``[groups / k, k * J, KH, KW, k * C]``
-    whose groups are ``k`` original ones on the diagonal (zeros elsewhere), i.e. the same convolution
-    with ``groups / k`` groups. Weight-only: computed at build time."""
+def block_diagonal(w, groups: int, k: int):
+    """Relax: OHWI grouped weights ``w`` (``[groups * J, KH, KW, C]``, a bound variable) as ``[groups / k,
+    k * J, KH, KW, k * C]`` whose groups are ``k`` original ones on the diagonal (zeros elsewhere), i.e.
+    the same convolution with ``groups / k`` groups. Weight-only: computed at build time."""
     import numpy as np
     from tvm import relax
 
-    o, kh, kw, c = shape
+    o, kh, kw, c = (int(d) for d in w.ty.shape.values)
     j = o // groups
     if k == 1:
         return relax.op.reshape(w, [groups, j, kh, kw, c])
     w7 = relax.op.reshape(w, [groups // k, k, j, kh, kw, 1, c])
-    eye = np.eye(k, dtype=dtype).reshape(1, k, 1, 1, 1, k, 1)
+    eye = np.eye(k, dtype=str(w.ty.dtype)).reshape(1, k, 1, 1, 1, k, 1)
     return relax.op.reshape(relax.op.multiply(w7, relax.const(eye)), [groups // k, k * j, kh, kw, k * c])
 
 
@@ -78,8 +78,9 @@ def grouped_conv_gemm(mod, saturate: bool):
     """Every grouped (not depthwise) NHWC convolution with OHWI weights becomes one batched-GEMM kernel
     (:func:`grouped_gemm_te`) with fp16 operands, reshaped back to NHWC: the tensor-core schedule runs
     it on sm_80+ where the window-reduction kernel ran it on CUDA cores (RegNet, ResNeXt: 3-8x cuDNN's
-    fp16 time at batch 64; as one GEMM about cuDNN fp16's time on the H200). Groups narrower than :data:`MIN_GROUP_GEMM` are merged (:func:`merge_factor`,
-    :func:`block_diagonal`); a conv no merge makes wide enough is left to the window kernel.
+    fp16 time at batch 64; as one GEMM about cuDNN fp16's time on the H200). Groups narrower than
+    :data:`MIN_GROUP_GEMM` are merged (:func:`merge_factor`, :func:`block_diagonal`); a conv no merge
+    makes wide enough is left to the window kernel.
 
     ``saturate`` (int8/mixed variants, whose float layers are float32): the operands are clamped to
     fp16's range and cast, the accumulation stays float32, the result float32 (the precedent of
@@ -108,13 +109,13 @@ def grouped_conv_gemm(mod, saturate: bool):
         if k is None:
             return None
         out_dtype = "float32" if saturate else str(call.ty.dtype)
-        w5 = block_diagonal(saturated_fp16(w), (o, kh, kw, cg), "float16", groups, k)
+        b = ctx.builder
+        w5 = b.emit(block_diagonal(b.emit(saturated_fp16(w)), groups, k))
         strides = [int(s) for s in a.strides]
         padding = [int(p) for p in a.padding]
         dilation = [int(d) for d in a.dilation]
-        b = ctx.builder
         return b.call_te(
-            grouped_gemm_te, b.emit(saturated_fp16(x)), b.emit(w5), strides, padding, dilation, out_dtype,
+            grouped_gemm_te, b.emit(saturated_fp16(x)), w5, strides, padding, dilation, out_dtype,
             primfunc_name_hint="group_conv_gemm",
         )  # fmt: skip
 
