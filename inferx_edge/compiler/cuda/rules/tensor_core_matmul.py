@@ -7,10 +7,9 @@ from inferx_edge.compiler.cuda.analysis import (
     _INT8,
     _TENSOR_CORE_DTYPES,
     MIN_FP16_TILE_SM,
-    _matmul_signature,
+    _normalized_gemm,
     _recorded_tile,
     _tensorizable,
-    gemm_batch,
     sm_version,
     weights_along_k,
 )
@@ -36,9 +35,9 @@ def tensor_core_matmul_rule(tile_config: TileConfig | None = None, sm_count: int
             if broadcasting_epilogue(func):
                 return None
             if target.kind.name == "cuda" and sm_version(target) >= 70:
-                sig = _matmul_signature(func)
-                if sig is not None and sig[0] in _TENSOR_CORE_DTYPES:
-                    dtypes, extents = sig
+                norm = _normalized_gemm(func)  # once: dtypes, and (batch, I, J, K)
+                if norm is not None and norm[0] in _TENSOR_CORE_DTYPES:
+                    dtypes, (batch, *extents) = norm
                     ours = dtypes == _INT8 or sm_version(target) >= MIN_FP16_TILE_SM
                     if _tensorizable(dtypes, extents, tiled=ours):
                         if ours:  # built without TVM's software pipelining (cp.async by the tile's choice)
@@ -50,7 +49,7 @@ def tensor_core_matmul_rule(tile_config: TileConfig | None = None, sm_count: int
                                     sm_count,
                                     weights_along_k=weights_along_k(func),
                                     int8=dtypes == _INT8,
-                                    batch=gemm_batch(func),
+                                    batch=batch,
                                 )
                             )
                             sch = tensor_core_schedule(func, target, cfg)
