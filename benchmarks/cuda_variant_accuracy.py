@@ -24,15 +24,6 @@ from benchmarks._record import versions, write_record
 REAL_WEIGHT_MODELS = "mobilenet_v2,efficientnet_lite0,minilm_l6"
 
 
-def _samples(m, d: Path) -> list[dict]:
-    from benchmarks.zoo_accuracy import images
-
-    if m.is_text:
-        data = dict(np.load(d / "text.npz"))
-        return [{k: v[i : i + 1] for k, v in data.items()} for i in range(16, len(data["input_ids"]))]
-    return [{"image": x[None]} for x in images(m, "eval")]
-
-
 def _outputs(mod, weights, samples, inputs: list[str]) -> np.ndarray:
     """``mod`` compiled for this CPU, run on every sample; its first output stacked (float64)."""
     import tvm
@@ -50,7 +41,7 @@ def _outputs(mod, weights, samples, inputs: list[str]) -> np.ndarray:
 
 def measure(name: str, zoo_dir: Path) -> list[dict]:
     from benchmarks.zoo import calibration
-    from benchmarks.zoo_accuracy import _compare
+    from benchmarks.zoo_accuracy import _compare, eval_samples
     from benchmarks.zoo_models import spec_of
     from inferx_edge.compiler.variant import VariantLayout, prepare_variant, variant_layout
     from inferx_edge.frontend import import_model
@@ -62,7 +53,7 @@ def measure(name: str, zoo_dir: Path) -> list[dict]:
     exported = json.loads((d / "export.json").read_text())
     if not exported.get("real_weights"):
         return [{"model": name, "error": "exported with seeded random weights: accuracy not measured"}]
-    samples = _samples(m, d)
+    samples = eval_samples(m, d)
     inputs = list(samples[0])
     shapes = {k: list(v.shape) for k, v in samples[0].items()}
     imported = import_model(d / "model.onnx", shapes)

@@ -99,6 +99,15 @@ QUANTIZED = (
 )
 
 
+def eval_samples(m, d: Path) -> list[dict]:
+    """The evaluation inputs of real-weight model ``m`` (exported in ``d``), one batch-1 dict each: the
+    texts after the 16 calibration ones, or the evaluation photographs' views."""
+    if m.is_text:
+        data = dict(np.load(d / "text.npz"))
+        return [{k: v[i : i + 1] for k, v in data.items()} for i in range(16, len(data["input_ids"]))]
+    return [{"image": x[None]} for x in images(m, "eval")]
+
+
 def run(models, dirs, built, target: str, save, sink: list | None = None) -> list[dict]:
     """Build fp32 and the :data:`QUANTIZED` variants (batch 1) of each real-weight model for ``target``
     and compare them with fp32 on real data (``mixed``: the budget is measured on every third
@@ -121,11 +130,7 @@ def run(models, dirs, built, target: str, save, sink: list | None = None) -> lis
             )  # fmt: skip
             print(f"{m.name}: {results[-1]['error']}", flush=True)
             continue
-        if m.is_text:
-            data = dict(np.load(d / "text.npz"))
-            samples = [{k: v[i : i + 1] for k, v in data.items()} for i in range(16, len(data["input_ids"]))]
-        else:
-            samples = [{"image": x[None]} for x in images(m, "eval")]
+        samples = eval_samples(m, d)
         work.mkdir(parents=True, exist_ok=True)
         np.savez(work / f"{m.name}_budget.npz", **{k: np.concatenate([s[k] for s in samples[::3]]) for k in samples[0]})
         ref = None
