@@ -81,29 +81,25 @@ def grouped_conv_func(n, hw, c, group_width, stride, dtype, hwio: bool):
     return func
 
 
-def gemm_case(n, hw, c, group_width, stride, dtype, w):
+def gemm_case(n, hw, c, group_width, stride, dtype, w, b):
     """The fused kernel of :func:`grouped_conv_module` after
     :func:`~inferx_edge.compiler.passes.grouped_conv_gemm` (None when that leaves the conv alone) and
-    its weight operand computed from the OHWI weights ``w`` as the build bakes it."""
+    its weight operand computed from the OHWI weights ``w`` (bias ``b``) as the build bakes it
+    (:func:`~inferx_edge.compiler.passes.bake_weight_transforms`)."""
     import tvm
 
     from inferx_edge.compiler.cuda.pipeline import fusion_passes
-    from inferx_edge.compiler.passes.grouped_conv_gemm import merge_factor
+    from inferx_edge.compiler.passes import bake_weight_transforms, grouped_conv_gemm
 
-    groups = c // group_width
-    k = merge_factor(groups, group_width, group_width, 9)
-    if k is None:
-        return None
-    from inferx_edge.compiler.passes import grouped_conv_gemm
-
-    mod = grouped_conv_gemm(grouped_conv_module(n, hw, c, group_width, stride, dtype), saturate=dtype == "float32")
+    mod = grouped_conv_module(n, hw, c, group_width, stride, dtype)
+    mod["main"] = mod["main"].with_attr("num_input", 1)
+    mod, _names, arrays = bake_weight_transforms(grouped_conv_gemm(mod, saturate=dtype == "float32"), [w, b])
     mod = tvm.transform.Sequential(fusion_passes())(mod)
-    (func,) = [f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and "gemm" in gv.name_hint]
-    w6 = w.astype(np.float16).reshape(groups // k, k, group_width, 3, 3, 1, group_width)
-    w5 = (w6 * np.eye(k, dtype=np.float16).reshape(1, k, 1, 1, 1, k, 1)).reshape(
-        groups // k, k * group_width, 3, 3, k * group_width
-    )
-    return func, w5
+    funcs = [f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and "gemm" in gv.name_hint]
+    if not funcs:
+        return None
+    (w5,) = [np.asarray(a) for a in arrays if np.asarray(a).ndim == 5]  # [groups, J, KH, KW, C]
+    return funcs[0], w5
 
 
 def compile_kernel(func, target: str, window: bool):
@@ -162,7 +158,7 @@ def run_case(case, batch: int, dtype: str, target: str) -> dict:
         hw_ = tw.half().contiguous(memory_format=torch.channels_last)
         hb = tb.half()
         row["cudnn fp16 channels-last us"] = torch_us(lambda: F.relu(F.conv2d(hx, hw_, hb, stride, 1, 1, groups)))
-    gemm = gemm_case(batch, hw, c, gw, stride, dtype, w)
+    gemm = gemm_case(batch, hw, c, gw, stride, dtype, w, b)
     if gemm is not None:
         from benchmarks._kernels import compile_with_rules
         from inferx_edge.compiler.cuda.rules.tensor_core_matmul import tensor_core_matmul_rule
