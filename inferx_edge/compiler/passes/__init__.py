@@ -17,6 +17,7 @@ from inferx_edge.compiler.passes.clip_to_min_max import clip_to_min_max
 from inferx_edge.compiler.passes.fp16_activation_matmuls import fp16_activation_matmuls
 from inferx_edge.compiler.passes.fp16_depthwise import FP16_MAX, fp16_depthwise
 from inferx_edge.compiler.passes.fp16_matmul_weights_along_k import fp16_matmul_weights_along_k
+from inferx_edge.compiler.passes.fused_attention import fused_attention
 from inferx_edge.compiler.passes.grouped_conv_gemm import grouped_conv_gemm
 from inferx_edge.compiler.passes.grouped_conv_hwio import grouped_conv_hwio
 from inferx_edge.compiler.passes.hide_tir_calls import hide_tir_calls
@@ -94,7 +95,13 @@ PASSES: tuple[Pass, ...] = (
         lambda v: v.precision == "fp16" and v.conv == "NHWC" and v.kernel == "OHWI",
         lambda mod, v: fp16_matmul_weights_along_k(mod),
     ),
-    # CUDA int8/mixed: attention's activation x activation matmuls on fp16 tensor cores
+    # CUDA fp16/int8/mixed: softmax(Q K^T) V as one fused tensor-core kernel
+    Pass(
+        "fused_attention",
+        lambda v: v.precision != "fp32" and v.conv == "NHWC" and v.kernel == "OHWI",
+        lambda mod, v: fused_attention(mod),
+    ),
+    # CUDA int8/mixed: attention's other activation x activation matmuls on fp16 tensor cores
     Pass(
         "fp16_activation_matmuls",
         lambda v: v.quantized and v.conv == "NHWC" and v.kernel == "OHWI",
@@ -130,6 +137,7 @@ __all__ = [
     "fp16_activation_matmuls",
     "fp16_depthwise",
     "fp16_matmul_weights_along_k",
+    "fused_attention",
     "grouped_conv_gemm",
     "grouped_conv_hwio",
     "int8_matmul_weights_along_k",

@@ -46,6 +46,8 @@ def bake_weight_transforms(mod, params: list[np.ndarray] | None = None, log=None
     for gv, f in kept.functions_items():
         if not isinstance(f, relax.Function):
             tmod[gv] = f
+    # only the kernels the transforms call: the model's own may be device code (fused attention)
+    tmod = relax.transform.DeadCodeElimination(["main"])(tmod)
     host = tvm.target.Target({"kind": "llvm"})
     with host:
         exe = relax.build(tmod, host)

@@ -1,0 +1,176 @@
+"""Attention of the zoo's transformers on one GPU: the fused kernel against torch in one process.
+
+    python -m benchmarks.gpu_attention [--batches 64,1] [--name NAME]
+
+Each case is ``softmax(Q K^T * scale + bias) V`` at a zoo network's shapes (fp16 Q/K/V already laid out
+[batch x heads, tokens, head width], fp32 output as an int8 variant's kernel writes it):
+:func:`~inferx_edge.compiler.cuda.attention.attention_kernel` timed with TVM's time evaluator; torch
+(fp16, CUDA events) as ``F.scaled_dot_product_attention`` (its fused backends; a float mask where the
+case has a bias) and as the three-kernel ``matmul -> softmax -> matmul`` an unfused graph runs. The
+outputs are checked against numpy float64 (first 64 sequences). Writes ``results/<name>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+from benchmarks._record import gpu_driver, versions, write_record
+
+#: (network, heads, tokens, head width, bias shape per image: None, "window" (Swin: heads x T x T per
+#: window group), "mask" (BERT padding: 1 x 1 x T))
+CASES = [
+    ("vit_b_16", 12, 197, 64, None),
+    ("swin_t stage 1", 3, 49, 32, "window"),
+    ("swin_t stage 3", 12, 49, 32, "window"),
+    ("minilm_l6", 12, 128, 32, "mask"),
+]
+#: Swin-T windows per image at stages 1 and 3 (56/7)^2 and (14/7)^2
+_WINDOWS = {"swin_t stage 1": 64, "swin_t stage 3": 4}
+
+
+def reference(q, k, v, scale: float, bias=None):
+    """numpy float64 ``softmax(q k^T * scale + bias) v`` over [sequences, tokens, width] operands."""
+    s = np.einsum("nsd,ntd->nst", q.astype(np.float64), k.astype(np.float64)) * scale
+    if bias is not None:
+        s = s + bias
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("nst,ntd->nsd", p / p.sum(-1, keepdims=True), v.astype(np.float64))
+
+
+def run_kernel(nb, s, t, d, dv, scale, bias=None, view=None, out_dtype="float32", seed=0):
+    """Compile and run the kernel on GPU 0 with seeded fp16 inputs: ``(output, float64 reference)``."""
+    import tvm
+
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.compiler.cuda.attention import Bias, attention_kernel
+    from inferx_edge.targets import get_target
+
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal(shape).astype(np.float16) for shape in ((nb, s, d), (nb, t, d), (nb, t, dv)))
+    spec = get_target("h200")
+    tgt = resolve_tvm_target(spec)
+    spec_b = Bias(bias.shape, view, "float32") if bias is not None else None
+    f = attention_kernel(nb, s, t, d, dv, scale, out_dtype, spec_b)
+    with device_compiler(spec, "cubin"), tgt:
+        lib = tvm.compile(tvm.IRModule({"attention": f.with_attr("global_symbol", "attention")}), target=tgt)
+    dev = tvm.cuda()
+    b = bias.astype(np.float32).reshape(-1) if bias is not None else np.zeros(1, np.float32)
+    args = [tvm.runtime.tensor(a, dev) for a in (q, k, v, b)]
+    out = tvm.runtime.empty((nb, s, dv), out_dtype, dev)
+    lib["attention"](*args, out)
+    full = None
+    if bias is not None:
+        full = np.broadcast_to(bias, (*view, *bias.shape[-2:])).reshape(nb, *bias.shape[-2:])
+    return out.numpy().astype(np.float64), reference(q, k, v, scale, full)
+
+
+def run_case(case, batch: int, target: str) -> dict:
+    import torch
+    import torch.nn.functional as F
+    import tvm
+
+    from benchmarks.gpu_grouped_conv import torch_us
+
+    net, heads, tokens, width, kind = case
+    windows = _WINDOWS.get(net, 1)
+    nb = batch * windows * heads
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((nb, tokens, width)).astype(np.float16) for _ in range(3))
+    scale = width**-0.5
+    bias, view = None, (nb,)
+    if kind == "window":
+        bias = rng.standard_normal((1, windows, heads, tokens, tokens)).astype(np.float32)
+        view = (batch, windows, heads)
+    elif kind == "mask":
+        bias = np.zeros((batch, 1, 1, tokens), np.float32)
+        bias[:, :, :, tokens * 3 // 4 :] = -10000.0  # a quarter of each sequence is padding
+        view = (batch, heads)
+    row = {"network": net, "batch": batch, "sequences": nb, "tokens": tokens, "head width": width}
+    row["gflop"] = 4 * nb * tokens * tokens * width / 1e9
+    row["bias"] = kind
+
+    from inferx_edge.compiler.cuda.attention import Bias, attention_kernel
+
+    spec_b = Bias(bias.shape, view, "float32") if bias is not None else None
+    func = attention_kernel(nb, tokens, tokens, width, width, scale, "float32", spec_b)
+    lib = _compile(func, target)
+    dev = tvm.cuda(0)
+    b = bias.reshape(-1) if bias is not None else np.zeros(1, np.float32)
+    args = [tvm.runtime.tensor(a, dev) for a in (q, k, v, b)]
+    out = tvm.runtime.empty((nb, tokens, width), "float32", dev)
+    lib["attention"](*args, out)
+    full = None if bias is None else np.broadcast_to(bias, (*view, tokens, tokens)).reshape(nb, tokens, tokens)
+    m = min(nb, 64)
+    want = reference(q[:m], k[:m], v[:m], scale, None if full is None else full[:m])
+    row["max abs error vs float64"] = float(np.abs(out.numpy()[:m] - want).max())
+    timer = lib.mod.time_evaluator("attention", dev, number=10, repeat=5, min_repeat_ms=50)
+    row["inferx fused us"] = float(np.median(timer(*args, out).results)) * 1e6
+
+    tq, tk, tv = (torch.from_numpy(a).cuda() for a in (q, k, v))
+    tb = None if full is None else torch.from_numpy(np.ascontiguousarray(full)).cuda().half()
+    if tb is not None and kind == "mask":
+        tb = torch.from_numpy(bias).cuda().half().expand(batch, heads, tokens, tokens).reshape(nb, tokens, tokens)
+    with torch.inference_mode():
+        row["torch sdpa fp16 us"] = torch_us(lambda: F.scaled_dot_product_attention(tq, tk, tv, attn_mask=tb))
+
+        def unfused():
+            s = torch.matmul(tq, tk.transpose(-1, -2)) * scale
+            if tb is not None:
+                s = s + tb
+            return torch.matmul(torch.softmax(s, -1), tv)
+
+        row["torch unfused fp16 us"] = torch_us(unfused)
+    row["inferx TFLOPS"] = row["gflop"] / row["inferx fused us"] * 1e3
+    for peer in ("torch sdpa fp16", "torch unfused fp16"):
+        row[f"inferx / {peer} (time ratio)"] = row["inferx fused us"] / row[f"{peer} us"]
+    return row
+
+
+def _compile(func, target: str):
+    import tvm
+
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.targets import get_target
+
+    spec = get_target(target)
+    tgt = resolve_tvm_target(spec)
+    with device_compiler(spec, "cubin"), tgt:
+        return tvm.compile(tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")}), target=tgt)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", default="64,1")
+    ap.add_argument("--target", default="h200")
+    ap.add_argument("--name", default=None)
+    args = ap.parse_args()
+    import torch
+
+    results: list[dict] = []
+    for batch in (int(b) for b in args.batches.split(",")):
+        for case in CASES:
+            try:
+                row = run_case(case, batch, args.target)
+            except Exception as exc:  # recorded, the other cases still run
+                row = {"network": case[0], "batch": batch, "error": f"{type(exc).__name__}: {exc}"[:600]}
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    path = write_record(
+        args.name or f"gpu_attention_{args.target}",
+        {
+            "device": torch.cuda.get_device_name(0),
+            "driver": gpu_driver(),
+            "versions": versions("apache-tvm", "torch", "inferx_edge"),
+            "results": results,
+        },
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+"""One fused attention kernel for CUDA (sm_80+): ``softmax(Q K^T * scale + bias) V`` without the score
+matrix ever reaching memory (the online-softmax formulation of FlashAttention-2).
+
+A block of four warps owns 64 query rows of one (batch x head); it walks the key/value sequence in tiles
+of 64 (32 when a head is wider than 64). Each warp keeps its 16 query rows' Q fragments in registers,
+computes its 16 x tile scores with ``mma.sync.m16n8k16`` (fp16 operands, fp32 accumulation; K is read
+from shared memory with ``ldmatrix``), rescales its running row maximum and sum, and multiplies the
+exponentiated scores straight from the accumulator registers (they are already in the A-operand layout)
+with V (``ldmatrix.trans``). Rows and keys past the sequence ends are zero-filled and masked; a row whose
+every score is -inf yields 0 rather than NaN.
+
+The additive bias (relative position bias, attention masks) is read from global memory where a score
+is formed, broadcast over any of its axes: :class:`Bias` maps a (batch x head) index, a query row and a
+key column to its element, so a [heads, S, T] table or a [batch, 1, 1, T] mask is never expanded.
+
+The kernel is generated per shape (every extent is a compile-time constant) and marked scheduled, so
+the schedule rules leave it as written.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+#: mma.sync.m16n8k16 needs sm_80 (Ampere) or newer
+MIN_ARCH = 80
+#: widest head the kernel takes (shared memory: Q, K and V tiles of 64 x (128 + 8) halves would not fit)
+MAX_HEAD_DIM = 128
+WARPS = 4
+ROWS = 16 * WARPS
+_LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class Bias:
+    """An additive score bias: ``shape`` is ``view + [S or 1, T or 1]`` where ``view`` factors the
+    flat (batch x head) axis of the kernel (row-major) and each of the bias's leading extents is either
+    the view's extent or 1 (broadcast)."""
+
+    shape: tuple[int, ...]
+    view: tuple[int, ...]
+    dtype: str
+
+    def __post_init__(self) -> None:
+        if len(self.shape) != len(self.view) + 2:
+            raise ValueError(f"bias shape {self.shape} does not match the batch view {self.view} + [S, T]")
+        for b, v in zip(self.shape, self.view, strict=False):
+            if b not in (1, v):
+                raise ValueError(f"bias shape {self.shape} does not broadcast over the batch view {self.view}")
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def offset(self, n, row, col, s: int, t: int):
+        """The flat element index for (batch x head) ``n``, query ``row`` and key ``col`` (TIR expressions
+        or ints; rows and columns past the ends read the last element instead)."""
+        from tvm import tirx
+
+        def lesser(x, y):
+            return min(x, y) if isinstance(x, int) else tirx.min(x, y)
+
+        strides = [math.prod(self.shape[i + 1 :]) for i in range(len(self.shape))]
+        off = 0
+        inner = math.prod(self.view)
+        for i, extent in enumerate(self.view):
+            inner //= extent
+            if self.shape[i] != 1:
+                off = off + n // inner % extent * strides[i]
+        if self.shape[-2] != 1:
+            off = off + lesser(row, s - 1) * strides[-2]
+        if self.shape[-1] != 1:
+            off = off + lesser(col, t - 1)
+        return off
+
+
+def supports(s: int, t: int, d: int, dv: int) -> str | None:
+    """Why the kernel cannot take these extents (None: it can)."""
+    if min(s, t) < 1:
+        return f"empty sequence ({s} queries, {t} keys)"
+    for name, x in (("query/key head", d), ("value head", dv)):
+        if x % 16 or x > MAX_HEAD_DIM:
+            return f"{name} width {x} is not a multiple of 16 up to {MAX_HEAD_DIM}"
+    return None
+
+
+def attention_kernel(nb: int, s: int, t: int, d: int, dv: int, scale: float, out_dtype: str, bias: Bias | None):
+    """The PrimFunc ``attention(q[nb, s, d], k[nb, t, d], v[nb, t, dv], (bias,) out[nb, s, dv])``, fp16
+    operands, ``out_dtype`` output, ``softmax(q k^T * scale + bias) v`` per (batch x head) ``nb``."""
+    from tvm.script import tirx as T
+
+    why = supports(s, t, d, dv)
+    if why:
+        raise ValueError(f"fused attention: {why}")
+    bc = 64 if max(d, dv) <= 64 else 32  # key tile
+    sq, sv = d + 8, dv + 8  # shared row strides (+16 bytes: ldmatrix rows on distinct banks)
+    n_q, n_kv = -(-s // ROWS), -(-t // bc)
+    c = scale * _LOG2E  # scores in the exp2 domain
+    q_chunks, k_chunks, v_chunks = ROWS * d // 8, bc * d // 8, bc * dv // 8
+    threads = 32 * WARPS
+    neg_inf = T.float32("-inf")
+    has_bias = bias is not None
+    bshape = (bias.size,) if has_bias else (1,)
+    bdtype = bias.dtype if has_bias else "float32"
+
+    def bias_at(n, row, col):
+        return bias.offset(n, row, col, s, t)
+
+    @T.prim_func(private=True)
+    def attention(
+        q: T.Buffer((nb, s, d), "float16"),
+        k: T.Buffer((nb, t, d), "float16"),
+        v: T.Buffer((nb, t, dv), "float16"),
+        b_: T.Buffer(bshape, bdtype),
+        out: T.Buffer((nb, s, dv), out_dtype),
+    ):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        bx = T.launch_thread("blockIdx.x", nb * n_q)
+        tx = T.launch_thread("threadIdx.x", threads)
+        q_s = T.alloc_buffer((ROWS * sq,), "float16", scope="shared")
+        k_s = T.alloc_buffer((bc * sq,), "float16", scope="shared")
+        v_s = T.alloc_buffer((bc * sv,), "float16", scope="shared")
+        qa = T.alloc_buffer((d // 2,), "float16", scope="local")  # A fragments, 8 halves per 16-wide step
+        kb = T.alloc_buffer((8,), "float16", scope="local")
+        pa = T.alloc_buffer((8,), "float16", scope="local")
+        acc = T.alloc_buffer((bc // 2,), "float32", scope="local")  # scores: 4 per 8-key tile
+        o = T.alloc_buffer((dv // 2,), "float32", scope="local")
+        m = T.alloc_buffer((2,), "float32", scope="local")  # running max of the thread's two rows
+        ls = T.alloc_buffer((2,), "float32", scope="local")  # running sum (this thread's columns)
+        mx = T.alloc_buffer((2,), "float32", scope="local")
+        al = T.alloc_buffer((2,), "float32", scope="local")
+        n = T.meta_var(bx // n_q)
+        row0 = T.meta_var(bx % n_q * ROWS)
+        w = T.meta_var(tx // 32)
+        lane = T.meta_var(tx % 32)
+        live = T.meta_var(row0 + w * 16 < s)  # the warp has a query row (warp-uniform)
+        for i in range(-(-q_chunks // threads)):
+            if i * threads + tx < q_chunks:
+                r = T.meta_var((i * threads + tx) // (d // 8))
+                cc = T.meta_var((i * threads + tx) % (d // 8) * 8)
+                if row0 + r < s:
+                    for e in T.vectorized(8):
+                        q_s[r * sq + cc + e] = q[n, row0 + r, cc + e]
+                else:
+                    for e in T.vectorized(8):
+                        q_s[r * sq + cc + e] = T.float16(0)
+        for i in T.unroll(2):
+            m[i] = neg_inf
+            ls[i] = T.float32(0)
+        for i in T.unroll(dv // 2):
+            o[i] = T.float32(0)
+        T.tvm_storage_sync("shared")
+        if live:
+            for ks in T.unroll(d // 16):
+                T.evaluate(
+                    T.ptx_legacy.ldmatrix(
+                        False, 4, ".b16", qa.data, ks * 8, q_s.access_ptr("r"),
+                        (w * 16 + lane % 16) * sq + ks * 16 + lane // 16 * 8, dtype="float16",
+                    )
+                )  # fmt: skip
+        for j in range(n_kv):
+            T.tvm_storage_sync("shared")
+            for i in range(-(-k_chunks // threads)):
+                if i * threads + tx < k_chunks:
+                    r = T.meta_var((i * threads + tx) // (d // 8))
+                    cc = T.meta_var((i * threads + tx) % (d // 8) * 8)
+                    if j * bc + r < t:
+                        for e in T.vectorized(8):
+                            k_s[r * sq + cc + e] = k[n, j * bc + r, cc + e]
+                    else:
+                        for e in T.vectorized(8):
+                            k_s[r * sq + cc + e] = T.float16(0)
+            for i in range(-(-v_chunks // threads)):
+                if i * threads + tx < v_chunks:
+                    r = T.meta_var((i * threads + tx) // (dv // 8))
+                    cc = T.meta_var((i * threads + tx) % (dv // 8) * 8)
+                    if j * bc + r < t:
+                        for e in T.vectorized(8):
+                            v_s[r * sv + cc + e] = v[n, j * bc + r, cc + e]
+                    else:
+                        for e in T.vectorized(8):
+                            v_s[r * sv + cc + e] = T.float16(0)
+            T.tvm_storage_sync("shared")
+            if live:
+                for i in T.unroll(bc // 2):
+                    acc[i] = T.float32(0)
+                for nt in T.unroll(bc // 16):
+                    for ks in T.unroll(d // 16):
+                        T.evaluate(
+                            T.ptx_legacy.ldmatrix(
+                                False, 4, ".b16", kb.data, 0, k_s.access_ptr("r"),
+                                (nt * 16 + lane // 16 * 8 + lane % 8) * sq + ks * 16 + lane // 8 % 2 * 8,
+                                dtype="float16",
+                            )
+                        )  # fmt: skip
+                        for h in T.unroll(2):
+                            T.evaluate(
+                                T.ptx_legacy.mma(
+                                    "m16n8k16", "row", "col", "fp16", "fp16", "fp32",
+                                    qa.data, ks * 8, kb.data, h * 4, acc.data, (nt * 2 + h) * 4, False,
+                                    dtype="float32",
+                                )
+                            )  # fmt: skip
+                for nt in T.unroll(bc // 8):
+                    for e in T.unroll(4):
+                        col = T.meta_var(j * bc + nt * 8 + lane % 4 * 2 + e % 2)
+                        row = T.meta_var(row0 + w * 16 + lane // 4 + e // 2 * 8)
+                        if has_bias:
+                            acc[nt * 4 + e] = acc[nt * 4 + e] * T.float32(c) + T.Cast(
+                                "float32", b_[bias_at(n, row, col)]
+                            ) * T.float32(_LOG2E)
+                        else:
+                            acc[nt * 4 + e] = acc[nt * 4 + e] * T.float32(c)
+                        if col >= t:
+                            acc[nt * 4 + e] = neg_inf
+                for i in T.unroll(2):
+                    mx[i] = m[i]
+                for nt in T.unroll(bc // 8):
+                    for e in T.unroll(4):
+                        mx[e // 2] = T.max(mx[e // 2], acc[nt * 4 + e])
+                for i in T.unroll(2):
+                    for sh in T.unroll(2):
+                        mx[i] = T.max(mx[i], T.tvm_warp_shuffle_xor(T.tvm_warp_activemask(), mx[i], 1 << sh, 32, 32))
+                    # a row every score of which is -inf so far: shift by 0, its exps are 0
+                    al[i] = T.exp2(m[i] - T.if_then_else(mx[i] == neg_inf, T.float32(0), mx[i]))
+                    m[i] = mx[i]
+                    mx[i] = T.if_then_else(mx[i] == neg_inf, T.float32(0), mx[i])
+                    ls[i] = ls[i] * al[i]
+                for nt in T.unroll(bc // 8):
+                    for e in T.unroll(4):
+                        acc[nt * 4 + e] = T.exp2(acc[nt * 4 + e] - mx[e // 2])
+                        ls[e // 2] = ls[e // 2] + acc[nt * 4 + e]
+                for nd in T.unroll(dv // 8):
+                    for e in T.unroll(4):
+                        o[nd * 4 + e] = o[nd * 4 + e] * al[e // 2]
+                for ks in T.unroll(bc // 16):
+                    for e in T.unroll(8):
+                        pa[e] = T.Cast("float16", acc[ks * 8 + e])
+                    for nd in T.unroll(dv // 16):
+                        T.evaluate(
+                            T.ptx_legacy.ldmatrix(
+                                True, 4, ".b16", kb.data, 0, v_s.access_ptr("r"),
+                                (ks * 16 + lane // 8 % 2 * 8 + lane % 8) * sv + nd * 16 + lane // 16 * 8,
+                                dtype="float16",
+                            )
+                        )  # fmt: skip
+                        for h in T.unroll(2):
+                            T.evaluate(
+                                T.ptx_legacy.mma(
+                                    "m16n8k16", "row", "col", "fp16", "fp16", "fp32",
+                                    pa.data, 0, kb.data, h * 4, o.data, (nd * 2 + h) * 4, False,
+                                    dtype="float32",
+                                )
+                            )  # fmt: skip
+        if live:
+            for i in T.unroll(2):
+                for sh in T.unroll(2):
+                    ls[i] = ls[i] + T.tvm_warp_shuffle_xor(T.tvm_warp_activemask(), ls[i], 1 << sh, 32, 32)
+                ls[i] = T.if_then_else(ls[i] > T.float32(0), T.float32(1) / ls[i], T.float32(0))
+            for nd in T.unroll(dv // 8):
+                for e in T.unroll(4):
+                    if row0 + w * 16 + lane // 4 + e // 2 * 8 < s:
+                        out[n, row0 + w * 16 + lane // 4 + e // 2 * 8, nd * 8 + lane % 4 * 2 + e % 2] = T.Cast(
+                            out_dtype, o[nd * 4 + e] * ls[e // 2]
+                        )
+
+    return attention

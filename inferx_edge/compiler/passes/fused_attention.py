@@ -1,0 +1,228 @@
+"""Attention (``softmax(Q K^T * scale + bias) V``) as one fused kernel on CUDA tensor cores."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from inferx_edge.compiler.passes._rewrite import rewrite_calls_in_context, static_shape, swaps_last_two
+from inferx_edge.compiler.passes.fp16_depthwise import saturated_fp16
+
+_CHAIN = ("relax.astype", "relax.reshape", "relax.multiply", "relax.divide", "relax.add")
+
+
+@dataclass
+class _Scores:
+    """What lies between the two matmuls: the constant scale, the other scalar factors (weights: known
+    only when the weights are), the bias terms and the batch views the scores took."""
+
+    scale: float = 1.0
+    factors: list = field(default_factory=list)  # (1-element expr, divides)
+    terms: list = field(default_factory=list)  # (bias expr, constant multiplier, factors, batch view)
+
+
+def _one_element(expr) -> bool:
+    shape = static_shape(expr)
+    return shape is not None and math.prod(shape) == 1
+
+
+def _constant(expr) -> float | None:
+    """A constant with one element, as a float; else None."""
+    import tvm
+
+    if isinstance(expr, tvm.ir.expr.Constant) and expr.value.numpy().size == 1:
+        return float(expr.value.numpy().reshape(()))
+    return None
+
+
+def _reaches_matmul(expr, ctx, depth: int = 0) -> bool:
+    """Whether ``expr`` is a ``matmul`` through the ops attention puts between it and the softmax."""
+    call = ctx.producer(expr)
+    if call is None or not hasattr(call, "op") or depth > 16:
+        return False
+    name = call.op.name
+    if name == "relax.matmul":
+        return True
+    if name in ("relax.astype", "relax.reshape"):
+        return _reaches_matmul(call.args[0], ctx, depth + 1)
+    if name in ("relax.multiply", "relax.divide", "relax.add"):
+        return any(_reaches_matmul(a, ctx, depth + 1) for a in call.args)
+    return False
+
+
+def _walk_scores(x, ctx):
+    """From the softmax input back to the Q x K^T matmul: ``(matmul call, _Scores)`` or None."""
+    scores, mult, factors = _Scores(), 1.0, []
+    for _ in range(32):
+        call = ctx.producer(x)
+        if call is None or not hasattr(call, "op") or call.op.name not in (*_CHAIN, "relax.matmul"):
+            return None
+        name, shape = call.op.name, static_shape(call)
+        if shape is None:
+            return None
+        if name == "relax.matmul":
+            scores.scale, scores.factors = mult, factors
+            return call, scores
+        if name == "relax.astype":
+            x = call.args[0]
+        elif name == "relax.reshape":
+            before = static_shape(call.args[0])
+            if before is None or before[-2:] != shape[-2:]:
+                return None  # a reshape that mixes score rows or columns is not attention
+            x = call.args[0]
+        elif name in ("relax.multiply", "relax.divide"):
+            a, b = call.args
+            if _one_element(b) and static_shape(a) == shape:
+                x, c = a, b
+            elif name == "relax.multiply" and _one_element(a) and static_shape(b) == shape:
+                x, c = b, a
+            else:
+                return None
+            k = _constant(c)
+            if k == 0:
+                return None
+            if k is None:
+                factors = [*factors, (c, name == "relax.divide")]
+            else:
+                mult = mult / k if name == "relax.divide" else mult * k
+        else:  # add: one operand is the score path, the other a bias
+            a, b = call.args
+            path = [_reaches_matmul(a, ctx), _reaches_matmul(b, ctx)]
+            if path.count(True) != 1:
+                return None
+            x, bias = (a, b) if path[0] else (b, a)
+            if static_shape(bias) is None or static_shape(x) != shape:
+                return None
+            scores.terms.append((bias, mult, factors, shape[:-2]))
+    return None
+
+
+def _scaled(expr, factors, ctx, dtype: str):
+    """Relax: ``expr`` multiplied (divided) by each of ``factors`` (1-element tensors), in ``dtype``."""
+    from tvm import relax
+
+    for f, divides in factors:
+        same = str(f.ty.dtype) == dtype
+        f = relax.op.reshape(ctx.rewritten(f), [])
+        f = f if same else relax.op.astype(f, dtype)
+        expr = relax.op.divide(expr, f) if divides else relax.op.multiply(expr, f)
+    return expr
+
+
+def _groups(a: list[int], f: list[int]):
+    """Pair the axes of two factorings of one extent into groups of equal product (row-major)."""
+    out, i, j = [], 0, 0
+    while i < len(a) or j < len(f):
+        gi, gj, pa, pf = [i], [j], a[i] if i < len(a) else 1, f[j] if j < len(f) else 1
+        i, j = i + 1, j + 1
+        while pa != pf:
+            if pa < pf:
+                pa, gi = pa * a[i], [*gi, i]
+                i += 1
+            else:
+                pf, gj = pf * f[j], [*gj, j]
+                j += 1
+        out.append(([x for x in gi if x < len(a)], [y for y in gj if y < len(f)]))
+    return out
+
+
+def _bias_in_view(bias, view: list[int], final: list[int], s: int, t: int):
+    """Relax: ``bias`` (broadcastable to ``view + [s, t]``) as a tensor over ``final + [s|1, t|1]``
+    broadcasting wherever it did; a group of axes that is only partly broadcast is expanded."""
+    from tvm import relax
+
+    shape = static_shape(bias)
+    shape = [1] * (len(view) + 2 - len(shape)) + shape
+    full, out = list(shape), []
+    for ga, gf in _groups(view, final):
+        ones = all(shape[x] == 1 for x in ga)
+        if not ones:
+            for x in ga:
+                full[x] = view[x]
+        out += [1] * len(gf) if ones else [final[y] for y in gf]
+    expr = bias if full == shape else relax.op.broadcast_to(relax.op.reshape(bias, shape), full)
+    return relax.op.reshape(expr, [*out, shape[-2], shape[-1]]), [*out, shape[-2], shape[-1]]
+
+
+def fused_attention(mod):
+    """Every ``matmul(softmax(scores), V)`` whose scores are ``matmul(Q, K^T)`` through scalings, additive
+    biases, casts and reshapes that keep the score rows (torch and ONNX multi-head attention, BERT's
+    padding mask, Swin's relative position bias and shifted-window mask) becomes one call of the fused
+    kernel of :mod:`inferx_edge.compiler.cuda.attention`: the score matrix (batch x heads x S x T fp32,
+    119 MB per layer in ViT-B/16 at batch 64) is never written. Q, K and V are read as fp16 (saturated to
+    its range); the bias terms are summed into one broadcast tensor (weight-only work: computed at build
+    time). Attention the kernel cannot take (head widths that are not multiples of 16 up to 128, dynamic
+    shapes, broadcast batch axes) is left to the matmul kernels."""
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.cuda.attention import Bias, attention_kernel, supports
+
+    matmul = tvm.ir.Op.get("relax.matmul")
+
+    def rewrite(call, ctx):
+        if call.op != matmul or len(ctx.given) != 2:
+            return None
+        p, sm = ctx.given[0], None
+        for _ in range(4):
+            sm = ctx.producer(p)
+            if sm is None or not hasattr(sm, "op") or sm.op.name != "relax.astype":
+                break
+            p = sm.args[0]
+        if sm is None or not hasattr(sm, "op") or sm.op.name != "relax.nn.softmax":
+            return None
+        rank = len(sm.ty.shape)
+        if int(sm.attrs.axis) not in (-1, rank - 1):
+            return None
+        found = _walk_scores(sm.args[0], ctx)
+        shapes = [static_shape(x) for x in (*ctx.given, sm)]
+        if found is None or any(x is None for x in shapes):
+            return None
+        qk, scores = found
+        _, v_shape, p_shape = shapes
+        odt = str(call.attrs.out_dtype)
+        odt = odt if odt not in ("", "void", "None") else str(ctx.given[1].ty.dtype)
+        q_shape, kt_shape = static_shape(qk.args[0]), static_shape(qk.args[1])
+        if q_shape is None or kt_shape is None or len(q_shape) != len(kt_shape) or len(q_shape) < 2:
+            return None
+        s, d, t, dv = q_shape[-2], q_shape[-1], kt_shape[-1], v_shape[-1]
+        final = p_shape[:-2]
+        if q_shape[:-2] != kt_shape[:-2] or v_shape[:-2] != final or p_shape[-2:] != [s, t] or v_shape[-2] != t:
+            return None
+        nb = math.prod(final)
+        if math.prod(q_shape[:-2]) != nb or supports(s, t, d, dv) or odt not in ("float32", "float16"):
+            return None
+        b = ctx.builder
+        q = _scaled(ctx.rewritten(qk.args[0]), scores.factors, ctx, str(qk.args[0].ty.dtype))
+        kt_producer = ctx.producer(qk.args[1])
+        if swaps_last_two(kt_producer):
+            k = ctx.rewritten(kt_producer.args[0])
+        else:
+            k = relax.op.permute_dims(
+                ctx.rewritten(qk.args[1]), [*range(len(kt_shape) - 2), len(kt_shape) - 1, len(kt_shape) - 2]
+            )
+        operands = [
+            b.emit(relax.op.reshape(saturated_fp16(x if isinstance(x, relax.Var) else b.emit(x)), shape))
+            for x, shape in ((q, [nb, s, d]), (k, [nb, t, d]), (ctx.rewritten(ctx.given[1]), [nb, t, dv]))
+        ]
+        bias, bias_spec = relax.const(0.0, "float32"), None
+        if scores.terms:
+            total, tshape = None, None
+            for term, mult, factors, view in scores.terms:
+                expr, shape = _bias_in_view(ctx.rewritten(term), list(view), final, s, t)
+                if str(term.ty.dtype) != "float32":
+                    expr = relax.op.astype(expr, "float32")
+                if mult != 1.0:
+                    expr = relax.op.multiply(expr, relax.const(mult, "float32"))
+                expr = _scaled(expr, factors, ctx, "float32")
+                total = expr if total is None else relax.op.add(total, expr)
+                tshape = shape if tshape is None else [max(x, y) for x, y in zip(tshape, shape, strict=True)]
+            bias_spec = Bias(tuple(tshape), tuple(final), "float32")
+            bias = relax.op.reshape(relax.op.broadcast_to(total, tshape), [math.prod(tshape)])
+        bias = b.emit(relax.op.reshape(bias, [bias_spec.size if bias_spec else 1]))
+        kernel = attention_kernel(nb, s, t, d, dv, scores.scale, odt, bias_spec)
+        gv = b.add_func(kernel, "fused_attention")
+        out = b.emit(relax.call_tir(gv, [*operands, bias], relax.TensorType([nb, s, dv], odt)))
+        return relax.op.reshape(out, [*final, s, dv])
+
+    return relax.transform.DeadCodeElimination()(rewrite_calls_in_context(mod, rewrite))

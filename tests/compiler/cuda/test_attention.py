@@ -1,0 +1,166 @@
+"""The fused attention kernel and the rewrite that uses it.
+
+Here (no GPU): which graphs the rewrite takes and leaves, and that the kernel compiles to tensor-core
+code for sm_80 / sm_87 / sm_90. On a GPU (``-m gpu``): the kernel against numpy float64 over ragged
+sequence lengths, head widths 16-128, broadcast biases and fully masked rows, and whole attention
+blocks built as ``build`` builds them against onnxruntime.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks.gpu_attention import run_kernel
+from tests.helpers import local_gpu, needs_nvrtc
+
+needs_gpu = pytest.mark.skipif(local_gpu() is None, reason="no NVIDIA GPU with a driver on this machine")
+
+
+def _attention_mod(heads=4, width=16, tokens=24, bias_shape=None, scale=0.25, axis=-1, batch=2):
+    """A Relax module of multi-head attention over ``x[batch, tokens, heads*width]`` (q = k = v = x split
+    into heads), scores scaled by a constant, plus an optional bias input."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([batch, tokens, heads * width], "float32"))
+    params = [x]
+    bias = None
+    if bias_shape is not None:
+        bias = relax.Var("bias", relax.TensorType(list(bias_shape), "float32"))
+        params.append(bias)
+    with bb.function("main", params):
+        with bb.dataflow():
+            h = bb.emit(relax.op.permute_dims(relax.op.reshape(x, [batch, tokens, heads, width]), [0, 2, 1, 3]))
+            kt = bb.emit(relax.op.permute_dims(h, [0, 1, 3, 2]))
+            s = bb.emit(relax.op.multiply(relax.op.matmul(h, kt), relax.const(scale, "float32")))
+            if bias is not None:
+                s = bb.emit(relax.op.add(s, bias))
+            p = bb.emit(relax.op.nn.softmax(s, axis=axis))
+            out = bb.emit_output(relax.op.matmul(p, h))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _ops(mod) -> list[str]:
+    return [b.value.op.name for blk in mod["main"].body.blocks for b in blk.bindings if hasattr(b.value, "op")]
+
+
+def _fused(mod):
+    from inferx_edge.compiler.passes import fused_attention
+
+    return fused_attention(mod)
+
+
+def test_scaled_attention_becomes_one_kernel_call():
+    mod = _fused(_attention_mod())
+    names = [gv.name_hint for gv in mod.get_global_vars()]
+    assert any(n.startswith("fused_attention") for n in names)
+    assert "relax.nn.softmax" not in _ops(mod) and "relax.matmul" not in _ops(mod)
+
+
+@pytest.mark.parametrize("bias_shape", [(2, 4, 24, 24), (4, 24, 24), (2, 1, 1, 24), (1, 4, 1, 24)])
+def test_a_broadcast_bias_is_taken(bias_shape):
+    assert "relax.nn.softmax" not in _ops(_fused(_attention_mod(bias_shape=bias_shape)))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"width": 20}, {"width": 160}, {"axis": 2}],
+    ids=["head-width-not-a-multiple-of-16", "head-wider-than-128", "softmax-over-queries"],
+)
+def test_attention_the_kernel_cannot_take_is_left_alone(kwargs):
+    mod = _fused(_attention_mod(**kwargs))
+    assert "relax.nn.softmax" in _ops(mod) and _ops(mod).count("relax.matmul") == 2
+
+
+def test_the_rewrite_runs_for_reduced_precision_cuda_variants_only():
+    from inferx_edge.compiler.passes import PASSES
+    from inferx_edge.compiler.variant import variant_layout
+    from inferx_edge.targets import get_target
+
+    (p,) = [p for p in PASSES if p.name == "fused_attention"]
+    runs = {
+        (t, prec): p.applies(variant_layout(get_target(t), prec))
+        for t in ("h200", "x86-cpu")
+        for prec in ("fp32", "fp16", "int8")
+    }
+    assert runs == {
+        ("h200", "fp32"): False, ("h200", "fp16"): True, ("h200", "int8"): True,
+        ("x86-cpu", "fp32"): False, ("x86-cpu", "fp16"): False, ("x86-cpu", "int8"): False,
+    }  # fmt: skip
+
+
+def test_bias_views_pair_axes_of_equal_product():
+    from inferx_edge.compiler.passes.fused_attention import _groups
+
+    assert _groups([128, 3], [2, 64, 3]) == [([0], [0, 1]), ([1], [2])]
+    assert _groups([2, 64, 3], [384]) == [([0, 1, 2], [0])]
+    assert _groups([6, 4], [4, 6]) == [([0, 1], [0, 1])]
+
+
+def test_bias_offsets_broadcast_over_the_batch_view():
+    from inferx_edge.compiler.cuda.attention import Bias
+
+    b = Bias((1, 4, 3, 1, 7), (5, 4, 3), "float32")  # [.., nW, heads, one row for all queries, T]
+    for n, row, col in [(0, 0, 0), (17, 5, 6), (59, 8, 3), (59, 8, 40)]:
+        assert b.offset(n, row, col, 9, 7) == ((n // 3) % 4 * 3 + n % 3) * 7 + min(col, 6)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        Bias((2, 4, 3, 1, 7), (5, 4, 3), "float32")
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("target", ["a100", "jetson-orin", "h200"])
+def test_kernel_compiles_to_tensor_core_code(tmp_path, monkeypatch, target):
+    import tvm
+
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.compiler.cuda.attention import Bias, attention_kernel
+    from inferx_edge.targets import get_target
+
+    monkeypatch.setenv("INFERX_DUMP_CUDA", str(tmp_path))
+    spec = get_target(target)
+    tgt = resolve_tvm_target(spec)
+    f = attention_kernel(24, 49, 49, 32, 32, 0.17, "float16", Bias((1, 3, 49, 49), (8, 3), "float32"))
+    with device_compiler(spec, "cubin") as record, tgt:
+        tvm.compile(tvm.IRModule({"attention": f.with_attr("global_symbol", "attention")}), target=tgt)
+    assert record["arch"].startswith(spec.cuda_arch)
+    source = "".join(p.read_text() for p in tmp_path.iterdir())
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in source
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in source  # V read transposed by ldmatrix
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize(
+    "nb,s,t,d,dv",
+    [(6, 197, 197, 64, 64), (4, 50, 130, 32, 32), (2, 5, 77, 128, 128), (3, 70, 3, 16, 48), (1, 1, 1, 64, 16)],
+)
+def test_kernel_matches_float64_attention(nb, s, t, d, dv):
+    got, want = run_kernel(nb, s, t, d, dv, d**-0.5)
+    assert np.isfinite(got).all()
+    assert np.abs(got - want).max() <= 2e-3 * max(1.0, np.abs(want).max())
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize(
+    "bias_shape,view", [((1, 3, 49, 49), (4, 3)), ((4, 1, 1, 49), (4, 3)), ((2, 1, 3, 49, 49), (2, 2, 3))]
+)
+def test_kernel_adds_a_broadcast_bias(bias_shape, view):
+    bias = np.random.default_rng(1).standard_normal(bias_shape) * 3
+    got, want = run_kernel(int(np.prod(view)), 49, 49, 32, 32, 0.2, bias, view)
+    assert np.abs(got - want).max() <= 2e-3 * max(1.0, np.abs(want).max())
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_a_fully_masked_row_gives_zeros_and_a_masked_key_is_ignored():
+    bias = np.zeros((2, 20, 30))
+    bias[0, 3, :] = -np.inf  # query 3 of sequence 0 sees nothing
+    bias[1, :, 7] = -np.inf  # key 7 of sequence 1 is padding
+    got, want = run_kernel(2, 20, 30, 16, 16, 0.5, bias, (2,), out_dtype="float16")
+    assert np.all(got[0, 3] == 0) and np.isfinite(got).all()
+    want[0, 3] = 0
+    assert np.abs(got - want).max() <= 3e-3 * max(1.0, np.abs(want).max())
