@@ -40,26 +40,37 @@ def reference(q, k, v, scale: float, bias=None):
     return np.einsum("nst,ntd->nsd", p / p.sum(-1, keepdims=True), v.astype(np.float64))
 
 
-def run_kernel(nb, s, t, d, dv, scale, bias=None, view=None, out_dtype="float32", seed=0):
-    """Compile and run the kernel on GPU 0 with seeded fp16 inputs: ``(output, float64 reference)``."""
+def run_kernel(nb, s, t, d, dv, scale, bias=None, view=None, out_dtype="float32", seed=0, packed=False):
+    """Compile and run the kernel on GPU 0 with seeded inputs: ``(output, float64 reference)``. fp16 Q,
+    K, V tensors; ``packed`` (s == t, d == dv): one float32 [s, nb, 3 * d] tensor holding all three, as a
+    QKV projection writes it, read through index maps."""
     import tvm
 
     from inferx_edge.compiler.compile import resolve_tvm_target
     from inferx_edge.compiler.cuda import device_compiler
-    from inferx_edge.compiler.cuda.attention import Bias, attention_kernel
+    from inferx_edge.compiler.cuda.attention import Bias, Operand, attention_kernel
     from inferx_edge.targets import get_target
 
     rng = np.random.default_rng(seed)
-    q, k, v = (rng.standard_normal(shape).astype(np.float16) for shape in ((nb, s, d), (nb, t, d), (nb, t, dv)))
+    operands = None
+    if packed:
+        base = rng.standard_normal((s, nb, 3 * d)).astype(np.float32)
+        q, k, v = (np.ascontiguousarray(base[:, :, i * d : (i + 1) * d].transpose(1, 0, 2)) for i in range(3))
+        operands = tuple(Operand(base.shape, "float32", lambda n, r, c, i=i: (r, n, i * d + c), 4) for i in range(3))
+        inputs = [base, base, base]
+        q, k, v = (x.astype(np.float16) for x in (q, k, v))
+    else:
+        q, k, v = (rng.standard_normal(shape).astype(np.float16) for shape in ((nb, s, d), (nb, t, d), (nb, t, dv)))
+        inputs = [q, k, v]
     spec = get_target("h200")
     tgt = resolve_tvm_target(spec)
     spec_b = Bias(bias.shape, view, "float32") if bias is not None else None
-    f = attention_kernel(nb, s, t, d, dv, scale, out_dtype, spec_b)
+    f = attention_kernel(nb, s, t, d, dv, scale, out_dtype, spec_b, operands)
     with device_compiler(spec, "cubin"), tgt:
         lib = tvm.compile(tvm.IRModule({"attention": f.with_attr("global_symbol", "attention")}), target=tgt)
     dev = tvm.cuda()
     b = bias.astype(np.float32).reshape(-1) if bias is not None else np.zeros(1, np.float32)
-    args = [tvm.runtime.tensor(a, dev) for a in (q, k, v, b)]
+    args = [tvm.runtime.tensor(a, dev) for a in (*inputs, b)]
     out = tvm.runtime.empty((nb, s, dv), out_dtype, dev)
     lib["attention"](*args, out)
     full = None

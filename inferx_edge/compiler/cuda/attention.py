@@ -20,6 +20,7 @@ the schedule rules leave it as written.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 #: mma.sync.m16n8k16 needs sm_80 (Ampere) or newer
@@ -29,6 +30,7 @@ MAX_HEAD_DIM = 128
 WARPS = 4
 ROWS = 16 * WARPS
 _LOG2E = 1.4426950408889634
+FP16_MAX = 65504.0
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,34 @@ class Bias:
         return off
 
 
+@dataclass(frozen=True)
+class Operand:
+    """Where the kernel reads Q, K or V: element ``[n, row, col]`` of the [batch x heads, tokens, width]
+    operand is ``base[index(n, row, col)]``, so a transpose, head split or Q/K/V slice between the
+    projection and the attention costs no kernel of its own. A float32 base is saturated to fp16's
+    range as it is read. ``vector``: elements per load along ``col`` (8 fp16 or 4 fp32 where the base
+    is contiguous and aligned along it, else 1); ``index`` takes ints, numpy arrays or TIR expressions."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    index: Callable
+    vector: int = 8
+
+    def load(self, buf, n, row, col):
+        from tvm import tirx
+
+        x = tirx.BufferLoad(buf, list(self.index(n, row, col)))
+        if self.dtype == "float16":
+            return x
+        hi = tirx.const(FP16_MAX, self.dtype)
+        return tirx.Cast("float16", tirx.max(tirx.min(x, hi), -hi))
+
+
+def contiguous(nb: int, length: int, width: int, dtype: str = "float16") -> Operand:
+    """A [nb, length, width] tensor read as it is."""
+    return Operand((nb, length, width), dtype, lambda n, r, c: (n, r, c), 8 if dtype == "float16" else 4)
+
+
 def supports(s: int, t: int, d: int, dv: int) -> str | None:
     """Why the kernel cannot take these extents (None: it can)."""
     if min(s, t) < 1:
@@ -84,10 +114,24 @@ def supports(s: int, t: int, d: int, dv: int) -> str | None:
     return None
 
 
-def attention_kernel(nb: int, s: int, t: int, d: int, dv: int, scale: float, out_dtype: str, bias: Bias | None):
-    """The PrimFunc ``attention(q[nb, s, d], k[nb, t, d], v[nb, t, dv], (bias,) out[nb, s, dv])``, fp16
-    operands, ``out_dtype`` output, ``softmax(q k^T * scale + bias) v`` per (batch x head) ``nb``."""
+def attention_kernel(
+    nb: int,
+    s: int,
+    t: int,
+    d: int,
+    dv: int,
+    scale: float,
+    out_dtype: str,
+    bias: Bias | None,
+    operands: tuple[Operand, Operand, Operand] | None = None,
+):
+    """The PrimFunc ``attention(q, k, v, bias, out[nb, s, dv])``: ``softmax(q k^T * scale + bias) v``
+    per (batch x head) ``nb`` on fp16 tensor cores, ``out_dtype`` output. ``operands`` say where Q
+    [nb, s, d], K [nb, t, d] and V [nb, t, dv] are read (default: fp16 tensors of those shapes); without
+    ``bias`` its parameter is a 1-element tensor that is never read."""
     from tvm.script import tirx as T
+
+    qo, ko, vo = operands or (contiguous(nb, s, d), contiguous(nb, t, d), contiguous(nb, t, dv))
 
     why = supports(s, t, d, dv)
     if why:
@@ -108,9 +152,9 @@ def attention_kernel(nb: int, s: int, t: int, d: int, dv: int, scale: float, out
 
     @T.prim_func(private=True)
     def attention(
-        q: T.Buffer((nb, s, d), "float16"),
-        k: T.Buffer((nb, t, d), "float16"),
-        v: T.Buffer((nb, t, dv), "float16"),
+        q: T.Buffer(qo.shape, qo.dtype),
+        k: T.Buffer(ko.shape, ko.dtype),
+        v: T.Buffer(vo.shape, vo.dtype),
         b_: T.Buffer(bshape, bdtype),
         out: T.Buffer((nb, s, dv), out_dtype),
     ):
@@ -139,8 +183,11 @@ def attention_kernel(nb: int, s: int, t: int, d: int, dv: int, scale: float, out
                 r = T.meta_var((i * threads + tx) // (d // 8))
                 cc = T.meta_var((i * threads + tx) % (d // 8) * 8)
                 if row0 + r < s:
-                    for e in T.vectorized(8):
-                        q_s[r * sq + cc + e] = q[n, row0 + r, cc + e]
+                    for e0 in T.unroll(8 // qo.vector):
+                        for e in T.vectorized(qo.vector):
+                            q_s[r * sq + cc + e0 * qo.vector + e] = qo.load(
+                                q, n, row0 + r, cc + e0 * qo.vector + e
+                            )
                 else:
                     for e in T.vectorized(8):
                         q_s[r * sq + cc + e] = T.float16(0)
@@ -165,8 +212,11 @@ def attention_kernel(nb: int, s: int, t: int, d: int, dv: int, scale: float, out
                     r = T.meta_var((i * threads + tx) // (d // 8))
                     cc = T.meta_var((i * threads + tx) % (d // 8) * 8)
                     if j * bc + r < t:
-                        for e in T.vectorized(8):
-                            k_s[r * sq + cc + e] = k[n, j * bc + r, cc + e]
+                        for e0 in T.unroll(8 // ko.vector):
+                            for e in T.vectorized(ko.vector):
+                                k_s[r * sq + cc + e0 * ko.vector + e] = ko.load(
+                                    k, n, j * bc + r, cc + e0 * ko.vector + e
+                                )
                     else:
                         for e in T.vectorized(8):
                             k_s[r * sq + cc + e] = T.float16(0)
@@ -175,8 +225,11 @@ def attention_kernel(nb: int, s: int, t: int, d: int, dv: int, scale: float, out
                     r = T.meta_var((i * threads + tx) // (dv // 8))
                     cc = T.meta_var((i * threads + tx) % (dv // 8) * 8)
                     if j * bc + r < t:
-                        for e in T.vectorized(8):
-                            v_s[r * sv + cc + e] = v[n, j * bc + r, cc + e]
+                        for e0 in T.unroll(8 // vo.vector):
+                            for e in T.vectorized(vo.vector):
+                                v_s[r * sv + cc + e0 * vo.vector + e] = vo.load(
+                                    v, n, j * bc + r, cc + e0 * vo.vector + e
+                                )
                     else:
                         for e in T.vectorized(8):
                             v_s[r * sv + cc + e] = T.float16(0)

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from inferx_edge.compiler.passes._rewrite import rewrite_calls_in_context, static_shape, swaps_last_two
+from inferx_edge.compiler.passes._views import reshape_coords, source_of, vector_width
 from inferx_edge.compiler.passes.fp16_depthwise import saturated_fp16
 
 _CHAIN = ("relax.astype", "relax.reshape", "relax.multiply", "relax.divide", "relax.add")
@@ -156,7 +157,7 @@ def fused_attention(mod):
     import tvm
     from tvm import relax
 
-    from inferx_edge.compiler.cuda.attention import Bias, attention_kernel, supports
+    from inferx_edge.compiler.cuda.attention import Bias, Operand, attention_kernel, contiguous, supports
 
     matmul = tvm.ir.Op.get("relax.matmul")
 
@@ -193,18 +194,30 @@ def fused_attention(mod):
         if math.prod(q_shape[:-2]) != nb or supports(s, t, d, dv) or odt not in ("float32", "float16"):
             return None
         b = ctx.builder
-        q = _scaled(ctx.rewritten(qk.args[0]), scores.factors, ctx, str(qk.args[0].ty.dtype))
+        views, factor = [], scores.scale
         kt_producer = ctx.producer(qk.args[1])
-        if swaps_last_two(kt_producer):
-            k = ctx.rewritten(kt_producer.args[0])
-        else:
-            k = relax.op.permute_dims(
-                ctx.rewritten(qk.args[1]), [*range(len(kt_shape) - 2), len(kt_shape) - 1, len(kt_shape) - 2]
-            )
-        operands = [
-            b.emit(relax.op.reshape(saturated_fp16(x if isinstance(x, relax.Var) else b.emit(x)), shape))
-            for x, shape in ((q, [nb, s, d]), (k, [nb, t, d]), (ctx.rewritten(ctx.given[1]), [nb, t, dv]))
-        ]
+        k_given = kt_producer.args[0] if swaps_last_two(kt_producer) else qk.args[1]
+        k_swapped = not swaps_last_two(kt_producer)  # reading K^T itself: rows and columns swap
+        for given, rows, cols, batch, scalars in (
+            (qk.args[0], s, d, q_shape[:-2], True),
+            (k_given, t, d, kt_shape[:-2], True),
+            (ctx.given[1], t, dv, v_shape[:-2], False),
+        ):
+
+            def coords(n, r, c, batch=batch, swap=given is k_given and k_swapped):
+                return [*reshape_coords([n], [nb], batch), *((c, r) if swap else (r, c))]
+
+            if given is qk.args[0] and scores.factors:  # a weight scale: Q * it, materialized
+                x = _scaled(ctx.rewritten(given), scores.factors, ctx, str(given.ty.dtype))
+                x = b.emit(relax.op.reshape(saturated_fp16(b.emit(x)), [nb, rows, cols]))
+                views.append((x, contiguous(nb, rows, cols)))
+                continue
+            src, index, k = source_of(given, ctx, coords, scalars=scalars)
+            shape, dtype = static_shape(src), str(src.ty.dtype)
+            width = vector_width(index, shape, (nb, rows, cols), 8 if dtype == "float16" else 4)
+            views.append((ctx.rewritten(src), Operand(tuple(shape), dtype, index, width)))
+            factor *= k
+        operands = [x for x, _ in views]
         bias, bias_spec = relax.const(0.0, "float32"), None
         if scores.terms:
             total, tshape = None, None
@@ -220,7 +233,7 @@ def fused_attention(mod):
             bias_spec = Bias(tuple(tshape), tuple(final), "float32")
             bias = relax.op.reshape(relax.op.broadcast_to(total, tshape), [math.prod(tshape)])
         bias = b.emit(relax.op.reshape(bias, [bias_spec.size if bias_spec else 1]))
-        kernel = attention_kernel(nb, s, t, d, dv, scores.scale, odt, bias_spec)
+        kernel = attention_kernel(nb, s, t, d, dv, factor, odt, bias_spec, tuple(op for _, op in views))
         gv = b.add_func(kernel, "fused_attention")
         out = b.emit(relax.call_tir(gv, [*operands, bias], relax.TensorType([nb, s, dv], odt)))
         return relax.op.reshape(out, [*final, s, dv])

@@ -1,0 +1,152 @@
+"""Index maps through layout ops: where an element of a reshaped, transposed, sliced view lives in the
+tensor the view was made from, so a kernel can read that tensor directly and the view costs nothing.
+
+A map is a function of coordinates (ints, numpy integer arrays or TIR expressions: only ``+ * // %`` are
+used) to the coordinates of the source tensor.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from inferx_edge.compiler.passes._rewrite import static_shape
+
+#: vector checks evaluate the map over at most this many (sequence, row, column-group) points
+MAX_CHECKED = 1 << 24
+
+
+def reshape_coords(coords: list, a: list[int], b: list[int]) -> list:
+    """Coordinates over shape ``b`` of the element at ``coords`` over shape ``a`` (same element count,
+    row-major). Axes are paired into groups of equal product, so axes a reshape keeps pass through
+    untouched and only a split or merged group needs a division."""
+    ia = [i for i, x in enumerate(a) if x != 1]
+    ib = [j for j, x in enumerate(b) if x != 1]
+    out: list = [0] * len(b)
+    p = q = 0
+    while p < len(ia):
+        ga, gb, pa, pb = [ia[p]], [ib[q]], a[ia[p]], b[ib[q]]
+        p, q = p + 1, q + 1
+        while pa != pb:
+            if pa < pb:
+                ga.append(ia[p])
+                pa *= a[ia[p]]
+                p += 1
+            else:
+                gb.append(ib[q])
+                pb *= b[ib[q]]
+                q += 1
+        lin = coords[ga[0]]
+        for i in ga[1:]:
+            lin = lin * a[i] + coords[i]
+        inner = pb
+        for k, j in enumerate(gb):
+            inner //= b[j]
+            x = lin if inner == 1 else lin // inner
+            out[j] = x if k == 0 else x % b[j]
+    return out
+
+
+def _axes(values, rank: int) -> list[int]:
+    return [int(a) % rank for a in values]
+
+
+def source_of(expr, ctx, coords, *, scalars: bool):
+    """Walk ``expr`` back through reshape, permute_dims, expand_dims, squeeze, take of a constant
+    index, float casts and (``scalars``) multiplications by a constant: ``(source expr, coordinate map
+    over the source, constant factor)``, ``coords`` being the map over ``expr`` itself."""
+    import tvm
+
+    factor = 1.0
+    for _ in range(64):
+        call = ctx.producer(expr)
+        if call is None or not hasattr(call, "op"):
+            break
+        name, shape = call.op.name, static_shape(call)
+        src = call.args[0]
+        src_shape = static_shape(src)
+        if shape is None or src_shape is None:
+            break
+        if name == "relax.reshape":
+            coords = _compose(coords, lambda c, sh=shape, ss=src_shape: reshape_coords(c, sh, ss))
+        elif name == "relax.permute_dims":
+            axes = (
+                list(reversed(range(len(src_shape))))
+                if call.attrs.axes is None
+                else _axes(call.attrs.axes, len(src_shape))
+            )
+            coords = _compose(coords, lambda c, ax=axes: [c[ax.index(i)] for i in range(len(ax))])
+        elif name == "relax.expand_dims":
+            added = set(_axes(call.attrs.axis, len(shape)))
+            coords = _compose(coords, lambda c, ad=added: [x for i, x in enumerate(c) if i not in ad])
+        elif name == "relax.squeeze":
+            gone = (
+                [i for i, x in enumerate(src_shape) if x == 1]
+                if call.attrs.axis is None
+                else _axes(call.attrs.axis, len(src_shape))
+            )
+            gone = sorted(gone)
+            coords = _compose(coords, lambda c, g=gone: _insert_zeros(c, g))
+        elif name == "relax.take":
+            index = call.args[1]
+            if not isinstance(index, tvm.ir.expr.Constant) or index.value.numpy().ndim != 0:
+                break
+            axis = int(call.attrs.axis) % len(src_shape)
+            k = int(index.value.numpy()) % src_shape[axis]
+            coords = _compose(coords, lambda c, a=axis, kk=k: [*c[:a], kk, *c[a:]])
+        elif name == "relax.astype":
+            if str(src.ty.dtype) not in ("float16", "float32"):
+                break
+        elif name in ("relax.multiply", "relax.divide") and scalars:
+            k = _constant(call.args[1])
+            if k is None and name == "relax.multiply":
+                k, src = _constant(src), call.args[1]
+            if not k or static_shape(src) != shape:
+                break
+            factor = factor / k if name == "relax.divide" else factor * k
+        else:
+            break
+        expr = src
+    return expr, coords, factor
+
+
+def _constant(expr) -> float | None:
+    import tvm
+
+    if isinstance(expr, tvm.ir.expr.Constant) and expr.value.numpy().size == 1:
+        return float(expr.value.numpy().reshape(()))
+    return None
+
+
+def _compose(outer, inner):
+    return lambda *k: inner(outer(*k))
+
+
+def _insert_zeros(coords: list, positions: list[int]) -> list:
+    out = list(coords)
+    for p in positions:
+        out.insert(p, 0)
+    return out
+
+
+def vector_width(index, shape: list[int], extents: tuple[int, int, int], width: int) -> int:
+    """Elements per load along the last kernel coordinate: ``width`` where ``index`` maps every group of
+    ``width`` consecutive columns (starting at multiples of 8) to consecutive, ``width``-aligned
+    elements of a row-major ``shape`` tensor (checked over every point), else 1."""
+    nb, rows, cols = extents
+    if cols % 8 or nb * rows * (cols // 8) > MAX_CHECKED:
+        return 1
+    strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+    n, r, c = np.meshgrid(np.arange(nb), np.arange(rows), np.arange(0, cols, 8), indexing="ij")
+
+    def flat(cc):
+        return sum(np.asarray(x, np.int64) * st for x, st in zip(index(n, r, cc), strides, strict=True))
+
+    base = flat(c)
+    if np.any(base % width):
+        return 1
+    for e in range(1, 8):
+        if not np.array_equal(flat(c + e), base + e):
+            return 1
+    return width
