@@ -52,11 +52,38 @@ def _fused(mod):
     return fused_attention(mod)
 
 
-def test_scaled_attention_becomes_one_kernel_call():
+def test_scaled_attention_becomes_one_kernel_call_reading_the_projection_output():
     mod = _fused(_attention_mod())
     names = [gv.name_hint for gv in mod.get_global_vars()]
     assert any(n.startswith("fused_attention") for n in names)
     assert "relax.nn.softmax" not in _ops(mod) and "relax.matmul" not in _ops(mod)
+    # the head split and both transposes are index maps of the kernel: x itself is its Q, K and V
+    assert "relax.permute_dims" not in _ops(mod) and "relax.reshape" in _ops(mod)
+    (call,) = [b.value for blk in mod["main"].body.blocks for b in blk.bindings if "call_tir" in str(b.value.op)]
+    assert [str(a) for a in call.args[1].fields[:3]] == ["x"] * 3
+
+
+def test_reshape_coords_pass_kept_axes_through_and_split_merged_ones():
+    from inferx_edge.compiler.passes._views import reshape_coords
+
+    a, b = [197, 1, 768], [197, 12, 64]
+    rng = np.random.default_rng(0)
+    for shape_a, shape_b in ((a, b), (b, a), ([2, 3, 4, 5], [6, 20]), ([6, 20], [2, 3, 4, 5]), ([1, 1], [1])):
+        for _ in range(20):
+            coords = [int(rng.integers(x)) for x in shape_a]
+            flat = np.ravel_multi_index(coords, shape_a)
+            assert reshape_coords(coords, shape_a, shape_b) == list(np.unravel_index(flat, shape_b))
+    assert reshape_coords(["s", 0, "c"], [197, 1, 64], [197, 64]) == ["s", "c"]  # no arithmetic at all
+
+
+def test_vector_loads_only_where_every_column_group_is_contiguous_and_aligned():
+    from inferx_edge.compiler.passes._views import vector_width
+
+    packed = [197, 4, 3 * 64]  # [tokens, heads, q|k|v x width]
+    assert vector_width(lambda n, r, c: (r, n, 64 + c), packed, (4, 197, 64), 8) == 8
+    assert vector_width(lambda n, r, c: (r, n, 68 + c), packed, (4, 197, 64), 8) == 1  # 4 elements off 8
+    assert vector_width(lambda n, r, c: (r, n, 68 + c), packed, (4, 197, 64), 4) == 4
+    assert vector_width(lambda n, r, c: (c, n, r), [64, 4, 197], (4, 197, 64), 8) == 1  # K^T: strided
 
 
 @pytest.mark.parametrize("bias_shape", [(2, 4, 24, 24), (4, 24, 24), (2, 1, 1, 24), (1, 4, 1, 24)])
