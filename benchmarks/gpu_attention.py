@@ -36,7 +36,8 @@ def reference(q, k, v, scale: float, bias=None):
     s = np.einsum("nsd,ntd->nst", q.astype(np.float64), k.astype(np.float64)) * scale
     if bias is not None:
         s = s + bias
-    p = np.exp(s - s.max(-1, keepdims=True))
+    with np.errstate(invalid="ignore"):  # a row masked everywhere is NaN here (callers zero it)
+        p = np.exp(s - s.max(-1, keepdims=True))
     return np.einsum("nst,ntd->nsd", p / p.sum(-1, keepdims=True), v.astype(np.float64))
 
 

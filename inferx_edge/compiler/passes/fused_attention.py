@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 
@@ -145,6 +146,24 @@ def _bias_in_view(bias, view: list[int], final: list[int], s: int, t: int):
     return relax.op.reshape(expr, [*out, shape[-2], shape[-1]]), [*out, shape[-2], shape[-1]]
 
 
+#: the kernel factory of :func:`fused_attention` (see :func:`emulated_attention`)
+_FACTORY: list = []
+
+
+@contextlib.contextmanager
+def emulated_attention():
+    """Within it, :func:`fused_attention` calls the kernel's plain TE twin
+    (:func:`~inferx_edge.compiler.cuda.attention.attention_reference`), which any target compiles: a CUDA
+    variant's module built for the CPU, to measure its numerics without a GPU."""
+    from inferx_edge.compiler.cuda.attention import attention_reference
+
+    _FACTORY.append(attention_reference)
+    try:
+        yield
+    finally:
+        _FACTORY.pop()
+
+
 def fused_attention(mod):
     """Every ``matmul(softmax(scores), V)`` whose scores are ``matmul(Q, K^T)`` through scalings, additive
     biases, casts and reshapes that keep the score rows (torch and ONNX multi-head attention, BERT's
@@ -198,16 +217,17 @@ def fused_attention(mod):
         kt_producer = ctx.producer(qk.args[1])
         k_given = kt_producer.args[0] if swaps_last_two(kt_producer) else qk.args[1]
         k_swapped = not swaps_last_two(kt_producer)  # reading K^T itself: rows and columns swap
-        for given, rows, cols, batch, scalars in (
+        roles = (
             (qk.args[0], s, d, q_shape[:-2], True),
             (k_given, t, d, kt_shape[:-2], True),
             (ctx.given[1], t, dv, v_shape[:-2], False),
-        ):
+        )
+        for role, (given, rows, cols, batch, scalars) in enumerate(roles):
 
-            def coords(n, r, c, batch=batch, swap=given is k_given and k_swapped):
+            def coords(n, r, c, batch=batch, swap=role == 1 and k_swapped):
                 return [*reshape_coords([n], [nb], batch), *((c, r) if swap else (r, c))]
 
-            if given is qk.args[0] and scores.factors:  # a weight scale: Q * it, materialized
+            if role == 0 and scores.factors:  # a weight scale: Q * it, materialized
                 x = _scaled(ctx.rewritten(given), scores.factors, ctx, str(given.ty.dtype))
                 x = b.emit(relax.op.reshape(saturated_fp16(b.emit(x)), [nb, rows, cols]))
                 views.append((x, contiguous(nb, rows, cols)))
@@ -233,7 +253,8 @@ def fused_attention(mod):
             bias_spec = Bias(tuple(tshape), tuple(final), "float32")
             bias = relax.op.reshape(relax.op.broadcast_to(total, tshape), [math.prod(tshape)])
         bias = b.emit(relax.op.reshape(bias, [bias_spec.size if bias_spec else 1]))
-        kernel = attention_kernel(nb, s, t, d, dv, factor, odt, bias_spec, tuple(op for _, op in views))
+        factory = _FACTORY[-1] if _FACTORY else attention_kernel
+        kernel = factory(nb, s, t, d, dv, factor, odt, bias_spec, tuple(op for _, op in views))
         gv = b.add_func(kernel, "fused_attention")
         out = b.emit(relax.call_tir(gv, [*operands, bias], relax.TensorType([nb, s, dv], odt)))
         return relax.op.reshape(out, [*final, s, dv])

@@ -191,3 +191,94 @@ def test_a_fully_masked_row_gives_zeros_and_a_masked_key_is_ignored():
     assert np.all(got[0, 3] == 0) and np.isfinite(got).all()
     want[0, 3] = 0
     assert np.abs(got - want).max() <= 3e-3 * max(1.0, np.abs(want).max())
+
+
+def _run_reference(nb, s, t, d, dv, scale, bias=None, view=None, packed=False, seed=0):
+    """The kernel's TE twin compiled for this CPU, on the inputs :func:`run_kernel` makes."""
+    import tvm
+
+    from benchmarks.gpu_attention import reference
+    from inferx_edge.compiler.cuda.attention import Bias, Operand, attention_reference
+
+    rng = np.random.default_rng(seed)
+    operands = None
+    if packed:
+        base = rng.standard_normal((s, nb, 3 * d)).astype(np.float32)
+        q, k, v = (base[:, :, i * d : (i + 1) * d].transpose(1, 0, 2).astype(np.float16) for i in range(3))
+        operands = tuple(Operand(base.shape, "float32", lambda n, r, c, i=i: (r, n, i * d + c), 4) for i in range(3))
+        inputs = [base] * 3
+    else:
+        q, k, v = (rng.standard_normal(shape).astype(np.float16) for shape in ((nb, s, d), (nb, t, d), (nb, t, dv)))
+        inputs = [q, k, v]
+    spec_b = Bias(bias.shape, view, "float32") if bias is not None else None
+    f = attention_reference(nb, s, t, d, dv, scale, "float32", spec_b, operands)
+    lib = tvm.compile(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}), target="llvm")
+    b = bias.astype(np.float32).reshape(-1) if bias is not None else np.zeros(1, np.float32)
+    out = tvm.runtime.empty((nb, s, dv), "float32")
+    lib["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in (*inputs, b)], out)
+    full = None if bias is None else np.broadcast_to(bias, (*view, *bias.shape[-2:])).reshape(nb, *bias.shape[-2:])
+    return out.numpy(), reference(q, k, v, scale, full)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        {"shape": (3, 37, 21, 16, 32)},
+        {"shape": (4, 49, 49, 32, 32), "bias": (1, 2, 49, 49), "view": (2, 2)},
+        {"shape": (6, 11, 11, 16, 16), "bias": (2, 1, 1, 11), "view": (2, 3)},
+        {"shape": (4, 20, 20, 16, 16), "packed": True},
+    ],
+    ids=["ragged", "window-bias", "padding-mask", "packed-qkv"],
+)
+def test_the_kernels_te_twin_matches_float64_attention_on_the_cpu(case):
+    """The index maps and bias offsets both kernels share, checked on this CPU."""
+    rng = np.random.default_rng(3)
+    bias = rng.standard_normal(case["bias"]) * 2 if "bias" in case else None
+    got, want = _run_reference(*case["shape"], 0.3, bias, case.get("view"), case.get("packed", False))
+    assert np.abs(got - want).max() <= 2e-3 * max(1.0, np.abs(want).max())
+
+
+def test_a_fully_masked_row_gives_zeros_in_the_te_twin():
+    bias = np.zeros((2, 5, 9))
+    bias[1, 2, :] = -np.inf
+    got, want = _run_reference(2, 5, 9, 16, 16, 0.5, bias, (2,))
+    assert np.all(got[1, 2] == 0) and np.isfinite(got).all()
+    want[1, 2] = 0
+    assert np.abs(got - want).max() <= 2e-3 * max(1.0, np.abs(want).max())
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp16"])
+def test_a_cuda_variants_attention_block_emulated_on_the_cpu_matches_onnxruntime(tmp_path, precision):
+    """The attention block prepared as a CUDA variant (fused attention reading the projections'
+    outputs through index maps) with the kernel's TE twin, compiled for this CPU."""
+    ort = pytest.importorskip("onnxruntime")
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.passes.fused_attention import emulated_attention
+    from inferx_edge.compiler.variant import prepare_variant, variant_layout
+    from inferx_edge.frontend import import_model
+    from inferx_edge.targets import get_target
+    from tests.compiler.test_zoo_blocks import _model
+
+    path, shape = _model(tmp_path, "attention")
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    (want,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    imported = import_model(path, {})
+    quantize = None
+    if precision == "int8":
+        from inferx_edge.quantize.driver import QuantOptions, quantizer, resolve_plan
+
+        calib = tmp_path / "calib.npy"
+        np.save(calib, np.random.default_rng(1).standard_normal((8, *shape[1:])).astype(np.float32))
+        plan = resolve_plan(path, {}, imported, "int8", QuantOptions(calib=calib), log=lambda *a: None)
+        quantize = quantizer(plan, "int8")
+    with emulated_attention():
+        prepared = prepare_variant(
+            imported, variant_layout(get_target("h200"), precision), quantize=quantize, bake=True
+        )
+    assert any(gv.name_hint.startswith("fused_attention") for gv in prepared.mod.get_global_vars())
+    vm = relax.VirtualMachine(tvm.compile(prepared.mod, target="llvm"), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x), *[tvm.runtime.tensor(np.asarray(w)) for w in prepared.weight_arrays])
+    err = np.linalg.norm(got.numpy() - want) / np.linalg.norm(want)
+    assert err < (0.05 if precision == "int8" else 5e-3), err
