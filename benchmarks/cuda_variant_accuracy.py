@@ -1,7 +1,8 @@
 """INT8 accuracy of the CUDA int8 variant's numerics, on this host's CPU: the real-weight zoo models
 built as a CUDA int8 variant is prepared (NHWC convolutions, OHWI weights, every CUDA rewrite: fp16
-depthwise/grouped/attention operands, dense weights along K...) but compiled for the CPU, against the
-host's own int8 build and fp32, on the real data of :mod:`benchmarks.zoo_accuracy`.
+depthwise/grouped operands, fused attention (its plain TE twin), dense weights along K...) but compiled
+for the CPU, against the host's own int8 build and fp32, on the real data of
+:mod:`benchmarks.zoo_accuracy`.
 
     python -m benchmarks.cuda_variant_accuracy [--models mobilenet_v2,efficientnet_lite0,minilm_l6]
 
@@ -43,6 +44,7 @@ def measure(name: str, zoo_dir: Path) -> list[dict]:
     from benchmarks.zoo import calibration
     from benchmarks.zoo_accuracy import _compare, eval_samples
     from benchmarks.zoo_models import spec_of
+    from inferx_edge.compiler.passes.fused_attention import emulated_attention
     from inferx_edge.compiler.variant import VariantLayout, prepare_variant, variant_layout
     from inferx_edge.frontend import import_model
     from inferx_edge.quantize.driver import QuantOptions, quantizer, resolve_plan
@@ -66,11 +68,16 @@ def measure(name: str, zoo_dir: Path) -> list[dict]:
         "fp32": (variant_layout(host, "fp32"), None),
         "int8 host build": (variant_layout(host, "int8"), quantizer(plan, "int8")),
         "int8 CUDA variant": (VariantLayout("int8", "NHWC", "OHWI", "OHWI"), quantizer(plan, "int8")),
+        "int8 CUDA variant, fused attention": (
+            VariantLayout("int8", "NHWC", "OHWI", "OHWI", "fused"),
+            quantizer(plan, "int8"),
+        ),
     }
     outs, rows = {}, []
     for label, (layout, quantize) in builds.items():
         t0 = time.time()
-        pv = prepare_variant(imported, layout, quantize=quantize, bake=True)
+        with emulated_attention():  # the fused attention kernel's plain twin: compiles for this CPU
+            pv = prepare_variant(imported, layout, quantize=quantize, bake=True)
         outs[label] = _outputs(pv.mod, pv.weight_arrays, samples, inputs)
         print(f"{name} {label}: {len(samples)} samples in {time.time() - t0:.0f} s", flush=True)
         if label != "fp32":

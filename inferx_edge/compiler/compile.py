@@ -253,5 +253,6 @@ def compile_variant(
         "cuda": cuda_record,
         "cuda_graph": cuda_graph,
         "conv_layout": prepared.layout.conv,
+        "attention": prepared.layout.attention,
         "schedule_fallbacks": fallbacks.entries,
     }

@@ -30,18 +30,24 @@ class VariantLayout:
     conv : data layout convolutions run in (``NCHW`` or ``NHWC``).
     kernel : float conv weight layout when ``conv`` is NHWC (``OHWI`` or ``HWIO``).
     quant_kernel : how int8 conv weights are stored (``OHWI`` where convolutions run in NHWC, else ``OIHW``).
+    attention : ``matmul`` (softmax between two matmul kernels) or ``fused`` (one kernel, CUDA
+        fp16/int8/mixed with ``CudaOptions.fused_attention``).
     """
 
     precision: str
     conv: str = "NCHW"
     kernel: str = "OHWI"
     quant_kernel: str = "OIHW"
+    attention: str = "matmul"
 
     def __post_init__(self) -> None:
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("conv layout", self.conv, ("NCHW", "NHWC"))
         check_choice("kernel layout", self.kernel, ("OHWI", "HWIO"))
         check_choice("int8 kernel layout", self.quant_kernel, ("OHWI", "OIHW"))
+        check_choice("attention", self.attention, ("matmul", "fused"))
+        if self.attention == "fused" and (self.precision == "fp32" or self.conv != "NHWC"):
+            raise ValueError("fused attention is for CUDA fp16/int8/mixed variants (NHWC)")
 
     @property
     def quantized(self) -> bool:
@@ -64,8 +70,14 @@ def variant_layout(spec: TargetSpec, precision: str) -> VariantLayout:
     variants stay NCHW (not measured in NHWC).
     """
     if spec.is_cuda:
+        from inferx_edge.compiler.cuda.device_compiler import CudaOptions
+
         conv = "NHWC" if precision != "fp32" else "NCHW"
         kernel = "OHWI"  # rows of the implicit GEMM's weight operand run along the reduction
+        fused = precision != "fp32" and CudaOptions.from_env().fused_attention
+        return VariantLayout(
+            precision, conv, kernel, "OHWI" if conv == "NHWC" else "OIHW", "fused" if fused else "matmul"
+        )
     else:
         conv = "NCHW" if precision in QUANTIZED else "NHWC"
         kernel = "HWIO"  # output channels contiguous for vector loads

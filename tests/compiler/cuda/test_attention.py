@@ -101,18 +101,23 @@ def test_attention_the_kernel_cannot_take_is_left_alone(kwargs):
     assert "relax.nn.softmax" in _ops(mod) and _ops(mod).count("relax.matmul") == 2
 
 
-def test_the_rewrite_runs_for_reduced_precision_cuda_variants_only():
+def test_the_rewrite_runs_for_reduced_precision_cuda_variants_that_opt_in(monkeypatch):
     from inferx_edge.compiler.passes import PASSES
     from inferx_edge.compiler.variant import variant_layout
     from inferx_edge.targets import get_target
 
     (p,) = [p for p in PASSES if p.name == "fused_attention"]
-    runs = {
-        (t, prec): p.applies(variant_layout(get_target(t), prec))
-        for t in ("h200", "x86-cpu")
-        for prec in ("fp32", "fp16", "int8")
-    }
-    assert runs == {
+
+    def runs():
+        return {
+            (t, prec): p.applies(variant_layout(get_target(t), prec))
+            for t in ("h200", "x86-cpu")
+            for prec in ("fp32", "fp16", "int8")
+        }
+
+    assert not any(runs().values())  # off by default
+    monkeypatch.setenv("INFERX_FUSED_ATTENTION", "1")
+    assert runs() == {
         ("h200", "fp32"): False, ("h200", "fp16"): True, ("h200", "int8"): True,
         ("x86-cpu", "fp32"): False, ("x86-cpu", "fp16"): False, ("x86-cpu", "int8"): False,
     }  # fmt: skip
@@ -248,7 +253,7 @@ def test_a_fully_masked_row_gives_zeros_in_the_te_twin():
 
 
 @pytest.mark.parametrize("precision", ["int8", "fp16"])
-def test_a_cuda_variants_attention_block_emulated_on_the_cpu_matches_onnxruntime(tmp_path, precision):
+def test_a_cuda_variants_attention_block_emulated_on_the_cpu_matches_onnxruntime(tmp_path, monkeypatch, precision):
     """The attention block prepared as a CUDA variant (fused attention reading the projections'
     outputs through index maps) with the kernel's TE twin, compiled for this CPU."""
     ort = pytest.importorskip("onnxruntime")
@@ -261,6 +266,7 @@ def test_a_cuda_variants_attention_block_emulated_on_the_cpu_matches_onnxruntime
     from inferx_edge.targets import get_target
     from tests.compiler.test_zoo_blocks import _model
 
+    monkeypatch.setenv("INFERX_FUSED_ATTENTION", "1")
     path, shape = _model(tmp_path, "attention")
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     (want,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
