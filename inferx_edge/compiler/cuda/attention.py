@@ -107,6 +107,45 @@ def contiguous(nb: int, length: int, width: int, dtype: str = "float16") -> Oper
     return Operand((nb, length, width), dtype, lambda n, r, c: (n, r, c), 8 if dtype == "float16" else 4)
 
 
+# Fragment layouts of mma.sync.m16n8k16 (.row.col, fp16 in, fp32 accumulate) as the kernel addresses
+# them; ints or TIR expressions. tests/compiler/cuda/test_attention_fragments.py runs the kernel's warp
+# program in numpy through these same functions against PTX's definitions of ldmatrix and mma.
+
+
+def a_rows(w, lane, ks, stride: int):
+    """``ldmatrix.x4`` row address (in halves) of ``lane`` for warp ``w``'s 16 x 16 A tile (Q rows
+    ``w*16..``, columns ``ks*16..``)."""
+    return (w * 16 + lane % 16) * stride + ks * 16 + lane // 16 * 8
+
+
+def b_rows(nt, lane, ks, stride: int):
+    """``ldmatrix.x4`` row address of ``lane`` for two 8-key B tiles (K rows ``nt*16..``, reduction
+    columns ``ks*16..``): registers 0-1 are n-tile ``2nt``, 2-3 n-tile ``2nt+1``."""
+    return (nt * 16 + lane // 16 * 8 + lane % 8) * stride + ks * 16 + lane // 8 % 2 * 8
+
+
+def bt_rows(ks, nd, lane, stride: int):
+    """``ldmatrix.x4.trans`` row address of ``lane`` for two 8-column B tiles read from a row-major
+    [reduction, n] tile (V rows ``ks*16..``, columns ``nd*16..``)."""
+    return (ks * 16 + lane // 8 % 2 * 8 + lane % 8) * stride + nd * 16 + lane // 16 * 8
+
+
+def tiles(d: int, dv: int) -> tuple[int, int, int]:
+    """(key tile, shared row stride of Q/K, of V) in halves: 16 bytes of padding per row put the eight
+    rows one ``ldmatrix`` reads on distinct banks."""
+    return (64 if max(d, dv) <= 64 else 32), d + 8, dv + 8
+
+
+def c_row(lane, e):
+    """Row (of 16) of accumulator element ``e`` (0-3) held by ``lane``."""
+    return lane // 4 + e // 2 * 8
+
+
+def c_col(lane, e):
+    """Column (of 8) of accumulator element ``e`` held by ``lane``."""
+    return lane % 4 * 2 + e % 2
+
+
 def supports(s: int, t: int, d: int, dv: int) -> str | None:
     """Why the kernel cannot take these extents (None: it can)."""
     if min(s, t) < 1:
@@ -139,8 +178,7 @@ def attention_kernel(
     why = supports(s, t, d, dv)
     if why:
         raise ValueError(f"fused attention: {why}")
-    bc = 64 if max(d, dv) <= 64 else 32  # key tile
-    sq, sv = d + 8, dv + 8  # shared row strides (+16 bytes: ldmatrix rows on distinct banks)
+    bc, sq, sv = tiles(d, dv)
     n_q, n_kv = -(-s // ROWS), -(-t // bc)
     c = scale * _LOG2E  # scores in the exp2 domain
     q_chunks, k_chunks, v_chunks = ROWS * d // 8, bc * d // 8, bc * dv // 8
@@ -203,7 +241,7 @@ def attention_kernel(
                 T.evaluate(
                     T.ptx_legacy.ldmatrix(
                         False, 4, ".b16", qa.data, ks * 8, q_s.access_ptr("r"),
-                        (w * 16 + lane % 16) * sq + ks * 16 + lane // 16 * 8, dtype="float16",
+                        a_rows(w, lane, ks, sq), dtype="float16",
                     )
                 )  # fmt: skip
         for j in range(n_kv):
@@ -243,7 +281,7 @@ def attention_kernel(
                         T.evaluate(
                             T.ptx_legacy.ldmatrix(
                                 False, 4, ".b16", kb.data, 0, k_s.access_ptr("r"),
-                                (nt * 16 + lane // 16 * 8 + lane % 8) * sq + ks * 16 + lane // 8 % 2 * 8,
+                                b_rows(nt, lane, ks, sq),
                                 dtype="float16",
                             )
                         )  # fmt: skip
@@ -257,8 +295,8 @@ def attention_kernel(
                             )  # fmt: skip
                 for nt in T.unroll(bc // 8):
                     for e in T.unroll(4):
-                        col = T.meta_var(j * bc + nt * 8 + lane % 4 * 2 + e % 2)
-                        row = T.meta_var(row0 + w * 16 + lane // 4 + e // 2 * 8)
+                        col = T.meta_var(j * bc + nt * 8 + c_col(lane, e))
+                        row = T.meta_var(row0 + w * 16 + c_row(lane, e))
                         if has_bias:
                             acc[nt * 4 + e] = acc[nt * 4 + e] * T.float32(c) + T.Cast(
                                 "float32", b_[bias_at(n, row, col)]
@@ -294,7 +332,7 @@ def attention_kernel(
                         T.evaluate(
                             T.ptx_legacy.ldmatrix(
                                 True, 4, ".b16", kb.data, 0, v_s.access_ptr("r"),
-                                (ks * 16 + lane // 8 % 2 * 8 + lane % 8) * sv + nd * 16 + lane // 16 * 8,
+                                bt_rows(ks, nd, lane, sv),
                                 dtype="float16",
                             )
                         )  # fmt: skip
@@ -313,8 +351,8 @@ def attention_kernel(
                 ls[i] = T.if_then_else(ls[i] > T.float32(0), T.float32(1) / ls[i], T.float32(0))
             for nd in T.unroll(dv // 8):
                 for e in T.unroll(4):
-                    if row0 + w * 16 + lane // 4 + e // 2 * 8 < s:
-                        out[n, row0 + w * 16 + lane // 4 + e // 2 * 8, nd * 8 + lane % 4 * 2 + e % 2] = T.Cast(
+                    if row0 + w * 16 + c_row(lane, e) < s:
+                        out[n, row0 + w * 16 + c_row(lane, e), nd * 8 + c_col(lane, e)] = T.Cast(
                             out_dtype, o[nd * 4 + e] * ls[e // 2]
                         )
 
