@@ -1,6 +1,9 @@
 """Attention of the zoo's transformers on one GPU: the fused kernel against torch in one process.
 
-    python -m benchmarks.gpu_attention [--batches 64,1] [--name NAME]
+    python -m benchmarks.gpu_attention [--batches 64,1] [--name NAME] [--no-check]
+
+First the kernel's numerics on the device against numpy float64 (:data:`CHECKS`: ragged lengths, head
+widths 16-128, broadcast biases, rows masked everywhere, Q/K/V read from one packed float32 tensor).
 
 Each case is ``softmax(Q K^T * scale + bias) V`` at a zoo network's shapes (fp16 Q/K/V already laid out
 [batch x heads, tokens, head width], fp32 output as an int8 variant's kernel writes it):
@@ -41,15 +44,16 @@ def reference(q, k, v, scale: float, bias=None):
     return np.einsum("nst,ntd->nsd", p / p.sum(-1, keepdims=True), v.astype(np.float64))
 
 
-def run_kernel(nb, s, t, d, dv, scale, bias=None, view=None, out_dtype="float32", seed=0, packed=False):
+def run_kernel(nb, s, t, d, dv, scale, bias=None, view=None, out_dtype="float32", seed=0, packed=False, cpu=False):
     """Compile and run the kernel on GPU 0 with seeded inputs: ``(output, float64 reference)``. fp16 Q,
     K, V tensors; ``packed`` (s == t, d == dv): one float32 [s, nb, 3 * d] tensor holding all three, as a
-    QKV projection writes it, read through index maps."""
+    QKV projection writes it, read through index maps. ``cpu``: the kernel's plain TE twin
+    (``attention_reference``) on this CPU instead."""
     import tvm
 
     from inferx_edge.compiler.compile import resolve_tvm_target
     from inferx_edge.compiler.cuda import device_compiler
-    from inferx_edge.compiler.cuda.attention import Bias, Operand, attention_kernel
+    from inferx_edge.compiler.cuda.attention import Bias, Operand, attention_kernel, attention_reference
     from inferx_edge.targets import get_target
 
     rng = np.random.default_rng(seed)
@@ -63,13 +67,17 @@ def run_kernel(nb, s, t, d, dv, scale, bias=None, view=None, out_dtype="float32"
     else:
         q, k, v = (rng.standard_normal(shape).astype(np.float16) for shape in ((nb, s, d), (nb, t, d), (nb, t, dv)))
         inputs = [q, k, v]
-    spec = get_target("h200")
-    tgt = resolve_tvm_target(spec)
     spec_b = Bias(bias.shape, view, "float32") if bias is not None else None
-    f = attention_kernel(nb, s, t, d, dv, scale, out_dtype, spec_b, operands)
-    with device_compiler(spec, "cubin"), tgt:
-        lib = tvm.compile(tvm.IRModule({"attention": f.with_attr("global_symbol", "attention")}), target=tgt)
-    dev = tvm.cuda()
+    factory = attention_reference if cpu else attention_kernel
+    f = factory(nb, s, t, d, dv, scale, out_dtype, spec_b, operands).with_attr("global_symbol", "attention")
+    if cpu:
+        lib, dev = tvm.compile(tvm.IRModule({"attention": f}), target="llvm"), tvm.cpu()
+    else:
+        spec = get_target("h200")
+        tgt = resolve_tvm_target(spec)
+        with device_compiler(spec, "cubin"), tgt:
+            lib = tvm.compile(tvm.IRModule({"attention": f}), target=tgt)
+        dev = tvm.cuda()
     b = bias.astype(np.float32).reshape(-1) if bias is not None else np.zeros(1, np.float32)
     args = [tvm.runtime.tensor(a, dev) for a in (*inputs, b)]
     out = tvm.runtime.empty((nb, s, dv), out_dtype, dev)
@@ -155,15 +163,64 @@ def _compile(func, target: str):
         return tvm.compile(tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")}), target=tgt)
 
 
+def _masked_rows():
+    bias = np.zeros((2, 20, 30))
+    bias[0, 3, :] = -np.inf  # query 3 of sequence 0 sees nothing: zeros
+    bias[1, :, 7] = -np.inf  # key 7 of sequence 1 is padding
+    return bias
+
+
+#: the numerics checks (``--check``): (label, run_kernel arguments, keyword arguments)
+CHECKS = [
+    ("vit shape", (6, 197, 197, 64, 64, 0.125), {}),
+    ("ragged, 32 wide", (4, 50, 130, 32, 32, 0.2), {}),
+    ("128 wide", (2, 5, 77, 128, 128, 0.09), {}),
+    ("3 keys, 16/48 wide", (3, 70, 3, 16, 48, 0.25), {}),
+    ("one token", (1, 1, 1, 64, 16, 0.125), {}),
+    ("window bias", (12, 49, 49, 32, 32, 0.2), {"bias": "window", "view": (4, 3)}),
+    ("padding mask", (12, 49, 49, 32, 32, 0.2), {"bias": "mask", "view": (4, 3)}),
+    ("masked rows, fp16 out", (2, 20, 30, 16, 16, 0.5), {"bias": "masked", "view": (2,), "out_dtype": "float16"}),
+    ("packed fp32 qkv", (24, 197, 197, 64, 64, 0.125), {"packed": True}),
+]
+
+
+def check(label: str, args, kwargs, cpu: bool = False) -> dict:
+    """One numerics check on the GPU (``cpu``: of the TE twin on this CPU): max error relative to the
+    reference's largest value (<= 3e-3: OK)."""
+    rng = np.random.default_rng(1)
+    kwargs = dict(kwargs)
+    bias = {
+        "window": lambda: rng.standard_normal((1, 3, 49, 49)) * 3,
+        "mask": lambda: np.where(rng.random((4, 1, 1, 49)) < 0.25, -10000.0, 0.0),
+        "masked": _masked_rows,
+    }.get(kwargs.get("bias"))
+    if bias is not None:
+        kwargs["bias"] = bias()
+    got, want = run_kernel(*args, **kwargs, cpu=cpu)
+    if kwargs.get("bias") is not None and np.isinf(kwargs["bias"]).any():
+        want = np.nan_to_num(want, nan=0.0)  # a row that sees nothing: the kernel writes zeros
+    err = float(np.abs(got - want).max() / max(1.0, np.abs(want).max()))
+    ok = bool(np.isfinite(got).all()) and err <= 3e-3
+    return {"check": label, "shape": list(args[:5]), "rel max error": err, "ok": ok}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="64,1")
     ap.add_argument("--target", default="h200")
     ap.add_argument("--name", default=None)
+    ap.add_argument("--no-check", action="store_true", help="skip the numerics checks against float64")
     args = ap.parse_args()
     import torch
 
     results: list[dict] = []
+    checks: list[dict] = []
+    for label, a, kw in [] if args.no_check else CHECKS:
+        try:
+            checks.append(check(label, a, kw))
+        except Exception as exc:  # recorded, the other checks still run
+            checks.append({"check": label, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:600]})
+        print(json.dumps(checks[-1]), flush=True)
     for batch in (int(b) for b in args.batches.split(",")):
         for case in CASES:
             try:
@@ -178,10 +235,12 @@ def main() -> None:
             "device": torch.cuda.get_device_name(0),
             "driver": gpu_driver(),
             "versions": versions("apache-tvm", "torch", "inferx_edge"),
+            "checks": checks,
+            "checks_ok": all(c["ok"] for c in checks),
             "results": results,
         },
     )
-    print(f"wrote {path}")
+    print(f"wrote {path}; numerics checks {'all OK' if all(c['ok'] for c in checks) else 'FAILED'}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.gpu_attention import run_kernel
+from benchmarks.gpu_attention import CHECKS, check
 from tests.helpers import local_gpu, needs_nvrtc
 
 needs_gpu = pytest.mark.skipif(local_gpu() is None, reason="no NVIDIA GPU with a driver on this machine")
@@ -165,91 +165,26 @@ def test_kernel_compiles_to_tensor_core_code(tmp_path, monkeypatch, target):
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize(
-    "nb,s,t,d,dv",
-    [(6, 197, 197, 64, 64), (4, 50, 130, 32, 32), (2, 5, 77, 128, 128), (3, 70, 3, 16, 48), (1, 1, 1, 64, 16)],
-)
-def test_kernel_matches_float64_attention(nb, s, t, d, dv):
-    got, want = run_kernel(nb, s, t, d, dv, d**-0.5)
-    assert np.isfinite(got).all()
-    assert np.abs(got - want).max() <= 2e-3 * max(1.0, np.abs(want).max())
+@pytest.mark.parametrize("label,args,kwargs", CHECKS, ids=[c[0] for c in CHECKS])
+def test_kernel_matches_float64_attention_on_the_gpu(label, args, kwargs):
+    result = check(label, args, kwargs)
+    assert result["ok"], result
 
 
-@pytest.mark.gpu
-@needs_gpu
-@pytest.mark.parametrize(
-    "bias_shape,view", [((1, 3, 49, 49), (4, 3)), ((4, 1, 1, 49), (4, 3)), ((2, 1, 3, 49, 49), (2, 2, 3))]
-)
-def test_kernel_adds_a_broadcast_bias(bias_shape, view):
-    bias = np.random.default_rng(1).standard_normal(bias_shape) * 3
-    got, want = run_kernel(int(np.prod(view)), 49, 49, 32, 32, 0.2, bias, view)
-    assert np.abs(got - want).max() <= 2e-3 * max(1.0, np.abs(want).max())
+@pytest.mark.parametrize("label,args,kwargs", CHECKS, ids=[c[0] for c in CHECKS])
+def test_the_kernels_te_twin_passes_the_same_checks_on_the_cpu(label, args, kwargs):
+    """The index maps and bias offsets both kernels share (and the checks themselves), on this CPU."""
+    result = check(label, args, kwargs, cpu=True)
+    assert result["ok"], result
 
 
-@pytest.mark.gpu
-@needs_gpu
-def test_a_fully_masked_row_gives_zeros_and_a_masked_key_is_ignored():
-    bias = np.zeros((2, 20, 30))
-    bias[0, 3, :] = -np.inf  # query 3 of sequence 0 sees nothing
-    bias[1, :, 7] = -np.inf  # key 7 of sequence 1 is padding
-    got, want = run_kernel(2, 20, 30, 16, 16, 0.5, bias, (2,), out_dtype="float16")
-    assert np.all(got[0, 3] == 0) and np.isfinite(got).all()
-    want[0, 3] = 0
-    assert np.abs(got - want).max() <= 3e-3 * max(1.0, np.abs(want).max())
+def test_the_checks_fail_a_kernel_with_the_wrong_scale(monkeypatch):
+    from inferx_edge.compiler.cuda import attention
 
-
-def _run_reference(nb, s, t, d, dv, scale, bias=None, view=None, packed=False, seed=0):
-    """The kernel's TE twin compiled for this CPU, on the inputs :func:`run_kernel` makes."""
-    import tvm
-
-    from benchmarks.gpu_attention import reference
-    from inferx_edge.compiler.cuda.attention import Bias, Operand, attention_reference
-
-    rng = np.random.default_rng(seed)
-    operands = None
-    if packed:
-        base = rng.standard_normal((s, nb, 3 * d)).astype(np.float32)
-        q, k, v = (base[:, :, i * d : (i + 1) * d].transpose(1, 0, 2).astype(np.float16) for i in range(3))
-        operands = tuple(Operand(base.shape, "float32", lambda n, r, c, i=i: (r, n, i * d + c), 4) for i in range(3))
-        inputs = [base] * 3
-    else:
-        q, k, v = (rng.standard_normal(shape).astype(np.float16) for shape in ((nb, s, d), (nb, t, d), (nb, t, dv)))
-        inputs = [q, k, v]
-    spec_b = Bias(bias.shape, view, "float32") if bias is not None else None
-    f = attention_reference(nb, s, t, d, dv, scale, "float32", spec_b, operands)
-    lib = tvm.compile(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}), target="llvm")
-    b = bias.astype(np.float32).reshape(-1) if bias is not None else np.zeros(1, np.float32)
-    out = tvm.runtime.empty((nb, s, dv), "float32")
-    lib["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in (*inputs, b)], out)
-    full = None if bias is None else np.broadcast_to(bias, (*view, *bias.shape[-2:])).reshape(nb, *bias.shape[-2:])
-    return out.numpy(), reference(q, k, v, scale, full)
-
-
-@pytest.mark.parametrize(
-    "case",
-    [
-        {"shape": (3, 37, 21, 16, 32)},
-        {"shape": (4, 49, 49, 32, 32), "bias": (1, 2, 49, 49), "view": (2, 2)},
-        {"shape": (6, 11, 11, 16, 16), "bias": (2, 1, 1, 11), "view": (2, 3)},
-        {"shape": (4, 20, 20, 16, 16), "packed": True},
-    ],
-    ids=["ragged", "window-bias", "padding-mask", "packed-qkv"],
-)
-def test_the_kernels_te_twin_matches_float64_attention_on_the_cpu(case):
-    """The index maps and bias offsets both kernels share, checked on this CPU."""
-    rng = np.random.default_rng(3)
-    bias = rng.standard_normal(case["bias"]) * 2 if "bias" in case else None
-    got, want = _run_reference(*case["shape"], 0.3, bias, case.get("view"), case.get("packed", False))
-    assert np.abs(got - want).max() <= 2e-3 * max(1.0, np.abs(want).max())
-
-
-def test_a_fully_masked_row_gives_zeros_in_the_te_twin():
-    bias = np.zeros((2, 5, 9))
-    bias[1, 2, :] = -np.inf
-    got, want = _run_reference(2, 5, 9, 16, 16, 0.5, bias, (2,))
-    assert np.all(got[1, 2] == 0) and np.isfinite(got).all()
-    want[1, 2] = 0
-    assert np.abs(got - want).max() <= 2e-3 * max(1.0, np.abs(want).max())
+    real = attention.attention_reference
+    monkeypatch.setattr(attention, "attention_reference", lambda *a: real(*a[:5], a[5] * 1.05, *a[6:]))
+    label, args, kwargs = CHECKS[0]
+    assert not check(label, args, kwargs, cpu=True)["ok"]
 
 
 @pytest.mark.parametrize("precision", ["int8", "fp16"])
