@@ -215,7 +215,7 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
             imported = base
             if batch != base_batch:
                 imported = import_model(opts.model, _shapes_at(opts, base, batch))
-            layout = variant_layout(spec, precision)
+            layout = variant_layout(spec, precision, opts.cuda_options)
             t0 = time.perf_counter()
             # keyed by the source model's hash, pinned shapes and precision (quantizing keeps all three)
             tuning_dir, note = (

@@ -54,7 +54,7 @@ class VariantLayout:
         return self.precision in QUANTIZED
 
 
-def variant_layout(spec: TargetSpec, precision: str) -> VariantLayout:
+def variant_layout(spec: TargetSpec, precision: str, cuda_options=None) -> VariantLayout:
     """The layouts a ``precision`` variant runs in on ``spec``.
 
     NHWC for fp16/int8/mixed on CUDA: dlight turns a convolution into an implicit GEMM whose operands
@@ -68,13 +68,16 @@ def variant_layout(spec: TargetSpec, precision: str) -> VariantLayout:
     output and the weight, so MetaSchedule's tiles vectorize the multiply-adds along them with
     contiguous loads and stores (measured in ``benchmarks/results/cpu_latency_*``). int8/mixed CPU
     variants stay NCHW (not measured in NHWC).
+
+    Attention runs fused on CUDA fp16/int8/mixed variants when ``cuda_options`` (default: from the
+    environment) has ``fused_attention``.
     """
     if spec.is_cuda:
         from inferx_edge.compiler.cuda.device_compiler import CudaOptions
 
         conv = "NHWC" if precision != "fp32" else "NCHW"
         kernel = "OHWI"  # rows of the implicit GEMM's weight operand run along the reduction
-        fused = precision != "fp32" and CudaOptions.from_env().fused_attention
+        fused = precision != "fp32" and (cuda_options or CudaOptions.from_env()).fused_attention
         return VariantLayout(
             precision, conv, kernel, "OHWI" if conv == "NHWC" else "OIHW", "fused" if fused else "matmul"
         )

@@ -250,7 +250,10 @@ def fused_attention(mod):
                 expr = _scaled(expr, factors, ctx, "float32")
                 total = expr if total is None else relax.op.add(total, expr)
                 tshape = shape if tshape is None else [max(x, y) for x, y in zip(tshape, shape, strict=True)]
-            bias_spec = Bias(tuple(tshape), tuple(final), "float32")
+            try:
+                bias_spec = Bias(tuple(tshape), tuple(final), "float32")
+            except ValueError:  # a bias the kernel cannot index: this attention stays two matmuls
+                return None
             bias = relax.op.reshape(relax.op.broadcast_to(total, tshape), [math.prod(tshape)])
         bias = b.emit(relax.op.reshape(bias, [bias_spec.size if bias_spec else 1]))
         factory = _FACTORY[-1] if _FACTORY else attention_kernel

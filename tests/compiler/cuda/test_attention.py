@@ -116,6 +116,10 @@ def test_the_rewrite_runs_for_reduced_precision_cuda_variants_that_opt_in(monkey
         }
 
     assert not any(runs().values())  # off by default
+    from inferx_edge.compiler.cuda.device_compiler import CudaOptions
+
+    opted = variant_layout(get_target("h200"), "int8", CudaOptions(fused_attention=True))
+    assert p.applies(opted) and opted.attention == "fused"  # BuildOptions.cuda_options, explicitly
     monkeypatch.setenv("INFERX_FUSED_ATTENTION", "1")
     assert runs() == {
         ("h200", "fp32"): False, ("h200", "fp16"): True, ("h200", "int8"): True,
