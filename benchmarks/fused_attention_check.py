@@ -46,7 +46,7 @@ def check(name: str, d: Path) -> dict:
     inputs = {k[3:]: ref[k] for k in ref.files if k.startswith("in:")}
     want = [ref[k] for k in ref.files if k.startswith("out:")][0].astype(np.float64)
     imported = import_model(d / "model.onnx", {k: list(v.shape) for k, v in inputs.items()})
-    names = [p.name_hint for p in imported.mod["main"].params[: int(imported.mod["main"].attrs["num_input"])]]
+    names = [p.name for p in imported.mod["main"].params[: int(imported.mod["main"].attrs["num_input"])]]
     args = [inputs[n] for n in names]
     row: dict = {"model": name}
     outs = {}

@@ -53,7 +53,8 @@ def run_kernel(nb, s, t, d, dv, scale, bias=None, view=None, out_dtype="float32"
 
     from inferx_edge.compiler.compile import resolve_tvm_target
     from inferx_edge.compiler.cuda import device_compiler
-    from inferx_edge.compiler.cuda.attention import Bias, Operand, attention_kernel, attention_reference
+    from inferx_edge.compiler.cuda.attention import Bias, Operand, attention_kernel
+    from inferx_edge.compiler.cuda.attention_reference import attention_reference
     from inferx_edge.targets import get_target
 
     rng = np.random.default_rng(seed)

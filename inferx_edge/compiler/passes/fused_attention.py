@@ -153,9 +153,9 @@ _FACTORY: list = []
 @contextlib.contextmanager
 def emulated_attention():
     """Within it, :func:`fused_attention` calls the kernel's plain TE twin
-    (:func:`~inferx_edge.compiler.cuda.attention.attention_reference`), which any target compiles: a CUDA
+    (:func:`~inferx_edge.compiler.cuda.attention_reference.attention_reference`), which any target compiles: a CUDA
     variant's module built for the CPU, to measure its numerics without a GPU."""
-    from inferx_edge.compiler.cuda.attention import attention_reference
+    from inferx_edge.compiler.cuda.attention_reference import attention_reference
 
     _FACTORY.append(attention_reference)
     try:

@@ -183,10 +183,11 @@ def test_the_kernels_te_twin_passes_the_same_checks_on_the_cpu(label, args, kwar
 
 
 def test_the_checks_fail_a_kernel_with_the_wrong_scale(monkeypatch):
-    from inferx_edge.compiler.cuda import attention
+    import importlib
 
-    real = attention.attention_reference
-    monkeypatch.setattr(attention, "attention_reference", lambda *a: real(*a[:5], a[5] * 1.05, *a[6:]))
+    twin = importlib.import_module("inferx_edge.compiler.cuda.attention_reference")
+    real = twin.attention_reference
+    monkeypatch.setattr(twin, "attention_reference", lambda *a: real(*a[:5], a[5] * 1.05, *a[6:]))
     label, args, kwargs = CHECKS[0]
     assert not check(label, args, kwargs, cpu=True)["ok"]
 
