@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -221,7 +222,12 @@ def test_device_error_fails_its_batch_only_and_timeouts_are_504(served_artifact,
             codes = [r[0] for r in pool.map(lambda _: _infer(server, x[:1]), range(6))]
         assert 504 in codes and set(codes) <= {200, 504}
         flaky_engine.delay_s = 0.0
-        assert _infer(server, x)[0] == 200
+        # batches already asleep in the engine finish first (on a loaded host a request behind them can
+        # still time out); then the server answers again
+        deadline = time.monotonic() + 10
+        while (status := _infer(server, x)[0]) == 504 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert status == 200
 
 
 def test_sigterm_style_stop_answers_every_accepted_request(served_artifact, flaky_engine):
