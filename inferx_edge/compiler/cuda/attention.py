@@ -181,7 +181,6 @@ def attention_kernel(
     bc, sq, sv = tiles(d, dv)
     n_q, n_kv = -(-s // ROWS), -(-t // bc)
     c = scale * _LOG2E  # scores in the exp2 domain
-    q_chunks, k_chunks, v_chunks = ROWS * d // 8, bc * d // 8, bc * dv // 8
     threads = 32 * WARPS
     neg_inf = T.float32("-inf")
     has_bias = bias is not None
@@ -190,6 +189,24 @@ def attention_kernel(
 
     def bias_at(n, row, col):
         return bias.offset(n, row, col, s, t)
+
+    @T.macro
+    def load_tile(dst, stride, op, src, n, tx, rows, width, first, length):
+        # rows first.. of sequence n's [length, width] operand into shared memory (zeros past its end),
+        # 8 halves per thread tx and step
+        for i in range(-(-rows * width // 8 // threads)):
+            if i * threads + tx < rows * width // 8:
+                r = T.meta_var((i * threads + tx) // (width // 8))
+                cc = T.meta_var((i * threads + tx) % (width // 8) * 8)
+                if first + r < length:
+                    for e0 in T.unroll(8 // op.vector):
+                        for e in T.vectorized(op.vector):
+                            dst[r * stride + cc + e0 * op.vector + e] = op.load(
+                                src, n, first + r, cc + e0 * op.vector + e
+                            )
+                else:
+                    for e in T.vectorized(8):
+                        dst[r * stride + cc + e] = T.float16(0)
 
     @T.prim_func(private=True)
     def attention(
@@ -219,17 +236,7 @@ def attention_kernel(
         w = T.meta_var(tx // 32)
         lane = T.meta_var(tx % 32)
         live = T.meta_var(row0 + w * 16 < s)  # the warp has a query row (warp-uniform)
-        for i in range(-(-q_chunks // threads)):
-            if i * threads + tx < q_chunks:
-                r = T.meta_var((i * threads + tx) // (d // 8))
-                cc = T.meta_var((i * threads + tx) % (d // 8) * 8)
-                if row0 + r < s:
-                    for e0 in T.unroll(8 // qo.vector):
-                        for e in T.vectorized(qo.vector):
-                            q_s[r * sq + cc + e0 * qo.vector + e] = qo.load(q, n, row0 + r, cc + e0 * qo.vector + e)
-                else:
-                    for e in T.vectorized(8):
-                        q_s[r * sq + cc + e] = T.float16(0)
+        load_tile(q_s, sq, qo, q, n, tx, ROWS, d, row0, s)
         for i in T.unroll(2):
             m[i] = neg_inf
             ls[i] = T.float32(0)
@@ -246,32 +253,8 @@ def attention_kernel(
                 )  # fmt: skip
         for j in range(n_kv):
             T.tvm_storage_sync("shared")
-            for i in range(-(-k_chunks // threads)):
-                if i * threads + tx < k_chunks:
-                    r = T.meta_var((i * threads + tx) // (d // 8))
-                    cc = T.meta_var((i * threads + tx) % (d // 8) * 8)
-                    if j * bc + r < t:
-                        for e0 in T.unroll(8 // ko.vector):
-                            for e in T.vectorized(ko.vector):
-                                k_s[r * sq + cc + e0 * ko.vector + e] = ko.load(
-                                    k, n, j * bc + r, cc + e0 * ko.vector + e
-                                )
-                    else:
-                        for e in T.vectorized(8):
-                            k_s[r * sq + cc + e] = T.float16(0)
-            for i in range(-(-v_chunks // threads)):
-                if i * threads + tx < v_chunks:
-                    r = T.meta_var((i * threads + tx) // (dv // 8))
-                    cc = T.meta_var((i * threads + tx) % (dv // 8) * 8)
-                    if j * bc + r < t:
-                        for e0 in T.unroll(8 // vo.vector):
-                            for e in T.vectorized(vo.vector):
-                                v_s[r * sv + cc + e0 * vo.vector + e] = vo.load(
-                                    v, n, j * bc + r, cc + e0 * vo.vector + e
-                                )
-                    else:
-                        for e in T.vectorized(8):
-                            v_s[r * sv + cc + e] = T.float16(0)
+            load_tile(k_s, sq, ko, k, n, tx, bc, d, j * bc, t)
+            load_tile(v_s, sv, vo, v, n, tx, bc, dv, j * bc, t)
             T.tvm_storage_sync("shared")
             if live:
                 for i in T.unroll(bc // 2):
