@@ -192,6 +192,16 @@ def _model(tmp_path, name):
     return path, shape
 
 
+def block_quantizer(tmp_path, path, imported, shape):
+    """The int8 quantizer ``build`` would use for a block, calibrated on 8 seeded random samples."""
+    from inferx_edge.quantize.driver import QuantOptions, quantizer, resolve_plan
+
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(1).standard_normal((8, *shape[1:])).astype(np.float32))
+    plan = resolve_plan(path, {}, imported, "int8", QuantOptions(calib=calib), log=lambda *a: None)
+    return quantizer(plan, "int8")
+
+
 @pytest.mark.parametrize("name", list(BLOCKS))
 def test_block_fp32_on_x86_matches_onnxruntime(tmp_path, name):
     ort = pytest.importorskip("onnxruntime")
@@ -243,14 +253,7 @@ def test_block_compiles_for_cuda_with_tensor_cores_on_every_gemm(tmp_path, name,
 
     path, shape = _model(tmp_path, name)
     imported = import_model(path, {})
-    quantize = None
-    if precision == "int8":
-        from inferx_edge.quantize.driver import QuantOptions, quantizer, resolve_plan
-
-        calib = tmp_path / "calib.npy"
-        np.save(calib, np.random.default_rng(1).standard_normal((8, *shape[1:])).astype(np.float32))
-        plan = resolve_plan(path, {}, imported, "int8", QuantOptions(calib=calib), log=lambda *a: None)
-        quantize = quantizer(plan, "int8")
+    quantize = block_quantizer(tmp_path, path, imported, shape) if precision == "int8" else None
     spec = get_target(target)
     target_ = resolve_tvm_target(spec)
     mod = prepare_variant(imported, variant_layout(spec, precision), quantize=quantize, target=target_).mod

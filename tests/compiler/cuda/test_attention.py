@@ -204,21 +204,14 @@ def test_a_cuda_variants_attention_block_emulated_on_the_cpu_matches_onnxruntime
     from inferx_edge.compiler.variant import prepare_variant, variant_layout
     from inferx_edge.frontend import import_model
     from inferx_edge.targets import get_target
-    from tests.compiler.test_zoo_blocks import _model
+    from tests.compiler.test_zoo_blocks import _model, block_quantizer
 
     monkeypatch.setenv("INFERX_FUSED_ATTENTION", "1")
     path, shape = _model(tmp_path, "attention")
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     (want,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     imported = import_model(path, {})
-    quantize = None
-    if precision == "int8":
-        from inferx_edge.quantize.driver import QuantOptions, quantizer, resolve_plan
-
-        calib = tmp_path / "calib.npy"
-        np.save(calib, np.random.default_rng(1).standard_normal((8, *shape[1:])).astype(np.float32))
-        plan = resolve_plan(path, {}, imported, "int8", QuantOptions(calib=calib), log=lambda *a: None)
-        quantize = quantizer(plan, "int8")
+    quantize = block_quantizer(tmp_path, path, imported, shape) if precision == "int8" else None
     with emulated_attention():
         prepared = prepare_variant(
             imported, variant_layout(get_target("h200"), precision), quantize=quantize, bake=True
