@@ -208,6 +208,19 @@ def attention_kernel(
                     for e in T.vectorized(8):
                         dst[r * stride + cc + e] = T.float16(0)
 
+    @T.macro
+    def b_pair_mma(trans, smem, addr, a, a_off, b, acc_, tile):
+        # two 8-column B tiles (ldmatrix.x4 at this lane's row address addr) times one 16 x 16 A
+        # fragment (a[a_off:]) into accumulator tiles tile, tile + 1 of acc_
+        T.evaluate(T.ptx_legacy.ldmatrix(trans, 4, ".b16", b.data, 0, smem.access_ptr("r"), addr, dtype="float16"))
+        for h in T.unroll(2):
+            T.evaluate(
+                T.ptx_legacy.mma(
+                    "m16n8k16", "row", "col", "fp16", "fp16", "fp32",
+                    a.data, a_off, b.data, h * 4, acc_.data, (tile + h) * 4, False, dtype="float32",
+                )
+            )  # fmt: skip
+
     @T.prim_func(private=True)
     def attention(
         q: T.Buffer(qo.shape, qo.dtype),
@@ -261,21 +274,7 @@ def attention_kernel(
                     acc[i] = T.float32(0)
                 for nt in T.unroll(bc // 16):
                     for ks in T.unroll(d // 16):
-                        T.evaluate(
-                            T.ptx_legacy.ldmatrix(
-                                False, 4, ".b16", kb.data, 0, k_s.access_ptr("r"),
-                                b_rows(nt, lane, ks, sq),
-                                dtype="float16",
-                            )
-                        )  # fmt: skip
-                        for h in T.unroll(2):
-                            T.evaluate(
-                                T.ptx_legacy.mma(
-                                    "m16n8k16", "row", "col", "fp16", "fp16", "fp32",
-                                    qa.data, ks * 8, kb.data, h * 4, acc.data, (nt * 2 + h) * 4, False,
-                                    dtype="float32",
-                                )
-                            )  # fmt: skip
+                        b_pair_mma(False, k_s, b_rows(nt, lane, ks, sq), qa, ks * 8, kb, acc, nt * 2)
                 for nt in T.unroll(bc // 8):
                     for e in T.unroll(4):
                         col = T.meta_var(j * bc + nt * 8 + c_col(lane, e))
@@ -312,21 +311,7 @@ def attention_kernel(
                     for e in T.unroll(8):
                         pa[e] = T.Cast("float16", acc[ks * 8 + e])
                     for nd in T.unroll(dv // 16):
-                        T.evaluate(
-                            T.ptx_legacy.ldmatrix(
-                                True, 4, ".b16", kb.data, 0, v_s.access_ptr("r"),
-                                bt_rows(ks, nd, lane, sv),
-                                dtype="float16",
-                            )
-                        )  # fmt: skip
-                        for h in T.unroll(2):
-                            T.evaluate(
-                                T.ptx_legacy.mma(
-                                    "m16n8k16", "row", "col", "fp16", "fp16", "fp32",
-                                    pa.data, 0, kb.data, h * 4, o.data, (nd * 2 + h) * 4, False,
-                                    dtype="float32",
-                                )
-                            )  # fmt: skip
+                        b_pair_mma(True, v_s, bt_rows(ks, nd, lane, sv), pa, 0, kb, o, nd * 2)
         if live:
             for i in T.unroll(2):
                 for sh in T.unroll(2):
