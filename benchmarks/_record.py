@@ -93,3 +93,18 @@ def write_record(name: str, record: dict) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(body, indent=2) + "\n")
     return path
+
+
+def run_models(names: list[str], measure, name: str, record: dict) -> Path:
+    """``measure(model) -> rows`` for each model in turn (an exception becomes that model's error row and
+    the others still run); ``results/<name>.json`` (``record`` + ``results``) is rewritten after each."""
+    results: list[dict] = []
+    path = None
+    for model in names:
+        try:
+            results += measure(model)
+        except Exception as exc:  # recorded; the other models still run
+            results.append({"model": model, "error": f"{type(exc).__name__}: {exc}"[:600]})
+        print(json.dumps(results[-1]), flush=True)
+        path = write_record(name, {**record, "results": results})
+    return path

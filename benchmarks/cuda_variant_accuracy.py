@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks._record import versions, write_record
+from benchmarks._record import run_models, versions
 
 REAL_WEIGHT_MODELS = "mobilenet_v2,efficientnet_lite0,minilm_l6"
 
@@ -96,18 +96,13 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     import platform
 
-    results: list[dict] = []
-    for name in args.models.split(","):
-        try:
-            results += measure(name, args.zoo_dir)
-        except Exception as exc:  # recorded; the other models still run
-            results.append({"model": name, "error": f"{type(exc).__name__}: {exc}"[:600]})
-            print(results[-1], flush=True)
-        path = write_record(
-            args.name or f"cuda_variant_accuracy_{platform.machine()}",
-            {"host": platform.processor() or platform.machine(), "versions": versions("apache-tvm", "inferx_edge"),
-             "calib_method": "mse", "results": results},
-        )  # fmt: skip
+    path = run_models(
+        args.models.split(","),
+        lambda name: measure(name, args.zoo_dir),
+        args.name or f"cuda_variant_accuracy_{platform.machine()}",
+        {"host": platform.processor() or platform.machine(), "versions": versions("apache-tvm", "inferx_edge"),
+         "calib_method": "mse"},
+    )  # fmt: skip
     print(f"wrote {path}")
 
 

@@ -13,14 +13,13 @@ the projections' outputs) on the graphs it is for; the CUDA kernel itself is che
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import time
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks._record import versions, write_record
+from benchmarks._record import run_models, versions
 
 TRANSFORMERS = "vit_b_16,swin_t,minilm_l6"
 
@@ -74,18 +73,13 @@ def main(argv=None) -> None:
     ap.add_argument("--zoo-dir", type=Path, default=Path.home() / ".cache/inferx_edge/zoo")
     ap.add_argument("--name", default=None)
     args = ap.parse_args(argv)
-    results: list[dict] = []
-    for name in args.models.split(","):
-        try:
-            results.append(check(name, args.zoo_dir / name))
-        except Exception as exc:  # recorded; the other models still run
-            results.append({"model": name, "error": f"{type(exc).__name__}: {exc}"[:600]})
-        print(json.dumps(results[-1]), flush=True)
-        path = write_record(
-            args.name or f"fused_attention_check_{platform.machine()}",
-            {"host": platform.processor() or platform.machine(), "versions": versions("apache-tvm", "inferx_edge"),
-             "variant": "fp16 CUDA layout (NHWC, OHWI), compiled for this CPU", "results": results},
-        )  # fmt: skip
+    path = run_models(
+        args.models.split(","),
+        lambda name: [check(name, args.zoo_dir / name)],
+        args.name or f"fused_attention_check_{platform.machine()}",
+        {"host": platform.processor() or platform.machine(), "versions": versions("apache-tvm", "inferx_edge"),
+         "variant": "fp16 CUDA layout (NHWC, OHWI), compiled for this CPU"},
+    )  # fmt: skip
     print(f"wrote {path}")
 
 
