@@ -144,6 +144,7 @@ def build_job(
         "schedule_fallbacks": sorted(
             {f["kernel"] for x in manifest.variants for f in x.extra.get("schedule_fallbacks", [])}
         ),
+        "attention": sorted({x.extra.get("attention", "matmul") for x in manifest.variants}),
         "device_code": {
             k: manifest.target.get(k) for k in ("cuda_code", "cuda_code_arch", "cuda_toolkit") if k in manifest.target
         },

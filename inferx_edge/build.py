@@ -266,6 +266,7 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
                     extra=({"tuning": tuned} if tuned else {})
                     | ({"cuda_graph": True} if info["cuda_graph"] else {})
                     | {"conv_layout": info["conv_layout"]}
+                    | ({"attention": "fused"} if info["attention"] == "fused" else {})
                     | ({"schedule_fallbacks": info["schedule_fallbacks"]} if info["schedule_fallbacks"] else {})
                     | ({"quantization": quant_report} if quant_report else {}),
                 )

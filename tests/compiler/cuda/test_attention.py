@@ -221,3 +221,22 @@ def test_a_cuda_variants_attention_block_emulated_on_the_cpu_matches_onnxruntime
     got = vm["main"](tvm.runtime.tensor(x), *[tvm.runtime.tensor(np.asarray(w)) for w in prepared.weight_arrays])
     err = np.linalg.norm(got.numpy() - want) / np.linalg.norm(want)
     assert err < (0.05 if precision == "int8" else 5e-3), err
+
+
+@needs_nvrtc
+def test_an_artifact_built_with_fused_attention_says_so(tmp_path):
+    """The whole build (weights baked on the CPU next to a device-only kernel, NVRTC, packaging)."""
+    from inferx_edge.build import BuildOptions, build_artifact
+    from inferx_edge.compiler.cuda.device_compiler import CudaOptions
+    from inferx_edge.package import open_artifact
+    from tests.compiler.test_zoo_blocks import _model
+
+    path, _ = _model(tmp_path, "attention")
+    out = tmp_path / "a.ixa"
+    opts = BuildOptions(
+        model=path, target="h200", output=out, precisions=("fp16",), tuning=False,
+        cuda_options=CudaOptions(fused_attention=True),
+    )  # fmt: skip
+    build_artifact(opts, log=lambda *a: None)
+    with open_artifact(out) as art:
+        assert [v.extra.get("attention") for v in art.manifest.variants] == ["fused"]
