@@ -55,10 +55,11 @@ def _axes(values, rank: int) -> list[int]:
 def source_of(expr, ctx, coords, *, scalars: bool):
     """Walk ``expr`` back through reshape, permute_dims, expand_dims, squeeze, take of a constant
     index, float casts and (``scalars``) multiplications by a constant: ``(source expr, coordinate map
-    over the source, constant factor)``, ``coords`` being the map over ``expr`` itself."""
+    over the source, constant factor, steps)``, ``coords`` being the map over ``expr`` itself and
+    ``steps`` a hashable account of the layout ops walked (equal steps from equal starts: equal maps)."""
     import tvm
 
-    factor = 1.0
+    factor, steps = 1.0, []
     for _ in range(64):
         call = ctx.producer(expr)
         if call is None or not hasattr(call, "op"):
@@ -70,6 +71,7 @@ def source_of(expr, ctx, coords, *, scalars: bool):
             break
         if name == "relax.reshape":
             coords = _compose(coords, lambda c, sh=shape, ss=src_shape: reshape_coords(c, sh, ss))
+            steps.append(("reshape", tuple(shape), tuple(src_shape)))
         elif name == "relax.permute_dims":
             axes = (
                 list(reversed(range(len(src_shape))))
@@ -77,9 +79,11 @@ def source_of(expr, ctx, coords, *, scalars: bool):
                 else _axes(call.attrs.axes, len(src_shape))
             )
             coords = _compose(coords, lambda c, ax=axes: [c[ax.index(i)] for i in range(len(ax))])
+            steps.append(("permute", tuple(axes)))
         elif name == "relax.expand_dims":
             added = set(_axes(call.attrs.axis, len(shape)))
             coords = _compose(coords, lambda c, ad=added: [x for i, x in enumerate(c) if i not in ad])
+            steps.append(("expand", tuple(sorted(added))))
         elif name == "relax.squeeze":
             gone = (
                 [i for i, x in enumerate(src_shape) if x == 1]
@@ -88,6 +92,7 @@ def source_of(expr, ctx, coords, *, scalars: bool):
             )
             gone = sorted(gone)
             coords = _compose(coords, lambda c, g=gone: _insert_zeros(c, g))
+            steps.append(("squeeze", tuple(gone)))
         elif name == "relax.take":
             index = call.args[1]
             if not isinstance(index, tvm.ir.expr.Constant) or index.value.numpy().ndim != 0:
@@ -95,6 +100,7 @@ def source_of(expr, ctx, coords, *, scalars: bool):
             axis = int(call.attrs.axis) % len(src_shape)
             k = int(index.value.numpy()) % src_shape[axis]
             coords = _compose(coords, lambda c, a=axis, kk=k: [*c[:a], kk, *c[a:]])
+            steps.append(("take", axis, k))
         elif name == "relax.astype":
             if str(src.ty.dtype) not in ("float16", "float32"):
                 break
@@ -108,7 +114,7 @@ def source_of(expr, ctx, coords, *, scalars: bool):
         else:
             break
         expr = src
-    return expr, coords, factor
+    return expr, coords, factor, tuple(steps)
 
 
 def _constant(expr) -> float | None:
@@ -130,10 +136,20 @@ def _insert_zeros(coords: list, positions: list[int]) -> list:
     return out
 
 
-def vector_width(index, shape: list[int], extents: tuple[int, int, int], width: int) -> int:
+_CHECKED: dict = {}
+
+
+def vector_width(index, shape: list[int], extents: tuple[int, int, int], width: int, key=None) -> int:
     """Elements per load along the last kernel coordinate: ``width`` where ``index`` maps every group of
     ``width`` consecutive columns (starting at multiples of 8) to consecutive, ``width``-aligned
-    elements of a row-major ``shape`` tensor (checked over every point), else 1."""
+    elements of a row-major ``shape`` tensor (checked over every point), else 1. A ``key`` that fully
+    describes ``index`` (the layout steps it came from) caches the answer: a transformer's layers repeat
+    the same maps, and one check of ViT-B/16's at batch 64 evaluates 1.2 M points."""
+    if key is not None:
+        cache_key = (key, tuple(shape), tuple(extents), width)
+        if cache_key not in _CHECKED:
+            _CHECKED[cache_key] = vector_width(index, shape, extents, width)
+        return _CHECKED[cache_key]
     nb, rows, cols = extents
     if cols % 8 or nb * rows * (cols // 8) > MAX_CHECKED:
         return 1

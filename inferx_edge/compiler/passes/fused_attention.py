@@ -232,9 +232,10 @@ def fused_attention(mod):
                 x = b.emit(relax.op.reshape(saturated_fp16(b.emit(x)), [nb, rows, cols]))
                 views.append((x, contiguous(nb, rows, cols)))
                 continue
-            src, index, k = source_of(given, ctx, coords, scalars=scalars)
+            src, index, k, steps = source_of(given, ctx, coords, scalars=scalars)
             shape, dtype = static_shape(src), str(src.ty.dtype)
-            width = vector_width(index, shape, (nb, rows, cols), 8 if dtype == "float16" else 4)
+            key = (tuple(batch), role == 1 and k_swapped, steps)  # what the map is made of
+            width = vector_width(index, shape, (nb, rows, cols), 8 if dtype == "float16" else 4, key)
             views.append((ctx.rewritten(src), Operand(tuple(shape), dtype, index, width)))
             factor *= k
         operands = [x for x, _ in views]

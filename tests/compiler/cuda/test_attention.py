@@ -86,6 +86,21 @@ def test_vector_loads_only_where_every_column_group_is_contiguous_and_aligned():
     assert vector_width(lambda n, r, c: (c, n, r), [64, 4, 197], (4, 197, 64), 8) == 1  # K^T: strided
 
 
+def test_a_map_described_by_the_same_layout_steps_is_checked_once():
+    from inferx_edge.compiler.passes._views import vector_width
+
+    calls = []
+
+    def index(n, r, c):
+        calls.append(1)
+        return (r, n, c)
+
+    key = ("test", ("reshape", (4, 197, 64), (197, 4, 64)))
+    assert vector_width(index, [197, 4, 64], (4, 197, 64), 8, key) == 8
+    evaluated = len(calls)
+    assert vector_width(index, [197, 4, 64], (4, 197, 64), 8, key) == 8 and len(calls) == evaluated
+
+
 @pytest.mark.parametrize("bias_shape", [(2, 4, 24, 24), (4, 24, 24), (2, 1, 1, 24), (1, 4, 1, 24)])
 def test_a_broadcast_bias_is_taken(bias_shape):
     assert "relax.nn.softmax" not in _ops(_fused(_attention_mod(bias_shape=bias_shape)))
