@@ -13,8 +13,13 @@ The additive bias (relative position bias, attention masks) is read from global 
 is formed, broadcast over any of its axes: :class:`Bias` maps a (batch x head) index, a query row and a
 key column to its element, so a [heads, S, T] table or a [batch, 1, 1, T] mask is never expanded.
 
-The kernel is generated per shape (every extent is a compile-time constant) and marked scheduled, so
-the schedule rules leave it as written.
+Q, K and V are read through :class:`Operand` index maps, straight from the tensor a projection wrote
+(a float32 one saturated to fp16 as it loads). The kernel is generated per shape (every extent is a
+compile-time constant) and marked scheduled, so the schedule rules leave it as written.
+
+Status: compiled for sm_80/87/90a and checked off the device (its warp program in numpy against PTX's
+``ldmatrix``/``mma``, its computation as :mod:`~inferx_edge.compiler.cuda.attention_reference`), not yet
+run on a GPU; builds use it only when asked (``CudaOptions.fused_attention``). See docs/zoo.md.
 """
 
 from __future__ import annotations
