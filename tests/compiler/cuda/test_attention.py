@@ -255,3 +255,49 @@ def test_an_artifact_built_with_fused_attention_says_so(tmp_path):
     build_artifact(opts, log=lambda *a: None)
     with open_artifact(out) as art:
         assert [v.extra.get("attention") for v in art.manifest.variants] == ["fused"]
+
+
+def _torch_mha_mod(tokens=20, batch=2, heads=4, width=16):
+    """torch's nn.MultiheadAttention as its ONNX export reaches Relax (ViT-B/16's encoder): sequence-first
+    packed QKV projection, split by ``take`` after an unsqueeze/transpose/squeeze, heads moved by
+    reshapes and transposes, Q scaled by a constant."""
+    from tvm import relax
+
+    e = heads * width
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([tokens, batch, e], "float32"))
+    w = relax.const(np.random.default_rng(5).standard_normal((e, 3 * e)).astype(np.float32) * 0.2)
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            qkv = bb.emit(relax.op.reshape(relax.op.matmul(x, w), [tokens, batch, 3, e]))
+            qkv = bb.emit(relax.op.squeeze(relax.op.permute_dims(relax.op.expand_dims(qkv, [0]), [3, 1, 2, 0, 4]), [3]))
+            heads_first = []
+            for i in range(3):
+                part = bb.emit(relax.op.take(qkv, relax.const(i, "int64"), axis=0))  # [tokens, batch, e]
+                part = bb.emit(relax.op.permute_dims(relax.op.reshape(part, [tokens, batch * heads, width]), [1, 0, 2]))
+                heads_first.append(bb.emit(relax.op.reshape(part, [batch, heads, tokens, width])))
+            q = bb.emit(relax.op.multiply(heads_first[0], relax.const(width**-0.5, "float32")))
+            kt = bb.emit(relax.op.permute_dims(heads_first[1], [0, 1, 3, 2]))
+            p = bb.emit(relax.op.nn.softmax(relax.op.matmul(q, kt), axis=-1))
+            out = bb.emit_output(relax.op.matmul(p, heads_first[2]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_torch_mha_reads_q_k_v_from_the_packed_projection_and_matches_two_matmuls():
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.passes.fused_attention import emulated_attention, fused_attention
+
+    mod = _torch_mha_mod()
+    with emulated_attention():
+        fused = fused_attention(mod)
+    ops = _ops(fused)
+    assert "relax.nn.softmax" not in ops and "relax.take" not in ops and "relax.permute_dims" not in ops
+    x = np.random.default_rng(0).standard_normal((20, 2, 64)).astype(np.float32)
+    got, want = (
+        relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+        for m in (fused, mod)
+    )
+    assert np.abs(got - want).max() <= 3e-3 * np.abs(want).max()
