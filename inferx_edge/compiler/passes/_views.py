@@ -105,9 +105,9 @@ def source_of(expr, ctx, coords, *, scalars: bool):
             if str(src.ty.dtype) not in ("float16", "float32"):
                 break
         elif name in ("relax.multiply", "relax.divide") and scalars:
-            k = _constant(call.args[1])
+            k = constant_value(call.args[1])
             if k is None and name == "relax.multiply":
-                k, src = _constant(src), call.args[1]
+                k, src = constant_value(src), call.args[1]
             if not k or static_shape(src) != shape:
                 break
             factor = factor / k if name == "relax.divide" else factor * k
@@ -117,7 +117,8 @@ def source_of(expr, ctx, coords, *, scalars: bool):
     return expr, coords, factor, tuple(steps)
 
 
-def _constant(expr) -> float | None:
+def constant_value(expr) -> float | None:
+    """A Relax constant with one element, as a float; else None."""
     import tvm
 
     if isinstance(expr, tvm.ir.expr.Constant) and expr.value.numpy().size == 1:

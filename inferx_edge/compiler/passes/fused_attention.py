@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from inferx_edge.compiler.passes._rewrite import rewrite_calls_in_context, static_shape, swaps_last_two
-from inferx_edge.compiler.passes._views import reshape_coords, source_of, vector_width
+from inferx_edge.compiler.passes._views import constant_value, reshape_coords, source_of, vector_width
 from inferx_edge.compiler.passes.fp16_depthwise import saturated_fp16
 
 _CHAIN = ("relax.astype", "relax.reshape", "relax.multiply", "relax.divide", "relax.add")
@@ -26,15 +26,6 @@ class _Scores:
 def _one_element(expr) -> bool:
     shape = static_shape(expr)
     return shape is not None and math.prod(shape) == 1
-
-
-def _constant(expr) -> float | None:
-    """A constant with one element, as a float; else None."""
-    import tvm
-
-    if isinstance(expr, tvm.ir.expr.Constant) and expr.value.numpy().size == 1:
-        return float(expr.value.numpy().reshape(()))
-    return None
 
 
 def _reaches_matmul(expr, ctx, depth: int = 0) -> bool:
@@ -80,7 +71,7 @@ def _walk_scores(x, ctx):
                 x, c = b, a
             else:
                 return None
-            k = _constant(c)
+            k = constant_value(c)
             if k == 0:
                 return None
             if k is None:
