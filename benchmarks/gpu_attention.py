@@ -44,48 +44,52 @@ def reference(q, k, v, scale: float, bias=None):
     return np.einsum("nst,ntd->nsd", p / p.sum(-1, keepdims=True), v.astype(np.float64))
 
 
-def run_kernel(nb, s, t, d, dv, scale, bias=None, view=None, out_dtype="float32", seed=0, packed=False, cpu=False):
-    """Compile and run the kernel on GPU 0 with seeded inputs: ``(output, float64 reference)``. fp16 Q,
-    K, V tensors; ``packed`` (s == t, d == dv): one float32 [s, nb, 3 * d] tensor holding all three, as a
-    QKV projection writes it, read through index maps. ``cpu``: the kernel's plain TE twin
-    (``attention_reference``) on this CPU instead."""
+def _setup(
+    nb, s, t, d, dv, scale, bias=None, view=None, out_dtype="float32", seed=0, packed=False, target="h200", cpu=False
+):
+    """The compiled kernel (``cpu``: its TE twin for this CPU) on seeded inputs: ``(lib, device
+    arguments, output, fp16 (q, k, v), full bias [nb, S|1, T] or None)``. fp16 Q, K, V tensors;
+    ``packed`` (s == t, d == dv): one float32 [s, nb, 3 * d] tensor holding all three, as a QKV
+    projection writes it, read through index maps."""
     import tvm
 
-    from inferx_edge.compiler.compile import resolve_tvm_target
-    from inferx_edge.compiler.cuda import device_compiler
     from inferx_edge.compiler.cuda.attention import Bias, Operand, attention_kernel
     from inferx_edge.compiler.cuda.attention_reference import attention_reference
-    from inferx_edge.targets import get_target
 
     rng = np.random.default_rng(seed)
     operands = None
     if packed:
         base = rng.standard_normal((s, nb, 3 * d)).astype(np.float32)
-        q, k, v = (np.ascontiguousarray(base[:, :, i * d : (i + 1) * d].transpose(1, 0, 2)) for i in range(3))
+        q, k, v = (base[:, :, i * d : (i + 1) * d].transpose(1, 0, 2).astype(np.float16) for i in range(3))
         operands = tuple(Operand(base.shape, "float32", lambda n, r, c, i=i: (r, n, i * d + c), 4) for i in range(3))
         inputs = [base, base, base]
-        q, k, v = (x.astype(np.float16) for x in (q, k, v))
     else:
         q, k, v = (rng.standard_normal(shape).astype(np.float16) for shape in ((nb, s, d), (nb, t, d), (nb, t, dv)))
         inputs = [q, k, v]
     spec_b = Bias(bias.shape, view, "float32") if bias is not None else None
     factory = attention_reference if cpu else attention_kernel
-    f = factory(nb, s, t, d, dv, scale, out_dtype, spec_b, operands).with_attr("global_symbol", "attention")
+    f = factory(nb, s, t, d, dv, scale, out_dtype, spec_b, operands)
     if cpu:
-        lib, dev = tvm.compile(tvm.IRModule({"attention": f}), target="llvm"), tvm.cpu()
+        lib, dev = (
+            tvm.compile(tvm.IRModule({"attention": f.with_attr("global_symbol", "attention")}), target="llvm"),
+            tvm.cpu(),
+        )
     else:
-        spec = get_target("h200")
-        tgt = resolve_tvm_target(spec)
-        with device_compiler(spec, "cubin"), tgt:
-            lib = tvm.compile(tvm.IRModule({"attention": f}), target=tgt)
-        dev = tvm.cuda()
+        lib, dev = _compile(f, target), tvm.cuda()
     b = bias.astype(np.float32).reshape(-1) if bias is not None else np.zeros(1, np.float32)
     args = [tvm.runtime.tensor(a, dev) for a in (*inputs, b)]
     out = tvm.runtime.empty((nb, s, dv), out_dtype, dev)
-    lib["attention"](*args, out)
     full = None
     if bias is not None:
         full = np.broadcast_to(bias, (*view, *bias.shape[-2:])).reshape(nb, *bias.shape[-2:])
+    return lib, args, out, (q, k, v), full
+
+
+def run_kernel(nb, s, t, d, dv, scale, bias=None, view=None, out_dtype="float32", seed=0, packed=False, cpu=False):
+    """Compile and run the kernel on GPU 0 (``cpu``: its TE twin on this CPU) with seeded inputs (see
+    :func:`_setup`): ``(output, float64 reference)``."""
+    lib, args, out, (q, k, v), full = _setup(nb, s, t, d, dv, scale, bias, view, out_dtype, seed, packed, cpu=cpu)
+    lib["attention"](*args, out)
     return out.numpy().astype(np.float64), reference(q, k, v, scale, full)
 
 
@@ -99,8 +103,7 @@ def run_case(case, batch: int, target: str) -> dict:
     net, heads, tokens, width, kind = case
     windows = _WINDOWS.get(net, 1)
     nb = batch * windows * heads
-    rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal((nb, tokens, width)).astype(np.float16) for _ in range(3))
+    rng = np.random.default_rng(1)
     scale = width**-0.5
     bias, view = None, (nb,)
     if kind == "window":
@@ -114,27 +117,16 @@ def run_case(case, batch: int, target: str) -> dict:
     row["gflop"] = 4 * nb * tokens * tokens * width / 1e9
     row["bias"] = kind
 
-    from inferx_edge.compiler.cuda.attention import Bias, attention_kernel
-
-    spec_b = Bias(bias.shape, view, "float32") if bias is not None else None
-    func = attention_kernel(nb, tokens, tokens, width, width, scale, "float32", spec_b)
-    lib = _compile(func, target)
-    dev = tvm.cuda(0)
-    b = bias.reshape(-1) if bias is not None else np.zeros(1, np.float32)
-    args = [tvm.runtime.tensor(a, dev) for a in (q, k, v, b)]
-    out = tvm.runtime.empty((nb, tokens, width), "float32", dev)
+    lib, args, out, (q, k, v), full = _setup(nb, tokens, tokens, width, width, scale, bias, view, target=target)
     lib["attention"](*args, out)
-    full = None if bias is None else np.broadcast_to(bias, (*view, tokens, tokens)).reshape(nb, tokens, tokens)
     m = min(nb, 64)
     want = reference(q[:m], k[:m], v[:m], scale, None if full is None else full[:m])
     row["max abs error vs float64"] = float(np.abs(out.numpy()[:m] - want).max())
-    timer = lib.mod.time_evaluator("attention", dev, number=10, repeat=5, min_repeat_ms=50)
+    timer = lib.mod.time_evaluator("attention", tvm.cuda(0), number=10, repeat=5, min_repeat_ms=50)
     row["inferx fused us"] = float(np.median(timer(*args, out).results)) * 1e6
 
-    tq, tk, tv = (torch.from_numpy(a).cuda() for a in (q, k, v))
+    tq, tk, tv = (torch.from_numpy(np.ascontiguousarray(a)).cuda() for a in (q, k, v))
     tb = None if full is None else torch.from_numpy(np.ascontiguousarray(full)).cuda().half()
-    if tb is not None and kind == "mask":
-        tb = torch.from_numpy(bias).cuda().half().expand(batch, heads, tokens, tokens).reshape(nb, tokens, tokens)
     with torch.inference_mode():
         row["torch sdpa fp16 us"] = torch_us(lambda: F.scaled_dot_product_attention(tq, tk, tv, attn_mask=tb))
 
