@@ -17,13 +17,12 @@ from inferx_edge.compiler.passes._rewrite import static_shape
 MAX_CHECKED = 1 << 24
 
 
-def reshape_coords(coords: list, a: list[int], b: list[int]) -> list:
-    """Coordinates over shape ``b`` of the element at ``coords`` over shape ``a`` (same element count,
-    row-major). Axes are paired into groups of equal product, so axes a reshape keeps pass through
-    untouched and only a split or merged group needs a division."""
+def axis_groups(a: list[int], b: list[int]) -> list[tuple[list[int], list[int]]]:
+    """The non-unit axes of two shapes of the same element count, paired into groups of equal product
+    (row-major): ``[197, 1, 768]`` and ``[197, 12, 64]`` give ``([0], [0]), ([2], [1, 2])``."""
     ia = [i for i, x in enumerate(a) if x != 1]
     ib = [j for j, x in enumerate(b) if x != 1]
-    out: list = [0] * len(b)
+    out = []
     p = q = 0
     while p < len(ia):
         ga, gb, pa, pb = [ia[p]], [ib[q]], a[ia[p]], b[ib[q]]
@@ -37,10 +36,20 @@ def reshape_coords(coords: list, a: list[int], b: list[int]) -> list:
                 gb.append(ib[q])
                 pb *= b[ib[q]]
                 q += 1
+        out.append((ga, gb))
+    return out
+
+
+def reshape_coords(coords: list, a: list[int], b: list[int]) -> list:
+    """Coordinates over shape ``b`` of the element at ``coords`` over shape ``a`` (same element count,
+    row-major). Axes are paired into groups of equal product (:func:`axis_groups`), so axes a reshape
+    keeps pass through untouched and only a split or merged group needs a division."""
+    out: list = [0] * len(b)
+    for ga, gb in axis_groups(a, b):
         lin = coords[ga[0]]
         for i in ga[1:]:
             lin = lin * a[i] + coords[i]
-        inner = pb
+        inner = math.prod(b[j] for j in gb)
         for k, j in enumerate(gb):
             inner //= b[j]
             x = lin if inner == 1 else lin // inner

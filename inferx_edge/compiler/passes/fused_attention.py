@@ -6,8 +6,10 @@ import contextlib
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from inferx_edge.compiler.passes._rewrite import rewrite_calls_in_context, static_shape, swaps_last_two
-from inferx_edge.compiler.passes._views import constant_value, reshape_coords, source_of, vector_width
+from inferx_edge.compiler.passes._views import axis_groups, constant_value, reshape_coords, source_of, vector_width
 from inferx_edge.compiler.passes.fp16_depthwise import saturated_fp16
 
 _CHAIN = ("relax.astype", "relax.reshape", "relax.multiply", "relax.divide", "relax.add")
@@ -102,37 +104,21 @@ def _scaled(expr, factors, ctx, dtype: str):
     return expr
 
 
-def _groups(a: list[int], f: list[int]):
-    """Pair the axes of two factorings of one extent into groups of equal product (row-major)."""
-    out, i, j = [], 0, 0
-    while i < len(a) or j < len(f):
-        gi, gj, pa, pf = [i], [j], a[i] if i < len(a) else 1, f[j] if j < len(f) else 1
-        i, j = i + 1, j + 1
-        while pa != pf:
-            if pa < pf:
-                pa, gi = pa * a[i], [*gi, i]
-                i += 1
-            else:
-                pf, gj = pf * f[j], [*gj, j]
-                j += 1
-        out.append(([x for x in gi if x < len(a)], [y for y in gj if y < len(f)]))
-    return out
-
-
-def _bias_in_view(bias, view: list[int], final: list[int], s: int, t: int):
-    """Relax: ``bias`` (broadcastable to ``view + [s, t]``) as a tensor over ``final + [s|1, t|1]``
-    broadcasting wherever it did; a group of axes that is only partly broadcast is expanded."""
+def _bias_in_view(bias, view: list[int], final: list[int]):
+    """Relax: ``bias`` (broadcastable to ``view + [S, T]``) as a tensor over ``final + [S|1, T|1]``
+    broadcasting wherever it did, and that shape; a group of axes (:func:`axis_groups`) that is only
+    partly broadcast is expanded."""
     from tvm import relax
 
     shape = static_shape(bias)
     shape = [1] * (len(view) + 2 - len(shape)) + shape
-    full, out = list(shape), []
-    for ga, gf in _groups(view, final):
-        ones = all(shape[x] == 1 for x in ga)
-        if not ones:
+    full, out = list(shape), [1] * len(final)
+    for ga, gf in axis_groups(view, final):
+        if any(shape[x] != 1 for x in ga):
             for x in ga:
                 full[x] = view[x]
-        out += [1] * len(gf) if ones else [final[y] for y in gf]
+            for y in gf:
+                out[y] = final[y]
     expr = bias if full == shape else relax.op.broadcast_to(relax.op.reshape(bias, shape), full)
     return relax.op.reshape(expr, [*out, shape[-2], shape[-1]]), [*out, shape[-2], shape[-1]]
 
@@ -206,8 +192,8 @@ def fused_attention(mod):
         b = ctx.builder
         views, factor = [], scores.scale
         kt_producer = ctx.producer(qk.args[1])
-        k_given = kt_producer.args[0] if swaps_last_two(kt_producer) else qk.args[1]
         k_swapped = not swaps_last_two(kt_producer)  # reading K^T itself: rows and columns swap
+        k_given = qk.args[1] if k_swapped else kt_producer.args[0]
         roles = (
             (qk.args[0], s, d, q_shape[:-2], True),
             (k_given, t, d, kt_shape[:-2], True),
@@ -230,11 +216,11 @@ def fused_attention(mod):
             views.append((ctx.rewritten(src), Operand(tuple(shape), dtype, index, width)))
             factor *= k
         operands = [x for x, _ in views]
-        bias, bias_spec = relax.const(0.0, "float32"), None
+        bias, bias_spec = relax.const(np.zeros(1, "float32")), None  # the kernel never reads it
         if scores.terms:
             total, tshape = None, None
             for term, mult, factors, view in scores.terms:
-                expr, shape = _bias_in_view(ctx.rewritten(term), list(view), final, s, t)
+                expr, shape = _bias_in_view(ctx.rewritten(term), list(view), final)
                 if str(term.ty.dtype) != "float32":
                     expr = relax.op.astype(expr, "float32")
                 if mult != 1.0:
@@ -246,8 +232,7 @@ def fused_attention(mod):
                 bias_spec = Bias(tuple(tshape), tuple(final), "float32")
             except ValueError:  # a bias the kernel cannot index: this attention stays two matmuls
                 return None
-            bias = relax.op.reshape(relax.op.broadcast_to(total, tshape), [math.prod(tshape)])
-        bias = b.emit(relax.op.reshape(bias, [bias_spec.size if bias_spec else 1]))
+            bias = b.emit(relax.op.reshape(relax.op.broadcast_to(total, tshape), [bias_spec.size]))
         factory = _FACTORY[-1] if _FACTORY else attention_kernel
         kernel = factory(nb, s, t, d, dv, factor, odt, bias_spec, tuple(op for _, op in views))
         gv = b.add_func(kernel, "fused_attention")

@@ -143,11 +143,11 @@ def test_the_rewrite_runs_for_reduced_precision_cuda_variants_that_opt_in(monkey
 
 
 def test_bias_views_pair_axes_of_equal_product():
-    from inferx_edge.compiler.passes.fused_attention import _groups
+    from inferx_edge.compiler.passes._views import axis_groups
 
-    assert _groups([128, 3], [2, 64, 3]) == [([0], [0, 1]), ([1], [2])]
-    assert _groups([2, 64, 3], [384]) == [([0, 1, 2], [0])]
-    assert _groups([6, 4], [4, 6]) == [([0, 1], [0, 1])]
+    assert axis_groups([128, 3], [2, 64, 3]) == [([0], [0, 1]), ([1], [2])]
+    assert axis_groups([2, 64, 3], [384]) == [([0, 1, 2], [0])]
+    assert axis_groups([6, 4], [4, 6]) == [([0, 1], [0, 1])]
 
 
 def test_bias_offsets_broadcast_over_the_batch_view():
