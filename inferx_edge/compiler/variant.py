@@ -78,13 +78,12 @@ def variant_layout(spec: TargetSpec, precision: str, cuda_options=None) -> Varia
         conv = "NHWC" if precision != "fp32" else "NCHW"
         kernel = "OHWI"  # rows of the implicit GEMM's weight operand run along the reduction
         fused = precision != "fp32" and (cuda_options or CudaOptions.from_env()).fused_attention
-        return VariantLayout(
-            precision, conv, kernel, "OHWI" if conv == "NHWC" else "OIHW", "fused" if fused else "matmul"
-        )
     else:
         conv = "NCHW" if precision in QUANTIZED else "NHWC"
         kernel = "HWIO"  # output channels contiguous for vector loads
-    return VariantLayout(precision, conv, kernel, "OHWI" if conv == "NHWC" else "OIHW")
+        fused = False
+    attention = "fused" if fused else "matmul"
+    return VariantLayout(precision, conv, kernel, "OHWI" if conv == "NHWC" else "OIHW", attention)
 
 
 #: ``quantize(imported, int8_kernel_layout) -> (quantized ImportedModel, report)``: how a quantized

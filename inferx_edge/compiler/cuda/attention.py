@@ -28,8 +28,6 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-#: mma.sync.m16n8k16 needs sm_80 (Ampere) or newer
-MIN_ARCH = 80
 #: widest head the kernel takes (shared memory: Q, K and V tiles of 64 x (128 + 8) halves would not fit)
 MAX_HEAD_DIM = 128
 WARPS = 4
@@ -95,11 +93,10 @@ class Operand:
     vector: int = 8
 
     def load(self, buf, n, row, col):
-        from tvm import tirx
+        """The element as fp16, from a TIR buffer (the kernel) or a TE tensor (its twin)."""
+        from tvm import te, tirx
 
         idx = list(self.index(n, row, col))
-        from tvm import te
-
         x = buf(*idx) if isinstance(buf, te.Tensor) else tirx.BufferLoad(buf, idx)
         if self.dtype == "float16":
             return x
