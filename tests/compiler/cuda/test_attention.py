@@ -12,9 +12,7 @@ import numpy as np
 import pytest
 
 from benchmarks.gpu_attention import CHECKS, check
-from tests.helpers import local_gpu, needs_nvrtc
-
-needs_gpu = pytest.mark.skipif(local_gpu() is None, reason="no NVIDIA GPU with a driver on this machine")
+from tests.helpers import needs_gpu, needs_nvrtc
 
 
 def _attention_mod(heads=4, width=16, tokens=24, bias_shape=None, scale=0.25, axis=-1, batch=2):
