@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from inferx_edge.compiler.variant import PRECISIONS, QUANTIZED
-from inferx_edge.errors import UsageError, check_choice
+from inferx_edge.errors import BuildError, InferxError, UsageError, check_choice
 from inferx_edge.package import Manifest, Variant
 from inferx_edge.package.bundle import keep_other_build
 from inferx_edge.package.scratch import scratch_dir
@@ -48,6 +48,8 @@ class BuildOptions:
     sign_key : Ed25519 private key (PEM) to sign the artifact with (:mod:`inferx_edge.package.signing`).
     force : replace an existing artifact at ``output`` that holds another build (other model, target or
         variants); without it that one is kept as ``<name>.<n>.ixa``. A rebuild of the same is replaced.
+    jobs : variants compiled at once, each in its own process (None: one per two physical cores, at
+        most one per variant; 1: in this process, one after the other). Calibration runs first, once.
     tune_minutes : tune first (on this machine), this many minutes in all, shared by the variants, then
         build with the records (a resumed database only adds to what it holds).
     tune_search : what ``tune_minutes`` searches (``tune --search``); None: the tensor-core tile search
@@ -71,6 +73,7 @@ class BuildOptions:
     force: bool = False
     tune_minutes: float | None = None
     tune_search: str | None = None
+    jobs: int | None = None
 
     def __post_init__(self) -> None:
         from inferx_edge.compiler.cuda import CUDA_CODE_FORMATS
@@ -85,6 +88,8 @@ class BuildOptions:
             raise UsageError("--tune-minutes and --no-tuning contradict each other: pick one")
         if self.tune_search is not None and self.tune_minutes is None:
             raise UsageError("--tune-search chooses what --tune-minutes searches: give --tune-minutes N too")
+        if self.jobs is not None and self.jobs < 1:
+            raise UsageError(f"--jobs must be at least 1, got {self.jobs}")
         if any(b <= 0 for b in self.batch_sizes):
             raise UsageError(f"batch sizes must be positive, got {list(self.batch_sizes)}")
         check_choice("CUDA code format", self.cuda_code, CUDA_CODE_FORMATS)
@@ -173,6 +178,150 @@ def _log_tuning(log, tuning: dict | None, spec: TargetSpec) -> None:
         )
 
 
+@dataclass(frozen=True)
+class _VariantJob:
+    precision: str
+    batch: int
+    index: int
+    total: int
+    shapes: dict[str, tuple[int, ...]]
+    out_dir: Path
+
+    @property
+    def name(self) -> str:
+        return f"{self.precision}-b{self.batch}"
+
+
+def variant_jobs(opts: BuildOptions, variants: int) -> int:
+    """How many variants compile at once: ``opts.jobs``, else one per two physical cores (a compile
+    also has multi-threaded phases), never more than there are variants."""
+    from inferx_edge.runtime._tvm import cpu_thread_budget
+
+    jobs = opts.jobs if opts.jobs is not None else max(1, cpu_thread_budget() // 2)
+    return max(1, min(jobs, variants))
+
+
+def _compile_variant(opts: BuildOptions, spec: TargetSpec, job: _VariantJob, plan, *, imported=None, log=print):
+    """Prepare and compile one variant into ``job.out_dir/<name>.so``: its compile record, the
+    :class:`Variant` fields but its weights member, and its weight names and arrays. ``imported``: the
+    model at this variant's shapes when the caller has it (else imported here, as a worker process does)."""
+    from inferx_edge.compiler.compile import compile_variant, resolve_tvm_target
+    from inferx_edge.compiler.variant import prepare_variant, variant_layout
+    from inferx_edge.frontend import import_model
+    from inferx_edge.quantize.driver import quantizer
+    from inferx_edge.records import metaschedule as msdb
+
+    imported = imported or import_model(opts.model, job.shapes)
+    layout = variant_layout(spec, job.precision, opts.cuda_options)
+    target = resolve_tvm_target(spec)
+    t0 = time.perf_counter()
+    # keyed by the source model's hash, pinned shapes and precision (quantizing keeps all three)
+    tuning_dir, note = (
+        msdb.locate_database(spec, imported, job.precision, opts.tuning_root) if opts.tuning else (None, None)
+    )
+    if note:
+        log(f"      note: {note}")
+    prepared = prepare_variant(
+        imported, layout, quantize=quantizer(plan, job.precision) if plan else None, target=target,
+        tuning_dir=tuning_dir, bake=True, log=log,
+    )  # fmt: skip
+    quant_report = prepared.quantization
+    if quant_report:
+        n8 = sum(1 for r in quant_report["layers"] if r["precision"] == "int8")
+        log(
+            f"      {job.precision}: {n8} of {len(quant_report['layers'])} layers int8, "
+            f"{quant_report['int8_mac_share'] * 100:.1f} % of conv/matmul MACs"
+        )
+    log(f"[2/4] compiling variant {job.name} ({job.index}/{job.total}) for {spec.name} ({spec.description})")
+    prepare_s = time.perf_counter() - t0
+    info = compile_variant(
+        prepared, spec, job.out_dir / f"{job.name}.so", name=imported.name, target=target,
+        cuda_code=opts.cuda_code, cuda_graph=opts.cuda_graph, cuda_options=opts.cuda_options,
+    )  # fmt: skip
+    info["compile_s"] = round(info["compile_s"] + prepare_s, 3)
+    tuned = info["tuning"] = prepared.tuning
+    _log_tuning(log, tuned, spec)
+    log(f"      compiled in {info['compile_s']:.1f} s, linked in {info['link_s']:.1f} s ({info['linker']})")
+    for fb in info["schedule_fallbacks"]:
+        log(f"      kernel {fb['kernel']}: schedule rule {fb['rule']} failed ({fb['error']}); next rule used")
+    variant = dict(
+        name=job.name, precision=job.precision, batch=int(job.batch), library=f"lib/{job.name}.so",
+        params=tuple(prepared.weight_names), inputs=imported.inputs, outputs=imported.outputs,
+        tuned=bool(tuned and (tuned["kernels_tuned"] or tuned["tiles"])),
+        extra=({"tuning": tuned} if tuned else {})
+        | ({"cuda_graph": True} if info["cuda_graph"] else {})
+        | {"conv_layout": info["conv_layout"]}
+        | ({"attention": "fused"} if info["attention"] == "fused" else {})
+        | ({"schedule_fallbacks": info["schedule_fallbacks"]} if info["schedule_fallbacks"] else {})
+        | ({"quantization": quant_report} if quant_report else {}),
+    )  # fmt: skip
+    return info, variant, list(prepared.weight_names), list(prepared.weight_arrays)
+
+
+_worker_log = None
+
+
+def _worker_init(queue, threads: int) -> None:
+    """A compile worker: its log lines go to the parent through ``queue``; TVM gets ``threads`` threads."""
+    import os
+    import signal
+
+    global _worker_log
+    _worker_log = queue.put
+    os.environ.setdefault("TVM_NUM_THREADS", str(threads))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
+
+
+def _worker_compile(*call):
+    job = call[2]
+
+    def log(line: str) -> None:  # lines of several variants interleave: name each one
+        _worker_log(line if line.startswith("[") else f"      [{job.name}] {line.strip()}")
+
+    try:
+        return _compile_variant(*call, log=log)
+    except InferxError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a bug: the parent reports it with the variant it hit
+        raise BuildError(f"compiling variant {job.name} failed: {type(exc).__name__}: {exc}") from None
+
+
+def _compile_in_processes(calls: list, jobs: int, log) -> list:
+    """Run :func:`_compile_variant` for every call in ``jobs`` worker processes (spawned: the parent's
+    TVM thread pool does not survive a fork), relaying their log lines; results in ``calls`` order."""
+    import multiprocessing
+    import threading
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    from inferx_edge.runtime._tvm import cpu_thread_budget
+
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    threads = max(1, cpu_thread_budget() // jobs)
+    each = f"{threads} TVM thread{'s' if threads > 1 else ''}"
+    log(f"[2/4] compiling {len(calls)} variants, {jobs} at a time (one process each, {each} each)")
+    relay = threading.Thread(target=lambda: [log(line) for line in iter(queue.get, None)], daemon=True)
+    relay.start()
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init, initargs=(queue, threads)) as pool:
+            futures = [pool.submit(_worker_compile, *call) for call in calls]
+            try:
+                return [f.result() for f in futures]
+            except BaseException:  # an error, Ctrl-C or SIGTERM: stop the other variants' compiles too
+                for proc in list((getattr(pool, "_processes", None) or {}).values()):  # no public API before 3.14
+                    proc.terminate()
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+    except BrokenProcessPool as exc:
+        raise BuildError(
+            f"a compile worker process died ({exc}); out of memory? Build with --jobs 1 to compile one variant at a time"
+        ) from None
+    finally:
+        queue.put(None)
+        relay.join(timeout=10)
+
+
 def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None) -> Manifest:
     """Run the whole build and write ``opts.output``. Returns the manifest written.
 
@@ -183,12 +332,10 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
 
     set_default_cpu_threads()  # calibration and build-time weight transforms run on this CPU
 
-    from inferx_edge.compiler.compile import compile_variant, new_manifest, resolve_tvm_target
-    from inferx_edge.compiler.variant import prepare_variant, variant_layout
+    from inferx_edge.compiler.compile import new_manifest
     from inferx_edge.frontend import import_model
     from inferx_edge.package import write_artifact
-    from inferx_edge.quantize.driver import quantizer, resolve_plan
-    from inferx_edge.records import metaschedule as msdb
+    from inferx_edge.quantize.driver import resolve_plan
 
     spec = spec or get_target(opts.target)
     log(f"[1/4] importing {opts.model}")
@@ -204,74 +351,30 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
     weight_files: dict[str, tuple[list[str], list[np.ndarray]]] = {}  # member -> (names, arrays)
     base_batch = _model_batch(base)
     grid = opts.variant_grid(base_batch)
-    quantizers = {}
+    plans = {}
     for precision in dict.fromkeys(p for p, _ in grid if p in QUANTIZED):
         log(f"[1/4] quantizing for {precision}")
-        plan = resolve_plan(opts.model, opts.input_shapes, base, precision, opts.quant, log=log)
-        quantizers[precision] = quantizer(plan, precision)
-    target = resolve_tvm_target(spec)
+        plans[precision] = resolve_plan(opts.model, opts.input_shapes, base, precision, opts.quant, log=log)
+    jobs = variant_jobs(opts, len(grid))
     with scratch_dir("build") as tmp:
-        for i, (precision, batch) in enumerate(grid, 1):
-            imported = base
-            if batch != base_batch:
-                imported = import_model(opts.model, _shapes_at(opts, base, batch))
-            layout = variant_layout(spec, precision, opts.cuda_options)
-            t0 = time.perf_counter()
-            # keyed by the source model's hash, pinned shapes and precision (quantizing keeps all three)
-            tuning_dir, note = (
-                msdb.locate_database(spec, imported, precision, opts.tuning_root) if opts.tuning else (None, None)
+        calls = [
+            (
+                opts,
+                spec,
+                _VariantJob(precision, batch, i, len(grid), _shapes_at(opts, base, batch), tmp),
+                plans.get(precision),
             )
-            if note:
-                log(f"      note: {note}")
-            prepared = prepare_variant(
-                imported, layout, quantize=quantizers.get(precision), target=target, tuning_dir=tuning_dir,
-                bake=True, log=log,
-            )  # fmt: skip
-            quant_report = prepared.quantization
-            if quant_report:
-                n8 = sum(1 for r in quant_report["layers"] if r["precision"] == "int8")
-                log(
-                    f"      {precision}: {n8} of {len(quant_report['layers'])} layers int8, "
-                    f"{quant_report['int8_mac_share'] * 100:.1f} % of conv/matmul MACs"
-                )
-            name = f"{precision}-b{batch}"
-            log(f"[2/4] compiling variant {name} ({i}/{len(grid)}) for {spec.name} ({spec.description})")
-            lib = tmp / f"{name}.so"
-            prepare_s = time.perf_counter() - t0
-            info = compile_variant(
-                prepared, spec, lib, name=imported.name, target=target, cuda_code=opts.cuda_code,
-                cuda_graph=opts.cuda_graph, cuda_options=opts.cuda_options,
-            )  # fmt: skip
-            info["compile_s"] = round(info["compile_s"] + prepare_s, 3)
-            info["tuning"] = prepared.tuning
-            weights_member = _weights_member(
-                weight_files, precision, name, prepared.weight_names, prepared.weight_arrays
-            )
-            _log_tuning(log, prepared.tuning, spec)
-            log(f"      compiled in {info['compile_s']:.1f} s, linked in {info['link_s']:.1f} s ({info['linker']})")
-            for fb in info["schedule_fallbacks"]:
-                log(f"      kernel {fb['kernel']}: schedule rule {fb['rule']} failed ({fb['error']}); next rule used")
-            tuned = prepared.tuning
-            variants.append(
-                Variant(
-                    name=name,
-                    precision=precision,
-                    batch=int(batch),
-                    library=f"lib/{name}.so",
-                    weights=weights_member,
-                    params=tuple(prepared.weight_names),
-                    inputs=imported.inputs,
-                    outputs=imported.outputs,
-                    tuned=bool(tuned and (tuned["kernels_tuned"] or tuned["tiles"])),
-                    extra=({"tuning": tuned} if tuned else {})
-                    | ({"cuda_graph": True} if info["cuda_graph"] else {})
-                    | {"conv_layout": info["conv_layout"]}
-                    | ({"attention": "fused"} if info["attention"] == "fused" else {})
-                    | ({"schedule_fallbacks": info["schedule_fallbacks"]} if info["schedule_fallbacks"] else {})
-                    | ({"quantization": quant_report} if quant_report else {}),
-                )
-            )
-            members[f"lib/{name}.so"] = lib
+            for i, (precision, batch) in enumerate(grid, 1)
+        ]
+        if jobs == 1:
+            done = [_compile_variant(*call, imported=base if call[2].batch == base_batch else None, log=log)
+                    for call in calls]  # fmt: skip
+        else:
+            done = _compile_in_processes(calls, jobs, log)
+        for info, variant, names, arrays in done:
+            weights_member = _weights_member(weight_files, variant["precision"], variant["name"], names, arrays)
+            variants.append(Variant(**variant, weights=weights_member))
+            members[variant["library"]] = tmp / f"{variant['name']}.so"
             infos.append(info)
 
         log(f"[3/4] writing weights ({', '.join(weight_files)}; variants with the same weights share a file)")

@@ -1,8 +1,10 @@
-"""The build stage: a build stopped by SIGTERM leaves no scratch directory and no partial artifact,
-and scratch left by a process killed outright is swept by the next one."""
+"""The build stage: a build stopped by SIGTERM leaves no scratch directory, no partial artifact and no
+compile worker behind, scratch left by a process killed outright is swept by the next one, and
+variants compiled in worker processes are the ones the build's own process compiles."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -11,10 +13,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from inferx_edge.package.scratch import make_scratch, sweep
-from tests.helpers import REPO
+from tests.helpers import REPO, build_quietly
 
 
 def _scratch(kind: str, pid: int | None = None) -> list[Path]:
@@ -96,3 +99,69 @@ def test_tune_minutes_searches_tiles_for_cuda_tensor_core_variants_unless_told(t
     assert tune_search_for(opts(tune_search="metaschedule"), h200, "int8") == "metaschedule"
     with pytest.raises(UsageError, match="--tune-minutes"):
         BuildOptions(model=tmp_path / "m.onnx", target="h200", output=tmp_path / "m.ixa", tune_search="tiles")
+
+
+def _variant_entries(path: Path) -> list[dict]:
+    from inferx_edge.package import read_manifest
+
+    return [dataclasses.asdict(v) for v in read_manifest(path).variants]
+
+
+def test_variants_compiled_in_worker_processes_match_one_after_the_other(tmp_path):
+    """--jobs 2: the same variants, weights files and outputs as compiling them in the build's own process."""
+    from inferx_edge.package import open_artifact, read_manifest
+    from inferx_edge.runtime import Engine
+
+    opts = {"precisions": ("fp32", "int8"), "batch_sizes": (1, 4), "tuning": False}
+    one = build_quietly(tmp_path / "one.ixa", jobs=1, **opts)
+    two = build_quietly(tmp_path / "two.ixa", jobs=2, **opts)
+    assert _variant_entries(one) == _variant_entries(two)
+    assert [v["weights"] for v in _variant_entries(two)] == ["weights/fp32.npz"] * 2 + ["weights/int8.npz"] * 2
+    with open_artifact(one) as a, open_artifact(two) as b:
+        for member in ("weights/fp32.npz", "weights/int8.npz"):
+            assert a.member(member).read_bytes() == b.member(member).read_bytes()
+    assert read_manifest(two).build["compile_s"] > 0
+    x = np.random.default_rng(0).random((4, 1, 28, 28), dtype=np.float32)
+    with Engine(one) as e1, Engine(two) as e2:
+        for v in ("fp32-b4", "int8-b4"):
+            np.testing.assert_array_equal(e1.run_arrays(v, [x])[0], e2.run_arrays(v, [x])[0])
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_sigterm_stops_the_compile_workers(tmp_path):
+    out = tmp_path / "a.ixa"
+    proc = subprocess.Popen(
+        [
+            *[sys.executable, "-m", "inferx_edge", "build", "--no-tuning", "-o", str(out), "--jobs", "2"],
+            *["--precision", "fp32", "--batch-sizes", "1,4,16,64,128,256"],
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline, workers = time.time() + 120, []
+    while time.time() < deadline and proc.poll() is None:
+        workers = [c for c in _children(proc.pid) if "spawn_main" in Path(f"/proc/{c}/cmdline").read_text()]
+        if len(workers) == 2:
+            break
+        time.sleep(0.05)
+    assert len(workers) == 2, "the build never started its two compile workers"
+    time.sleep(1)  # the workers are busy importing and compiling
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "interrupted" in err and "Traceback" not in err, (proc.returncode, err[-3000:])
+    time.sleep(0.5)
+    assert not [w for w in workers if Path(f"/proc/{w}").exists()], "a compile worker outlived the build"
+    assert not out.exists() and not _scratch("build", proc.pid)

@@ -84,6 +84,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="CUDA targets: cubin for the exact GPU (default) or PTX the driver JIT-compiles",
     )
     p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="compile N variants at once, one process each (default: one per two physical cores, at most "
+        "one per variant; 1: one after the other in this process)",
+    )
+    p.add_argument(
         "--no-cuda-graph",
         action="store_true",
         help="CUDA targets: launch every kernel from the VM instead of replaying CUDA graphs of the static "
@@ -154,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         force=args.force,
         tune_minutes=args.tune_minutes,
         tune_search=args.tune_search,
+        jobs=args.jobs,
     )
     manifest = build_artifact(opts)
     size = output.stat().st_size
