@@ -141,17 +141,24 @@ class EntropyObserver(_HistogramObserver):
             p[-1] += hist[i:].sum()  # clipped outliers land in the last bin
             if p.sum() == 0:
                 continue
-            # quantize the first i bins into `levels` groups, then expand back over the non-empty bins
-            groups = np.array_split(np.arange(i), self.levels)
-            q = np.zeros(i)
-            for g in groups:  # each level's in-range mass spread evenly over its non-empty bins
-                nz = hist[g] > 0
-                if nz.any():
-                    q[g[nz]] = hist[g].sum() / nz.sum()
-            kl = _kl(p, q)
+            kl = _kl(p, _quantized(hist[:i], self.levels))
             if kl < best_kl:
                 best_kl, best_i = kl, i
         return min(self.amax, best_i * self.width)
+
+
+def _quantized(hist: np.ndarray, levels: int) -> np.ndarray:
+    """``hist`` merged into ``levels`` consecutive groups (``np.array_split``'s sizes: the first ones one
+    bin longer) and expanded back: each group's mass spread evenly over its non-empty bins."""
+    size, longer = divmod(len(hist), levels)
+    sizes = np.full(levels, size)
+    sizes[:longer] += 1
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    nonzero = hist > 0
+    mass = np.add.reduceat(hist, starts)
+    count = np.add.reduceat(nonzero.astype(np.int64), starts)
+    per_bin = np.divide(mass, count, out=np.zeros(levels), where=count > 0)
+    return np.repeat(per_bin, sizes) * nonzero
 
 
 def _smooth(d: np.ndarray, eps: float = 1e-6) -> np.ndarray | None:

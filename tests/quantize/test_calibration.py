@@ -16,6 +16,7 @@ from inferx_edge.quantize import (
     quantize_per_channel,
     quantize_per_tensor,
 )
+from inferx_edge.quantize.calibration import _quantized
 
 RNG = np.random.default_rng(0)
 
@@ -62,6 +63,19 @@ def test_entropy_clips_outliers_and_keeps_the_bulk():
     # the bulk keeps its resolution: much smaller error on |x| < 4 than with min-max's scale
     bulk = data[np.abs(data) < 4]
     assert _mse(bulk, t) < _mse(bulk, amax) / 10
+
+
+@pytest.mark.parametrize("bins", [128, 129, 200, 1023, 2048])
+def test_entropy_candidate_is_each_groups_mass_spread_over_its_nonempty_bins(bins):
+    hist = RNG.integers(0, 50, bins).astype(np.float64) * (RNG.random(bins) < 0.6)  # empty bins and groups
+    hist[: bins // 3] = 0
+    want = np.zeros(bins)
+    for g in np.array_split(np.arange(bins), 128):
+        nz = hist[g] > 0
+        if nz.any():
+            want[g[nz]] = hist[g].sum() / nz.sum()
+    np.testing.assert_allclose(_quantized(hist, 128), want, rtol=1e-12, atol=0)
+    assert _quantized(hist, 128).sum() == pytest.approx(hist.sum())
 
 
 def test_uniform_data_keeps_nearly_the_full_range():
