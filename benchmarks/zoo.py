@@ -127,6 +127,7 @@ def build_job(
                 tuning_root=tuning_root if tuned else None,
                 force=True,
                 quant=quant,
+                jobs=1,  # --jobs builds share the host already: their variants compile one after the other
             ),
             log=lines.append,
         )
