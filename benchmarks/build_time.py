@@ -3,7 +3,7 @@
     python -m benchmarks.build_time --models densenet121 --target h200 --precision int8 --jobs 2,1
 
 Each build is its own process (``python -m inferx_edge build``), one after the other, on the zoo's
-exported ONNX file and calibration data (``benchmarks.zoo_export`` first). The log is read as it comes:
+exported ONNX file (exported on the spot where torchvision imports) and its calibration data. The log is read as it comes:
 the record has the wall time, when the first variant started compiling (import + calibration before it),
 and each variant's compile and link times as the build reports them. One JSON record per run.
 """
@@ -18,14 +18,14 @@ import time
 from pathlib import Path
 
 from benchmarks._record import versions, write_record
-from benchmarks.zoo import calibration
-from benchmarks.zoo_models import ZOO, spec_of
+from benchmarks.zoo import calibration, model_dir
+from benchmarks.zoo_models import spec_of
 
 _VARIANT = re.compile(r"(?:\[(?P<name>[\w.-]+)\] )?compiled in (?P<compile>[\d.]+) s, linked in (?P<link>[\d.]+) s")
 
 
 def build_once(model: str, zoo: Path, target: str, precision: str, batches: str, jobs: int, out: Path) -> dict:
-    d = zoo / model
+    d = model_dir(model, zoo, Path("/tmp/zoo"))
     spec = spec_of(model)
     batch = int(batches.split(",")[0])
     shapes = [f"{k}:{'x'.join(map(str, v))}" for k, v in spec.input_shapes(batch).items()]
@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--precision", default="int8")
     ap.add_argument("--batch-sizes", default="1,64")
     ap.add_argument("--jobs", default="2,1", help="comma list: one build per value, in this order")
-    ap.add_argument("--zoo-dir", type=Path, default=ZOO)
+    ap.add_argument("--zoo-dir", type=Path, default=Path.home() / ".cache/inferx_edge/zoo")
     ap.add_argument("--name", default=None, help="record name (default build_time_<first model>_jobs)")
     args = ap.parse_args()
     models = args.models.split(",")
