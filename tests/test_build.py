@@ -29,29 +29,40 @@ def _scratch(kind: str, pid: int | None = None) -> list[Path]:
     ]
 
 
-def test_sigterm_mid_build_cleans_up(tmp_path):
-    out = tmp_path / "a.ixa"
-    proc = subprocess.Popen(
-        # several variants (int8 calibrates first): the build runs for many seconds, so the signal lands
-        # mid-build rather than after the artifact is written (one fp32 variant took ~2 s)
-        [
-            *[sys.executable, "-m", "inferx_edge", "build", "--no-tuning", "-o", str(out)],
-            *["--precision", "fp32,int8", "--batch-sizes", "1,4,16,64"],
-        ],
+def _start_build(out: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "inferx_edge", "build", "--no-tuning", "-o", str(out), *args],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def _wait_for(proc: subprocess.Popen, ready, what: str):
     deadline = time.time() + 120
-    while not _scratch("build", proc.pid) and time.time() < deadline and proc.poll() is None:
+    while time.time() < deadline and proc.poll() is None:
+        if found := ready():
+            return found
         time.sleep(0.05)
-    assert _scratch("build", proc.pid), "the build never created its scratch directory"
+    raise AssertionError(f"the build never {what}")
+
+
+def _sigterm_leaves_nothing(proc: subprocess.Popen, out: Path) -> None:
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143 and "interrupted" in err and "Traceback" not in err, (proc.returncode, err[-3000:])
     assert not _scratch("build", proc.pid)
-    assert not out.exists() and not list(tmp_path.glob("*.part"))
+    assert not out.exists() and not list(out.parent.glob("*.part"))
+
+
+def test_sigterm_mid_build_cleans_up(tmp_path):
+    # several variants (int8 calibrates first): the build runs for many seconds, so the signal lands
+    # mid-build rather than after the artifact is written (one fp32 variant took ~2 s)
+    out = tmp_path / "a.ixa"
+    proc = _start_build(out, "--precision", "fp32,int8", "--batch-sizes", "1,4,16,64", "--jobs", "1")
+    _wait_for(proc, lambda: _scratch("build", proc.pid), "created its scratch directory")
+    _sigterm_leaves_nothing(proc, out)
 
 
 def test_scratch_of_a_dead_process_is_swept(tmp_path):
@@ -139,29 +150,22 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _compile_workers(pid: int) -> list[int]:
+    workers = []
+    for child in _children(pid):
+        try:
+            if "spawn_main" in Path(f"/proc/{child}/cmdline").read_text():
+                workers.append(child)
+        except OSError:  # gone meanwhile
+            pass
+    return workers
+
+
 def test_sigterm_stops_the_compile_workers(tmp_path):
     out = tmp_path / "a.ixa"
-    proc = subprocess.Popen(
-        [
-            *[sys.executable, "-m", "inferx_edge", "build", "--no-tuning", "-o", str(out), "--jobs", "2"],
-            *["--precision", "fp32", "--batch-sizes", "1,4,16,64,128,256"],
-        ],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline, workers = time.time() + 120, []
-    while time.time() < deadline and proc.poll() is None:
-        workers = [c for c in _children(proc.pid) if "spawn_main" in Path(f"/proc/{c}/cmdline").read_text()]
-        if len(workers) == 2:
-            break
-        time.sleep(0.05)
-    assert len(workers) == 2, "the build never started its two compile workers"
+    proc = _start_build(out, "--precision", "fp32", "--batch-sizes", "1,4,16,64,128,256", "--jobs", "2")
+    workers = _wait_for(proc, lambda: len(w := _compile_workers(proc.pid)) == 2 and w, "started two compile workers")
     time.sleep(1)  # the workers are busy importing and compiling
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143 and "interrupted" in err and "Traceback" not in err, (proc.returncode, err[-3000:])
+    _sigterm_leaves_nothing(proc, out)
     time.sleep(0.5)
     assert not [w for w in workers if Path(f"/proc/{w}").exists()], "a compile worker outlived the build"
-    assert not out.exists() and not _scratch("build", proc.pid)
