@@ -1,19 +1,19 @@
 """The build stage: import -> quantize (int8/mixed) -> prepare and compile each variant -> package.
 
 One variant per (precision, batch size); variants with the same weights share one weights file. The
-CLI's ``build`` and ``evaluate`` call :func:`build_artifact`; so can any program.
+CLI's ``build`` and ``evaluate`` call :func:`build_artifact`; so can any program. ``variants.py``
+compiles the variants, one after the other or in worker processes (``BuildOptions.jobs``).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from inferx_edge.compiler.variant import PRECISIONS, QUANTIZED
-from inferx_edge.errors import BuildError, InferxError, UsageError, check_choice
+from inferx_edge.errors import UsageError, check_choice
 from inferx_edge.package import Manifest, Variant
 from inferx_edge.package.bundle import keep_other_build
 from inferx_edge.package.scratch import scratch_dir
@@ -164,164 +164,6 @@ def _tune_first(opts: BuildOptions, spec: TargetSpec, base, log) -> None:
         print_summary(summary)
 
 
-def _log_tuning(log, tuning: dict | None, spec: TargetSpec) -> None:
-    if tuning:
-        log(
-            f"      tuning database {tuning['database']}: {tuning['kernels_tuned']} of {tuning['kernels']} kernels tuned"
-            + (f", {tuning['tiles']} tensor-core kernels with measured tiles" if tuning["tiles"] else "")
-            + ", the rest default schedules"
-        )
-    else:
-        log(
-            f"      no tuning database for this model and target: default schedules "
-            f"(python -m inferx_edge tune --target {spec.name})"
-        )
-
-
-@dataclass(frozen=True)
-class _VariantJob:
-    precision: str
-    batch: int
-    index: int
-    total: int
-    shapes: dict[str, tuple[int, ...]]
-    out_dir: Path
-
-    @property
-    def name(self) -> str:
-        return f"{self.precision}-b{self.batch}"
-
-
-def variant_jobs(opts: BuildOptions, variants: int) -> int:
-    """How many variants compile at once: ``opts.jobs``, else one per two physical cores (a compile
-    also has multi-threaded phases), never more than there are variants."""
-    from inferx_edge.runtime._tvm import cpu_thread_budget
-
-    jobs = opts.jobs if opts.jobs is not None else max(1, cpu_thread_budget() // 2)
-    return max(1, min(jobs, variants))
-
-
-def _compile_variant(opts: BuildOptions, spec: TargetSpec, job: _VariantJob, plan, *, imported=None, log=print):
-    """Prepare and compile one variant into ``job.out_dir/<name>.so``: its compile record, the
-    :class:`Variant` fields but its weights member, and its weight names and arrays. ``imported``: the
-    model at this variant's shapes when the caller has it (else imported here, as a worker process does)."""
-    from inferx_edge.compiler.compile import compile_variant, resolve_tvm_target
-    from inferx_edge.compiler.variant import prepare_variant, variant_layout
-    from inferx_edge.frontend import import_model
-    from inferx_edge.quantize.driver import quantizer
-    from inferx_edge.records import metaschedule as msdb
-
-    imported = imported or import_model(opts.model, job.shapes)
-    layout = variant_layout(spec, job.precision, opts.cuda_options)
-    target = resolve_tvm_target(spec)
-    t0 = time.perf_counter()
-    # keyed by the source model's hash, pinned shapes and precision (quantizing keeps all three)
-    tuning_dir, note = (
-        msdb.locate_database(spec, imported, job.precision, opts.tuning_root) if opts.tuning else (None, None)
-    )
-    if note:
-        log(f"      note: {note}")
-    prepared = prepare_variant(
-        imported, layout, quantize=quantizer(plan, job.precision) if plan else None, target=target,
-        tuning_dir=tuning_dir, bake=True, log=log,
-    )  # fmt: skip
-    quant_report = prepared.quantization
-    if quant_report:
-        n8 = sum(1 for r in quant_report["layers"] if r["precision"] == "int8")
-        log(
-            f"      {job.precision}: {n8} of {len(quant_report['layers'])} layers int8, "
-            f"{quant_report['int8_mac_share'] * 100:.1f} % of conv/matmul MACs"
-        )
-    log(f"[2/4] compiling variant {job.name} ({job.index}/{job.total}) for {spec.name} ({spec.description})")
-    prepare_s = time.perf_counter() - t0
-    info = compile_variant(
-        prepared, spec, job.out_dir / f"{job.name}.so", name=imported.name, target=target,
-        cuda_code=opts.cuda_code, cuda_graph=opts.cuda_graph, cuda_options=opts.cuda_options,
-    )  # fmt: skip
-    info["compile_s"] = round(info["compile_s"] + prepare_s, 3)
-    tuned = info["tuning"] = prepared.tuning
-    _log_tuning(log, tuned, spec)
-    log(f"      compiled in {info['compile_s']:.1f} s, linked in {info['link_s']:.1f} s ({info['linker']})")
-    for fb in info["schedule_fallbacks"]:
-        log(f"      kernel {fb['kernel']}: schedule rule {fb['rule']} failed ({fb['error']}); next rule used")
-    variant = dict(
-        name=job.name, precision=job.precision, batch=int(job.batch), library=f"lib/{job.name}.so",
-        params=tuple(prepared.weight_names), inputs=imported.inputs, outputs=imported.outputs,
-        tuned=bool(tuned and (tuned["kernels_tuned"] or tuned["tiles"])),
-        extra=({"tuning": tuned} if tuned else {})
-        | ({"cuda_graph": True} if info["cuda_graph"] else {})
-        | {"conv_layout": info["conv_layout"]}
-        | ({"attention": "fused"} if info["attention"] == "fused" else {})
-        | ({"schedule_fallbacks": info["schedule_fallbacks"]} if info["schedule_fallbacks"] else {})
-        | ({"quantization": quant_report} if quant_report else {}),
-    )  # fmt: skip
-    return info, variant, list(prepared.weight_names), list(prepared.weight_arrays)
-
-
-_worker_log = None
-
-
-def _worker_init(queue, threads: int) -> None:
-    """A compile worker: its log lines go to the parent through ``queue``; TVM gets ``threads`` threads."""
-    import os
-    import signal
-
-    global _worker_log
-    _worker_log = queue.put
-    os.environ.setdefault("TVM_NUM_THREADS", str(threads))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
-
-
-def _worker_compile(*call):
-    job = call[2]
-
-    def log(line: str) -> None:  # lines of several variants interleave: name each one
-        _worker_log(line if line.startswith("[") else f"      [{job.name}] {line.strip()}")
-
-    try:
-        return _compile_variant(*call, log=log)
-    except InferxError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - a bug: the parent reports it with the variant it hit
-        raise BuildError(f"compiling variant {job.name} failed: {type(exc).__name__}: {exc}") from None
-
-
-def _compile_in_processes(calls: list, jobs: int, log) -> list:
-    """Run :func:`_compile_variant` for every call in ``jobs`` worker processes (spawned: the parent's
-    TVM thread pool does not survive a fork), relaying their log lines; results in ``calls`` order."""
-    import multiprocessing
-    import threading
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
-
-    from inferx_edge.runtime._tvm import cpu_thread_budget
-
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    threads = max(1, cpu_thread_budget() // jobs)
-    each = f"{threads} TVM thread{'s' if threads > 1 else ''}"
-    log(f"[2/4] compiling {len(calls)} variants, {jobs} at a time (one process each, {each} each)")
-    relay = threading.Thread(target=lambda: [log(line) for line in iter(queue.get, None)], daemon=True)
-    relay.start()
-    try:
-        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init, initargs=(queue, threads)) as pool:
-            futures = [pool.submit(_worker_compile, *call) for call in calls]
-            try:
-                return [f.result() for f in futures]
-            except BaseException:  # an error, Ctrl-C or SIGTERM: stop the other variants' compiles too
-                for proc in list((getattr(pool, "_processes", None) or {}).values()):  # no public API before 3.14
-                    proc.terminate()
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
-    except BrokenProcessPool as exc:
-        raise BuildError(
-            f"a compile worker process died ({exc}); out of memory? Build with --jobs 1 to compile one variant at a time"
-        ) from None
-    finally:
-        queue.put(None)
-        relay.join(timeout=10)
-
-
 def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None) -> Manifest:
     """Run the whole build and write ``opts.output``. Returns the manifest written.
 
@@ -332,6 +174,7 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
 
     set_default_cpu_threads()  # calibration and build-time weight transforms run on this CPU
 
+    from inferx_edge.build.variants import VariantJob, compile_in_processes, compile_one, variant_jobs
     from inferx_edge.compiler.compile import new_manifest
     from inferx_edge.frontend import import_model
     from inferx_edge.package import write_artifact
@@ -361,16 +204,16 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
             (
                 opts,
                 spec,
-                _VariantJob(precision, batch, i, len(grid), _shapes_at(opts, base, batch), tmp),
+                VariantJob(precision, batch, i, len(grid), _shapes_at(opts, base, batch), tmp),
                 plans.get(precision),
             )
             for i, (precision, batch) in enumerate(grid, 1)
         ]
         if jobs == 1:
-            done = [_compile_variant(*call, imported=base if call[2].batch == base_batch else None, log=log)
+            done = [compile_one(*call, imported=base if call[2].batch == base_batch else None, log=log)
                     for call in calls]  # fmt: skip
         else:
-            done = _compile_in_processes(calls, jobs, log)
+            done = compile_in_processes(calls, jobs, log)
         for info, variant, names, arrays in done:
             weights_member = _weights_member(weight_files, variant["precision"], variant["name"], names, arrays)
             variants.append(Variant(**variant, weights=weights_member))
