@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from inferx_edge.errors import UsageError
 from inferx_edge.package.scratch import make_scratch, sweep
 from tests.helpers import REPO, build_quietly
 
@@ -169,3 +170,21 @@ def test_sigterm_stops_the_compile_workers(tmp_path):
     _sigterm_leaves_nothing(proc, out)
     time.sleep(0.5)
     assert not [w for w in workers if Path(f"/proc/{w}").exists()], "a compile worker outlived the build"
+
+
+def test_default_jobs_follow_cores_memory_and_variants(monkeypatch):
+    from inferx_edge.build import BuildOptions
+    from inferx_edge.build import variants as v
+    from inferx_edge.runtime import _tvm
+
+    opts = BuildOptions(model=Path("m.onnx"), target="x86-cpu", output=Path("a.ixa"))
+    monkeypatch.setattr(_tvm, "cpu_thread_budget", lambda: 16)
+    monkeypatch.setattr(v, "_available_memory", lambda: 64 * 2**30)
+    assert [v.variant_jobs(opts, n) for n in (1, 2, 6, 20)] == [1, 2, 6, 8]  # one per two cores
+    monkeypatch.setattr(v, "_available_memory", lambda: 7 * 2**30)
+    assert v.variant_jobs(opts, 6) == 2  # 3 GiB each
+    monkeypatch.setattr(v, "_available_memory", lambda: None)
+    assert v.variant_jobs(opts, 6) == 1  # memory unknown: one at a time
+    assert v.variant_jobs(BuildOptions(model=Path("m.onnx"), target="x86-cpu", output=Path("a.ixa"), jobs=5), 6) == 5
+    with pytest.raises(UsageError, match="--jobs must be at least 1"):
+        BuildOptions(model=Path("m.onnx"), target="x86-cpu", output=Path("a.ixa"), jobs=0)
