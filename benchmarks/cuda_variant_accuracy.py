@@ -100,7 +100,7 @@ def main(argv=None) -> None:
         args.models.split(","),
         lambda name: measure(name, args.zoo_dir),
         args.name or f"cuda_variant_accuracy_{platform.machine()}",
-        {"host": platform.processor() or platform.machine(), "versions": versions("apache-tvm", "inferx_edge"),
+        {"versions": versions("apache-tvm", "inferx_edge"),
          "calib_method": "mse"},
     )  # fmt: skip
     print(f"wrote {path}")

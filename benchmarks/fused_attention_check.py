@@ -77,7 +77,7 @@ def main(argv=None) -> None:
         args.models.split(","),
         lambda name: [check(name, args.zoo_dir / name)],
         args.name or f"fused_attention_check_{platform.machine()}",
-        {"host": platform.processor() or platform.machine(), "versions": versions("apache-tvm", "inferx_edge"),
+        {"versions": versions("apache-tvm", "inferx_edge"),
          "variant": "fp16 CUDA layout (NHWC, OHWI), compiled for this CPU"},
     )  # fmt: skip
     print(f"wrote {path}")

@@ -48,8 +48,9 @@ class BuildOptions:
     sign_key : Ed25519 private key (PEM) to sign the artifact with (:mod:`inferx_edge.package.signing`).
     force : replace an existing artifact at ``output`` that holds another build (other model, target or
         variants); without it that one is kept as ``<name>.<n>.ixa``. A rebuild of the same is replaced.
-    jobs : variants compiled at once, each in its own process (None: one per two physical cores, at
-        most one per variant; 1: in this process, one after the other). Calibration runs first, once.
+    jobs : variants compiled at once, each in its own process (None: one per two physical cores and
+        per 3 GiB of available memory, at most one per variant; 1: in this process, one after the
+        other). Calibration runs first, once.
     tune_minutes : tune first (on this machine), this many minutes in all, shared by the variants, then
         build with the records (a resumed database only adds to what it holds).
     tune_search : what ``tune_minutes`` searches (``tune --search``); None: the tensor-core tile search
@@ -200,24 +201,17 @@ def build_artifact(opts: BuildOptions, log=print, spec: TargetSpec | None = None
         plans[precision] = resolve_plan(opts.model, opts.input_shapes, base, precision, opts.quant, log=log)
     jobs = variant_jobs(opts, len(grid))
     with scratch_dir("build") as tmp:
-        calls = [
-            (
-                opts,
-                spec,
-                VariantJob(precision, batch, i, len(grid), _shapes_at(opts, base, batch), tmp),
-                plans.get(precision),
-            )
-            for i, (precision, batch) in enumerate(grid, 1)
-        ]
+        work = [VariantJob(p, b, i, len(grid), _shapes_at(opts, base, b), tmp) for i, (p, b) in enumerate(grid, 1)]
+        calls = [(opts, spec, job, plans.get(job.precision)) for job in work]
         if jobs == 1:
-            done = [compile_one(*call, imported=base if call[2].batch == base_batch else None, log=log)
-                    for call in calls]  # fmt: skip
+            done = [compile_one(*call, imported=base if job.batch == base_batch else None, log=log)
+                    for job, call in zip(work, calls)]  # fmt: skip
         else:
             done = compile_in_processes(calls, jobs, log)
-        for info, variant, names, arrays in done:
-            weights_member = _weights_member(weight_files, variant["precision"], variant["name"], names, arrays)
+        for job, (info, variant, names, arrays) in zip(work, done):
+            weights_member = _weights_member(weight_files, job.precision, job.name, names, arrays)
             variants.append(Variant(**variant, weights=weights_member))
-            members[variant["library"]] = tmp / f"{variant['name']}.so"
+            members[variant["library"]] = job.path
             infos.append(info)
 
         log(f"[3/4] writing weights ({', '.join(weight_files)}; variants with the same weights share a file)")

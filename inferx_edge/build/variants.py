@@ -42,6 +42,11 @@ class VariantJob:
     def name(self) -> str:
         return f"{self.precision}-b{self.batch}"
 
+    @property
+    def path(self) -> Path:
+        """The library this variant compiles to."""
+        return self.out_dir / f"{self.name}.so"
+
 
 #: memory one compile worker may need (DenseNet-121 int8 for h200 peaked at 2.4 GiB in one process)
 WORKER_MEMORY = 3 * 2**30
@@ -104,7 +109,7 @@ def compile_one(opts: BuildOptions, spec: TargetSpec, job: VariantJob, plan, *, 
     log(f"[2/4] compiling variant {job.name} ({job.index}/{job.total}) for {spec.name} ({spec.description})")
     prepare_s = time.perf_counter() - t0
     info = compile_variant(
-        prepared, spec, job.out_dir / f"{job.name}.so", name=imported.name, target=target,
+        prepared, spec, job.path, name=imported.name, target=target,
         cuda_code=opts.cuda_code, cuda_graph=opts.cuda_graph, cuda_options=opts.cuda_options,
     )  # fmt: skip
     info["compile_s"] = round(info["compile_s"] + prepare_s, 3)
@@ -141,14 +146,12 @@ def _worker_init(queue, threads: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
 
 
-def _worker_compile(*call):
-    job = call[2]
-
+def _worker_compile(opts: BuildOptions, spec: TargetSpec, job: VariantJob, plan):
     def log(line: str) -> None:  # lines of several variants interleave: name each one
         _worker_log(line if line.startswith("[") else f"      [{job.name}] {line.strip()}")
 
     try:
-        return compile_one(*call, log=log)
+        return compile_one(opts, spec, job, plan, log=log)
     except InferxError:
         raise
     except Exception as exc:  # noqa: BLE001 - a bug: the parent reports it with the variant it hit
@@ -156,8 +159,9 @@ def _worker_compile(*call):
 
 
 def compile_in_processes(calls: list, jobs: int, log) -> list:
-    """Run :func:`compile_one` for every call in ``jobs`` worker processes (spawned: the parent's
-    TVM thread pool does not survive a fork), relaying their log lines; results in ``calls`` order."""
+    """Run :func:`compile_one` for every ``(opts, spec, job, plan)`` in ``calls`` in ``jobs`` worker
+    processes (spawned: the parent's TVM thread pool does not survive a fork), relaying their log
+    lines; results in ``calls`` order."""
     import multiprocessing
     import threading
     from concurrent.futures import ProcessPoolExecutor

@@ -88,8 +88,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="compile N variants at once, one process each (default: one per two physical cores, at most "
-        "one per variant; 1: one after the other in this process)",
+        help="compile N variants at once, one process each (default: one per two physical cores and per 3 GiB "
+        "of available memory, at most one per variant; 1: one after the other in this process)",
     )
     p.add_argument(
         "--no-cuda-graph",
