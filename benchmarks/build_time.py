@@ -56,6 +56,26 @@ def build_once(model: str, zoo: Path, target: str, precision: str, batches: str,
     }
 
 
+def save(args, models: list[str], results: list[dict]) -> Path:
+    ok = [r for r in results if "wall_s" in r]
+    by = {(r["model"], r["jobs"]): r["wall_s"] for r in ok}
+    ratios = {
+        f"{m} jobs {j} vs 1": round(by[(m, 1)] / by[(m, j)], 2)
+        for (m, j) in by
+        if j != 1 and (m, 1) in by
+    }  # fmt: skip
+    return write_record(
+        args.name or f"build_time_{models[0]}_jobs",
+        {
+            "what": f"inferx_edge build wall time by --jobs ({args.precision}, batches {args.batch_sizes}, target "
+            f"{args.target}; cross-compiled on this host)",
+            "versions": versions("apache-tvm", "numpy"),
+            "results": results,
+            "speedup": ratios,
+        },
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="densenet121")
@@ -73,24 +93,8 @@ def main() -> None:
         for jobs in (int(j) for j in args.jobs.split(",")):
             results.append(build_once(model, args.zoo_dir, args.target, args.precision, args.batch_sizes, jobs, out))
             print(results[-1], flush=True)
+            path = save(args, models, results)  # after each build: a run cut short keeps what it measured
     out.unlink(missing_ok=True)
-    ok = [r for r in results if "wall_s" in r]
-    by = {(r["model"], r["jobs"]): r["wall_s"] for r in ok}
-    ratios = {
-        f"{m} jobs {j} vs 1": round(by[(m, 1)] / by[(m, j)], 2)
-        for (m, j) in by
-        if j != 1 and (m, 1) in by
-    }  # fmt: skip
-    path = write_record(
-        args.name or f"build_time_{models[0]}_jobs",
-        {
-            "what": f"inferx_edge build wall time by --jobs ({args.precision}, batches {args.batch_sizes}, target "
-            f"{args.target}; cross-compiled on this host)",
-            "versions": versions("apache-tvm", "numpy"),
-            "results": results,
-            "speedup": ratios,
-        },
-    )
     print(f"wrote {path}")
 
 
