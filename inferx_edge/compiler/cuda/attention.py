@@ -17,9 +17,10 @@ Q, K and V are read through :class:`Operand` index maps, straight from the tenso
 (a float32 one saturated to fp16 as it loads). The kernel is generated per shape (every extent is a
 compile-time constant) and marked scheduled, so the schedule rules leave it as written.
 
-Status: compiled for sm_80/87/90a and checked off the device (its warp program in numpy against PTX's
-``ldmatrix``/``mma``, its computation as :mod:`~inferx_edge.compiler.cuda.attention_reference`), not yet
-run on a GPU; builds use it only when asked (``CudaOptions.fused_attention``). See docs/zoo.md.
+Checked off the device (its warp program in numpy against PTX's ``ldmatrix``/``mma``, its computation as
+:mod:`~inferx_edge.compiler.cuda.attention_reference`) and on an H100 against numpy float64
+(``benchmarks/gpu_attention.py``); CUDA fp16/int8/mixed builds use it unless
+``CudaOptions.fused_attention`` is off (env ``INFERX_FUSED_ATTENTION=0``). See docs/zoo.md.
 """
 
 from __future__ import annotations

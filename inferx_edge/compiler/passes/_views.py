@@ -114,9 +114,9 @@ def source_of(expr, ctx, coords, *, scalars: bool):
             if str(src.ty.dtype) not in ("float16", "float32"):
                 break
         elif name in ("relax.multiply", "relax.divide") and scalars:
-            k = constant_value(call.args[1])
+            k = constant_value(call.args[1], ctx)
             if k is None and name == "relax.multiply":
-                k, src = constant_value(src), call.args[1]
+                k, src = constant_value(src, ctx), call.args[1]
             if not k or static_shape(src) != shape:
                 break
             factor = factor / k if name == "relax.divide" else factor * k
@@ -126,12 +126,21 @@ def source_of(expr, ctx, coords, *, scalars: bool):
     return expr, coords, factor, tuple(steps)
 
 
-def constant_value(expr) -> float | None:
-    """A Relax constant with one element, as a float; else None."""
+def constant_value(expr, ctx=None) -> float | None:
+    """A Relax constant with one element, as a float; else None. With ``ctx``, also a variable bound
+    to such a constant through reshapes and float casts (torch exports its attention scale as
+    ``reshape(reshape(const, [1, 1, 1, 1]))``)."""
     import tvm
 
-    if isinstance(expr, tvm.ir.expr.Constant) and expr.value.numpy().size == 1:
-        return float(expr.value.numpy().reshape(()))
+    for _ in range(16):
+        if isinstance(expr, tvm.ir.expr.Constant):
+            return float(expr.value.numpy().reshape(())) if expr.value.numpy().size == 1 else None
+        call = ctx.producer(expr) if ctx is not None else None
+        if call is None or not hasattr(call, "op") or call.op.name not in ("relax.reshape", "relax.astype"):
+            return None
+        if call.op.name == "relax.astype" and str(call.args[0].ty.dtype) not in ("float16", "float32"):
+            return None
+        expr = call.args[0]
     return None
 
 

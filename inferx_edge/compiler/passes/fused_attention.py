@@ -73,7 +73,7 @@ def _walk_scores(x, ctx):
                 x, c = b, a
             else:
                 return None
-            k = constant_value(c)
+            k = constant_value(c, ctx)
             if k == 0:
                 return None
             if k is None:

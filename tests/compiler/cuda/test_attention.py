@@ -114,7 +114,8 @@ def test_attention_the_kernel_cannot_take_is_left_alone(kwargs):
     assert "relax.nn.softmax" in _ops(mod) and _ops(mod).count("relax.matmul") == 2
 
 
-def test_the_rewrite_runs_for_reduced_precision_cuda_variants_that_opt_in(monkeypatch):
+def test_the_rewrite_runs_for_reduced_precision_cuda_variants_unless_turned_off(monkeypatch):
+    from inferx_edge.compiler.cuda.device_compiler import CudaOptions
     from inferx_edge.compiler.passes import PASSES
     from inferx_edge.compiler.variant import variant_layout
     from inferx_edge.targets import get_target
@@ -128,16 +129,15 @@ def test_the_rewrite_runs_for_reduced_precision_cuda_variants_that_opt_in(monkey
             for prec in ("fp32", "fp16", "int8")
         }
 
-    assert not any(runs().values())  # off by default
-    from inferx_edge.compiler.cuda.device_compiler import CudaOptions
-
-    opted = variant_layout(get_target("h200"), "int8", CudaOptions(fused_attention=True))
-    assert p.applies(opted) and opted.attention == "fused"  # BuildOptions.cuda_options, explicitly
-    monkeypatch.setenv("INFERX_FUSED_ATTENTION", "1")
+    monkeypatch.delenv("INFERX_FUSED_ATTENTION", raising=False)
     assert runs() == {
         ("h200", "fp32"): False, ("h200", "fp16"): True, ("h200", "int8"): True,
         ("x86-cpu", "fp32"): False, ("x86-cpu", "fp16"): False, ("x86-cpu", "int8"): False,
     }  # fmt: skip
+    off = variant_layout(get_target("h200"), "int8", CudaOptions(fused_attention=False))
+    assert not p.applies(off) and off.attention == "matmul"  # BuildOptions.cuda_options, explicitly
+    monkeypatch.setenv("INFERX_FUSED_ATTENTION", "0")
+    assert not any(runs().values())
 
 
 def test_bias_views_pair_axes_of_equal_product():
@@ -255,10 +255,11 @@ def test_an_artifact_built_with_fused_attention_says_so(tmp_path):
         assert [v.extra.get("attention") for v in art.manifest.variants] == ["fused"]
 
 
-def _torch_mha_mod(tokens=20, batch=2, heads=4, width=16):
+def _torch_mha_mod(tokens=20, batch=2, heads=4, width=16, split_scale=False):
     """torch's nn.MultiheadAttention as its ONNX export reaches Relax (ViT-B/16's encoder): sequence-first
     packed QKV projection, split by ``take`` after an unsqueeze/transpose/squeeze, heads moved by
-    reshapes and transposes, Q scaled by a constant."""
+    reshapes and transposes, Q scaled by a constant (``split_scale``: Q and K each by its square root,
+    given as a reshaped constant, as newer torch exports write it)."""
     from tvm import relax
 
     e = heads * width
@@ -274,25 +275,34 @@ def _torch_mha_mod(tokens=20, batch=2, heads=4, width=16):
                 part = bb.emit(relax.op.take(qkv, relax.const(i, "int64"), axis=0))  # [tokens, batch, e]
                 part = bb.emit(relax.op.permute_dims(relax.op.reshape(part, [tokens, batch * heads, width]), [1, 0, 2]))
                 heads_first.append(bb.emit(relax.op.reshape(part, [batch, heads, tokens, width])))
-            q = bb.emit(relax.op.multiply(heads_first[0], relax.const(width**-0.5, "float32")))
-            kt = bb.emit(relax.op.permute_dims(heads_first[1], [0, 1, 3, 2]))
+            if split_scale:
+                root = relax.const(np.array([width**-0.25], "float32"))
+                root = bb.emit(relax.op.reshape(bb.emit(relax.op.reshape(root, [1, 1, 1, 1])), [1, 1, 1, 1]))
+                q = bb.emit(relax.op.multiply(heads_first[0], root))
+                k = bb.emit(relax.op.multiply(heads_first[1], root))
+            else:
+                q = bb.emit(relax.op.multiply(heads_first[0], relax.const(width**-0.5, "float32")))
+                k = heads_first[1]
+            kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
             p = bb.emit(relax.op.nn.softmax(relax.op.matmul(q, kt), axis=-1))
             out = bb.emit_output(relax.op.matmul(p, heads_first[2]))
         bb.emit_func_output(out)
     return bb.get()
 
 
-def test_torch_mha_reads_q_k_v_from_the_packed_projection_and_matches_two_matmuls():
+@pytest.mark.parametrize("split_scale", [False, True], ids=["scaled_q", "scaled_q_and_k"])
+def test_torch_mha_reads_q_k_v_from_the_packed_projection_and_matches_two_matmuls(split_scale):
     import tvm
     from tvm import relax
 
     from inferx_edge.compiler.passes.fused_attention import emulated_attention, fused_attention
 
-    mod = _torch_mha_mod()
+    mod = _torch_mha_mod(split_scale=split_scale)
     with emulated_attention():
         fused = fused_attention(mod)
     ops = _ops(fused)
     assert "relax.nn.softmax" not in ops and "relax.take" not in ops and "relax.permute_dims" not in ops
+    assert "relax.multiply" not in ops  # the scales are the kernel's, whatever operand they were on
     x = np.random.default_rng(0).standard_normal((20, 2, 64)).astype(np.float32)
     got, want = (
         relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
