@@ -125,8 +125,10 @@ def run_case(case, batch: int, target: str) -> dict:
     timer = lib.mod.time_evaluator("attention", tvm.cuda(0), number=10, repeat=5, min_repeat_ms=50)
     row["inferx fused us"] = float(np.median(timer(*args, out).results)) * 1e6
 
-    tq, tk, tv = (torch.from_numpy(np.ascontiguousarray(a)).cuda() for a in (q, k, v))
-    tb = None if full is None else torch.from_numpy(np.ascontiguousarray(full)).cuda().half()
+    # 4-D [1, sequences, tokens, width] operands: torch's fused SDPA backends (flash, memory-efficient,
+    # cuDNN) take only 4-D inputs; 3-D ones run its math backend (unfused, fp32 softmax)
+    tq, tk, tv = (torch.from_numpy(np.ascontiguousarray(a)).cuda()[None] for a in (q, k, v))
+    tb = None if full is None else torch.from_numpy(np.ascontiguousarray(full)).cuda().half()[None]
     with torch.inference_mode():
         row["torch sdpa fp16 us"] = torch_us(lambda: F.scaled_dot_product_attention(tq, tk, tv, attn_mask=tb))
 
