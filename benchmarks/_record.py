@@ -63,8 +63,15 @@ SCHEMA_VERSION = 1
 
 
 def git_commit() -> tuple[str | None, bool | None]:
-    """The checkout's commit and whether its tracked files differ from it (None, None outside git)."""
+    """The checkout's commit and whether its tracked files differ from it (None, None outside git).
+    In a tree parked for the GPU host (``scripts/park_for_device.sh``), the commit parking recorded:
+    the host's copy of ``.git`` need not follow the checkout, and parking itself deletes tracked
+    folders."""
     root = Path(__file__).resolve().parent.parent
+    parked = RESULTS / ".parked_commit"
+    if parked.is_file():
+        commit, _, state = parked.read_text().strip().partition(" ")
+        return commit, state != "clean"
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True
