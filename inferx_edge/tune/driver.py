@@ -207,7 +207,7 @@ def _tune_model(opts: TuneOptions, log) -> TuneSummary:
     spec, rpc, work_dir, mod = _tuning_inputs(opts, log)
     import_tensor_intrinsics()
     target = resolve_tvm_target(spec)
-    extracted = ms.relax_integration.extract_tasks(mod, target)
+    extracted = tunable_tasks(mod, target)
     log(f"[2/4] {len(extracted)} tasks; database {work_dir}")
 
     with tdb.locked(work_dir):
@@ -286,6 +286,18 @@ def _tune_model(opts: TuneOptions, log) -> TuneSummary:
             cost,
             progress.stopped_by_time,
         )
+
+
+def tunable_tasks(mod, target) -> list:
+    """MetaSchedule's tasks of ``mod``, less hand-scheduled kernels (``tirx.is_scheduled``: the fused
+    attention kernel, already bound to threads with its own tensor-core calls; nothing to search)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    def hand_scheduled(task) -> bool:
+        attrs = task.mod["main"].attrs
+        return attrs is not None and "tirx.is_scheduled" in attrs
+
+    return [t for t in ms.relax_integration.extract_tasks(mod, target) if not hand_scheduled(t)]
 
 
 def _prior_best(extracted, index: dict[str, int], stats: dict) -> dict[int, float]:

@@ -309,3 +309,25 @@ def test_torch_mha_reads_q_k_v_from_the_packed_projection_and_matches_two_matmul
         for m in (fused, mod)
     )
     assert np.abs(got - want).max() <= 3e-3 * np.abs(want).max()
+
+
+def test_the_fused_kernel_is_not_a_tuning_task(tmp_path):
+    """MetaSchedule extracts every PrimFunc; the hand-scheduled attention kernel has nothing to search
+    (and its thread bindings are not a space to sample), so ``tune`` leaves it out."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.variant import prepare_variant, variant_layout
+    from inferx_edge.frontend import import_model
+    from inferx_edge.targets import get_target
+    from inferx_edge.tune.driver import tunable_tasks
+    from tests.compiler.test_zoo_blocks import _model
+
+    path, _ = _model(tmp_path, "attention")
+    spec = get_target("h200")
+    mod = prepare_variant(import_model(path, {}), variant_layout(spec, "fp16")).mod
+    target = resolve_tvm_target(spec)
+    every = [t.task_name for t in ms.relax_integration.extract_tasks(mod, target)]
+    tunable = [t.task_name for t in tunable_tasks(mod, target)]
+    assert "fused_attention" in every and "fused_attention" not in tunable
+    assert tunable == [n for n in every if n != "fused_attention"] and tunable
