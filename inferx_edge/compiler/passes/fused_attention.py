@@ -92,6 +92,16 @@ def _walk_scores(x, ctx):
     return None
 
 
+#: elementwise ops a cast after them fuses into (a projection's dequantize / bias add epilogue)
+_EPILOGUE_OPS = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.astype")
+
+
+def _fusable_epilogue(producer) -> bool:
+    """Whether a float32 Q/K/V source was made by an elementwise op, so an fp16 cast of it fuses into
+    that kernel (a source that is a parameter or a reduction's output keeps its float32 read)."""
+    return producer is not None and hasattr(producer, "op") and getattr(producer.op, "name", "") in _EPILOGUE_OPS
+
+
 def _scaled(expr, factors, ctx, dtype: str):
     """Relax: ``expr`` multiplied (divided) by each of ``factors`` (1-element tensors), in ``dtype``."""
     from tvm import relax
@@ -199,6 +209,7 @@ def fused_attention(mod):
             (k_given, t, d, kt_shape[:-2], True),
             (ctx.given[1], t, dv, v_shape[:-2], False),
         )
+        halves: dict = {}  # a float32 source -> its fp16 copy (Q, K and V often share one)
         for role, (given, rows, cols, batch, scalars) in enumerate(roles):
 
             def coords(n, r, c, batch=batch, swap=role == 1 and k_swapped):
@@ -211,9 +222,16 @@ def fused_attention(mod):
                 continue
             src, index, k, steps = source_of(given, ctx, coords, scalars=scalars)
             shape, dtype = static_shape(src), str(src.ty.dtype)
-            key = (tuple(batch), role == 1 and k_swapped, steps)  # what the map is made of
+            read = ctx.rewritten(src)
+            if dtype == "float32" and _fusable_epilogue(ctx.producer(src)):
+                # the producer's fused epilogue (a projection's bias add) writes fp16: half the bytes
+                # written there and read here (K and V once per query tile), the same saturating cast
+                if src not in halves:
+                    halves[src] = b.emit(saturated_fp16(read))
+                read, dtype = halves[src], "float16"
+            key = (tuple(batch), role == 1 and k_swapped, steps, dtype)  # what the map is made of
             width = vector_width(index, shape, (nb, rows, cols), 8 if dtype == "float16" else 4, key)
-            views.append((ctx.rewritten(src), Operand(tuple(shape), dtype, index, width)))
+            views.append((read, Operand(tuple(shape), dtype, index, width)))
             factor *= k
         operands = [x for x, _ in views]
         bias, bias_spec = relax.const(np.zeros(1, "float32")), None  # the kernel never reads it
