@@ -255,7 +255,7 @@ def test_an_artifact_built_with_fused_attention_says_so(tmp_path):
         assert [v.extra.get("attention") for v in art.manifest.variants] == ["fused"]
 
 
-def _torch_mha_mod(tokens=20, batch=2, heads=4, width=16, split_scale=False):
+def _torch_mha_mod(tokens=20, batch=2, heads=4, width=16, split_scale=False, bias=False):
     """torch's nn.MultiheadAttention as its ONNX export reaches Relax (ViT-B/16's encoder): sequence-first
     packed QKV projection, split by ``take`` after an unsqueeze/transpose/squeeze, heads moved by
     reshapes and transposes, Q scaled by a constant (``split_scale``: Q and K each by its square root,
@@ -268,7 +268,10 @@ def _torch_mha_mod(tokens=20, batch=2, heads=4, width=16, split_scale=False):
     w = relax.const(np.random.default_rng(5).standard_normal((e, 3 * e)).astype(np.float32) * 0.2)
     with bb.function("main", [x]):
         with bb.dataflow():
-            qkv = bb.emit(relax.op.reshape(relax.op.matmul(x, w), [tokens, batch, 3, e]))
+            qkv = bb.emit(relax.op.matmul(x, w))
+            if bias:  # the projection's bias add: the epilogue the fp16 copy of Q/K/V fuses into
+                qkv = bb.emit(relax.op.add(qkv, relax.const(np.linspace(-1, 1, 3 * e).astype(np.float32))))
+            qkv = bb.emit(relax.op.reshape(qkv, [tokens, batch, 3, e]))
             qkv = bb.emit(relax.op.squeeze(relax.op.permute_dims(relax.op.expand_dims(qkv, [0]), [3, 1, 2, 0, 4]), [3]))
             heads_first = []
             for i in range(3):
@@ -331,3 +334,28 @@ def test_the_fused_kernel_is_not_a_tuning_task(tmp_path):
     tunable = [t.task_name for t in tunable_tasks(mod, target)]
     assert "fused_attention" in every and "fused_attention" not in tunable
     assert tunable == [n for n in every if n != "fused_attention"] and tunable
+
+
+def test_a_projection_epilogue_writes_q_k_v_as_fp16_once():
+    """A float32 Q/K/V source made by an elementwise op (the projection's bias add) is cast to fp16
+    there, once for all three operands; a source straight from a matmul keeps its float32 read."""
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.passes.fused_attention import emulated_attention, fused_attention
+
+    def operand_dtypes(m):
+        (call,) = [b.value for blk in m["main"].body.blocks for b in blk.bindings if "call_tir" in str(b.value.op)]
+        return [str(a.ty.dtype) for a in call.args[1].fields[:3]]
+
+    with emulated_attention():
+        plain, biased = fused_attention(_torch_mha_mod()), fused_attention(_torch_mha_mod(bias=True))
+    assert operand_dtypes(plain) == ["float32"] * 3
+    assert operand_dtypes(biased) == ["float16"] * 3
+    assert _ops(biased).count("relax.astype") == 1  # one copy, shared by Q, K and V
+    x = np.random.default_rng(0).standard_normal((20, 2, 64)).astype(np.float32)
+    got, want = (
+        relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+        for m in (biased, _torch_mha_mod(bias=True))
+    )
+    assert np.abs(got - want).max() <= 3e-3 * np.abs(want).max()
