@@ -71,9 +71,9 @@ def source_of(expr, ctx, coords, *, scalars: bool):
     factor, steps = 1.0, []
     for _ in range(64):
         call = ctx.producer(expr)
-        if call is None or not hasattr(call, "op"):
+        if call is None or not hasattr(call, "op") or not getattr(call, "args", None):
             break
-        name, shape = call.op.name, static_shape(call)
+        name, shape = getattr(call.op, "name", None), static_shape(call)
         src = call.args[0]
         src_shape = static_shape(src)
         if shape is None or src_shape is None:
@@ -136,9 +136,10 @@ def constant_value(expr, ctx=None) -> float | None:
         if isinstance(expr, tvm.ir.expr.Constant):
             return float(expr.value.numpy().reshape(())) if expr.value.numpy().size == 1 else None
         call = ctx.producer(expr) if ctx is not None else None
-        if call is None or not hasattr(call, "op") or call.op.name not in ("relax.reshape", "relax.astype"):
+        name = getattr(getattr(call, "op", None), "name", None)  # a call of a function has no op name
+        if name not in ("relax.reshape", "relax.astype"):
             return None
-        if call.op.name == "relax.astype" and str(call.args[0].ty.dtype) not in ("float16", "float32"):
+        if name == "relax.astype" and str(call.args[0].ty.dtype) not in ("float16", "float32"):
             return None
         expr = call.args[0]
     return None
