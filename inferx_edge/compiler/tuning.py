@@ -19,6 +19,8 @@ def apply_tuning(mod, target, work_dir: Path) -> tuple[Any, int, int, int]:
     (:mod:`inferx_edge.records.tiles`).
 
     Returns the module and (kernels with a tuned schedule, kernels with a recorded tile, kernels in total).
+    Hand-scheduled kernels (already ``tirx.is_scheduled``, e.g. the fused attention kernel) are not
+    counted as tuned.
     """
     import tvm
     from tvm import relax
@@ -27,6 +29,7 @@ def apply_tuning(mod, target, work_dir: Path) -> tuple[Any, int, int, int]:
     from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
 
     mod = relax.get_pipeline("zero")(mod)
+    hand_scheduled = set(_scheduled(mod))
     if msdb.has_database(work_dir):
         import_tensor_intrinsics()  # traces may replay tensorize steps
         # Read a snapshot: a tuning run may be appending to the database right now (a torn last line).
@@ -35,9 +38,18 @@ def apply_tuning(mod, target, work_dir: Path) -> tuple[Any, int, int, int]:
             with target, ms.database.JSONDatabase(work_dir=snap):
                 mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
     mod, tiled = annotate_tiles(mod, work_dir)
-    funcs = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-    tuned = sum(1 for f in funcs if f.attrs is not None and "tirx.is_scheduled" in f.attrs)
-    return mod, tuned, tiled, len(funcs)
+    total = sum(1 for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
+    tuned = len(set(_scheduled(mod)) - hand_scheduled)
+    return mod, tuned, tiled, total
+
+
+def _scheduled(mod):
+    """Names of ``mod``'s PrimFuncs that carry a schedule (``tirx.is_scheduled``)."""
+    import tvm
+
+    for gv, f in mod.functions_items():
+        if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and "tirx.is_scheduled" in f.attrs:
+            yield gv.name_hint
 
 
 @dataclass

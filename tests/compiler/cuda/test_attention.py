@@ -359,3 +359,23 @@ def test_a_projection_epilogue_writes_q_k_v_as_fp16_once():
         for m in (biased, _torch_mha_mod(bias=True))
     )
     assert np.abs(got - want).max() <= 3e-3 * np.abs(want).max()
+
+
+def test_the_fused_kernel_does_not_count_as_a_tuned_kernel(tmp_path):
+    """A build with a tuning database reports how many kernels got a database schedule; the
+    hand-scheduled attention kernel is not one of them (nor does it make the variant 'tuned')."""
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.tuning import apply_tuning
+    from inferx_edge.compiler.variant import prepare_variant, variant_layout
+    from inferx_edge.frontend import import_model
+    from inferx_edge.targets import get_target
+    from tests.compiler.test_zoo_blocks import _model
+
+    path, _ = _model(tmp_path, "attention")
+    spec = get_target("h200")
+    mod = prepare_variant(import_model(path, {}), variant_layout(spec, "fp16")).mod
+    assert any(gv.name_hint.startswith("fused_attention") for gv in mod.get_global_vars())
+    empty = tmp_path / "db"
+    empty.mkdir()
+    _, tuned, tiled, total = apply_tuning(mod, resolve_tvm_target(spec), empty)
+    assert (tuned, tiled) == (0, 0) and total >= 2
