@@ -76,6 +76,12 @@ def rewrite_convs(mod, rewrite):
     return rewrite_calls(mod, lambda call: rewrite(call, call.attrs, *call.args) if call.op == conv else None)
 
 
+def op_name(call) -> str | None:
+    """The operator name of a bound value (``"relax.reshape"``), or None: no binding, not a call, or a
+    call of a function (whose ``op`` is a GlobalVar, not an Op)."""
+    return getattr(getattr(call, "op", None), "name", None)
+
+
 def static_shape(expr) -> list[int] | None:
     """``expr``'s tensor shape when every dimension is a constant, else None."""
     import tvm

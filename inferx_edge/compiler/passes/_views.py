@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from inferx_edge.compiler.passes._rewrite import static_shape
+from inferx_edge.compiler.passes._rewrite import op_name, static_shape
 
 #: vector checks evaluate the map over at most this many (sequence, row, column-group) points
 MAX_CHECKED = 1 << 24
@@ -71,9 +71,10 @@ def source_of(expr, ctx, coords, *, scalars: bool):
     factor, steps = 1.0, []
     for _ in range(64):
         call = ctx.producer(expr)
-        if call is None or not hasattr(call, "op") or not getattr(call, "args", None):
+        name = op_name(call)
+        if name is None or not call.args:
             break
-        name, shape = getattr(call.op, "name", None), static_shape(call)
+        shape = static_shape(call)
         src = call.args[0]
         src_shape = static_shape(src)
         if shape is None or src_shape is None:
@@ -136,7 +137,7 @@ def constant_value(expr, ctx=None) -> float | None:
         if isinstance(expr, tvm.ir.expr.Constant):
             return float(expr.value.numpy().reshape(())) if expr.value.numpy().size == 1 else None
         call = ctx.producer(expr) if ctx is not None else None
-        name = getattr(getattr(call, "op", None), "name", None)  # a call of a function has no op name
+        name = op_name(call)
         if name not in ("relax.reshape", "relax.astype"):
             return None
         if name == "relax.astype" and str(call.args[0].ty.dtype) not in ("float16", "float32"):

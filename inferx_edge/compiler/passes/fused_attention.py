@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from inferx_edge.compiler.passes._rewrite import rewrite_calls_in_context, static_shape, swaps_last_two
+from inferx_edge.compiler.passes._rewrite import op_name, rewrite_calls_in_context, static_shape, swaps_last_two
 from inferx_edge.compiler.passes._views import axis_groups, constant_value, reshape_coords, source_of, vector_width
 from inferx_edge.compiler.passes.fp16_depthwise import saturated_fp16
 
@@ -33,9 +33,9 @@ def _one_element(expr) -> bool:
 def _reaches_matmul(expr, ctx, depth: int = 0) -> bool:
     """Whether ``expr`` is a ``matmul`` through the ops attention puts between it and the softmax."""
     call = ctx.producer(expr)
-    if call is None or not hasattr(call, "op") or depth > 16:
+    name = op_name(call)
+    if name is None or depth > 16:
         return False
-    name = call.op.name
     if name == "relax.matmul":
         return True
     if name in ("relax.astype", "relax.reshape"):
@@ -50,9 +50,10 @@ def _walk_scores(x, ctx):
     scores, mult, factors = _Scores(), 1.0, []
     for _ in range(32):
         call = ctx.producer(x)
-        if call is None or not hasattr(call, "op") or call.op.name not in (*_CHAIN, "relax.matmul"):
+        name = op_name(call)
+        if name not in (*_CHAIN, "relax.matmul"):
             return None
-        name, shape = call.op.name, static_shape(call)
+        shape = static_shape(call)
         if shape is None:
             return None
         if name == "relax.matmul":
@@ -99,7 +100,7 @@ _EPILOGUE_OPS = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide"
 def _fusable_epilogue(producer) -> bool:
     """Whether a float32 Q/K/V source was made by an elementwise op, so an fp16 cast of it fuses into
     that kernel (a source that is a parameter or a reduction's output keeps its float32 read)."""
-    return producer is not None and hasattr(producer, "op") and getattr(producer.op, "name", "") in _EPILOGUE_OPS
+    return op_name(producer) in _EPILOGUE_OPS
 
 
 def _scaled(expr, factors, ctx, dtype: str):
@@ -173,10 +174,10 @@ def fused_attention(mod):
         p, sm = ctx.given[0], None
         for _ in range(4):
             sm = ctx.producer(p)
-            if sm is None or not hasattr(sm, "op") or sm.op.name != "relax.astype":
+            if op_name(sm) != "relax.astype":
                 break
             p = sm.args[0]
-        if sm is None or not hasattr(sm, "op") or sm.op.name != "relax.nn.softmax":
+        if op_name(sm) != "relax.nn.softmax":
             return None
         rank = len(sm.ty.shape)
         if int(sm.attrs.axis) not in (-1, rank - 1):
