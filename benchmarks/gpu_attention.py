@@ -224,6 +224,7 @@ def main() -> None:
                 row = {"network": case[0], "batch": batch, "error": f"{type(exc).__name__}: {exc}"[:600]}
             results.append(row)
             print(json.dumps(row), flush=True)
+    checks_ok = all(c["ok"] for c in checks) if checks else None  # None: --no-check
     path = write_record(
         args.name or f"gpu_attention_{args.target}",
         {
@@ -231,11 +232,11 @@ def main() -> None:
             "driver": gpu_driver(),
             "versions": versions("apache-tvm", "torch", "inferx_edge"),
             "checks": checks,
-            "checks_ok": all(c["ok"] for c in checks) if checks else None,  # None: --no-check
+            "checks_ok": checks_ok,
             "results": results,
         },
     )
-    verdict = "not run" if not checks else "all OK" if all(c["ok"] for c in checks) else "FAILED"
+    verdict = {None: "not run", True: "all OK", False: "FAILED"}[checks_ok]
     print(f"wrote {path}; numerics checks {verdict}")
 
 
