@@ -293,10 +293,21 @@ def _torch_mha_mod(tokens=20, batch=2, heads=4, width=16, split_scale=False, bia
     return bb.get()
 
 
-@pytest.mark.parametrize("split_scale", [False, True], ids=["scaled_q", "scaled_q_and_k"])
-def test_torch_mha_reads_q_k_v_from_the_packed_projection_and_matches_two_matmuls(split_scale):
+def _assert_same_on_the_cpu(fused, mod):
+    """The rewritten module (the kernel's TE twin) and the original, on one seeded [20, 2, 64] input."""
     import tvm
     from tvm import relax
+
+    x = np.random.default_rng(0).standard_normal((20, 2, 64)).astype(np.float32)
+    got, want = (
+        relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+        for m in (fused, mod)
+    )
+    assert np.abs(got - want).max() <= 3e-3 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("split_scale", [False, True], ids=["scaled_q", "scaled_q_and_k"])
+def test_torch_mha_reads_q_k_v_from_the_packed_projection_and_matches_two_matmuls(split_scale):
 
     from inferx_edge.compiler.passes.fused_attention import emulated_attention, fused_attention
 
@@ -306,12 +317,7 @@ def test_torch_mha_reads_q_k_v_from_the_packed_projection_and_matches_two_matmul
     ops = _ops(fused)
     assert "relax.nn.softmax" not in ops and "relax.take" not in ops and "relax.permute_dims" not in ops
     assert "relax.multiply" not in ops  # the scales are the kernel's, whatever operand they were on
-    x = np.random.default_rng(0).standard_normal((20, 2, 64)).astype(np.float32)
-    got, want = (
-        relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
-        for m in (fused, mod)
-    )
-    assert np.abs(got - want).max() <= 3e-3 * np.abs(want).max()
+    _assert_same_on_the_cpu(fused, mod)
 
 
 def test_the_fused_kernel_is_not_a_tuning_task(tmp_path):
@@ -339,8 +345,6 @@ def test_the_fused_kernel_is_not_a_tuning_task(tmp_path):
 def test_a_projection_epilogue_writes_q_k_v_as_fp16_once():
     """A float32 Q/K/V source made by an elementwise op (the projection's bias add) is cast to fp16
     there, once for all three operands; a source straight from a matmul keeps its float32 read."""
-    import tvm
-    from tvm import relax
 
     from inferx_edge.compiler.passes.fused_attention import emulated_attention, fused_attention
 
@@ -353,12 +357,7 @@ def test_a_projection_epilogue_writes_q_k_v_as_fp16_once():
     assert operand_dtypes(plain) == ["float32"] * 3
     assert operand_dtypes(biased) == ["float16"] * 3
     assert _ops(biased).count("relax.astype") == 1  # one copy, shared by Q, K and V
-    x = np.random.default_rng(0).standard_normal((20, 2, 64)).astype(np.float32)
-    got, want = (
-        relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
-        for m in (biased, _torch_mha_mod(bias=True))
-    )
-    assert np.abs(got - want).max() <= 3e-3 * np.abs(want).max()
+    _assert_same_on_the_cpu(biased, _torch_mha_mod(bias=True))
 
 
 def test_the_fused_kernel_does_not_count_as_a_tuned_kernel(tmp_path):
