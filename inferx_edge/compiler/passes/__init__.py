@@ -95,7 +95,7 @@ PASSES: tuple[Pass, ...] = (
         lambda v: v.precision == "fp16" and v.conv == "NHWC" and v.kernel == "OHWI",
         lambda mod, v: fp16_matmul_weights_along_k(mod),
     ),
-    # CUDA fp16/int8/mixed, opted in: softmax(Q K^T) V as one fused tensor-core kernel
+    # CUDA fp16/int8/mixed unless turned off (CudaOptions.fused_attention): softmax(Q K^T) V as one fused tensor-core kernel
     Pass("fused_attention", lambda v: v.attention == "fused", lambda mod, v: fused_attention(mod)),
     # CUDA int8/mixed: attention's other activation x activation matmuls on fp16 tensor cores
     Pass(
