@@ -326,6 +326,9 @@ def _measure_group(group: TileGroup, cands, futs, gpu, repeat: int, min_repeat_m
     rec = {
         "kernels": group.kernels,
         "extents": group.extents,
+        # what else the tile rule and the candidates depend on: lets a recorded group be scored
+        # against another default-tile rule later (scripts/tile_survey.py)
+        "shape": {"input_padded": group.input_padded, **group.shape_options()},
         "default": cands[0].text(),
         "kernel_version": KERNEL_VERSION,
         "us": {},

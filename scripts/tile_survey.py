@@ -1,0 +1,172 @@
+"""Tile survey: the tensor-core tile search run over zoo models, and default-tile rules scored against
+every measured kernel group.
+
+``build`` gives each tensor-core GEMM the tile :func:`~inferx_edge.compiler.cuda.tile_for` picks unless
+a tuning database records one. Whether that rule is good is a measurement: the tile search
+(``tune --search tiles``) times every candidate of every kernel group, the rule's pick among them, so
+its databases say how far the rule is from the best tile, group by group.
+
+On a GPU host (models exported and calibrated on the fly, as ``benchmarks/zoo.py`` does)::
+
+    python scripts/tile_survey.py search --models vit_b_16:64,convnext_tiny:64 --minutes 2 \\
+        --root $OUT/tiles --stop-after-min 8
+
+Here, scoring today's rule on the databases it finds (``tiles.json`` under each path)::
+
+    python scripts/tile_survey.py score tuning_logs/h200 benchmarks/results/tile_survey_h100 \\
+        --json benchmarks/results/tile_rule_h100.json
+
+Per group it reports the rule's tile and its time against the recorded default (the rule when the
+search ran) and the best candidate; over all groups the geometric mean of rule/best and the summed
+kernel time (each group's time times its kernel count), the rule against the recorded default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+#: the SM count the survey's GPUs have (H100 SXM and H200: 132); the rule depends on it
+SM_COUNT = 132
+
+
+def search(args) -> int:
+    from benchmarks.zoo import calibration, model_dir
+    from benchmarks.zoo_models import spec_of
+
+    stop = time.time() + 60 * args.stop_after_min if args.stop_after_min else math.inf
+    root = Path(args.root)
+    work = root.parent / "models"
+    rc = 0
+    for item in args.models.split(","):
+        name, _, batch = item.partition(":")
+        if time.time() > stop:
+            print(f"== {item}: skipped (past --stop-after-min)", flush=True)
+            continue
+        spec = spec_of(name)
+        d = model_dir(name, Path(args.zoo_dir), work)
+        calib = calibration(name, d)
+        cmd = [sys.executable, "-m", "inferx_edge", "tune", "--model", str(d / "model.onnx"), "--target", args.target,
+               "--precision", args.precision, "--search", "tiles", "--calib", str(calib), "--calib-method", "minmax",
+               "--minutes", f"{min(args.minutes, max(0.1, (stop - time.time()) / 60)):g}",
+               "--tuning-logs", str(root / name)]  # fmt: skip
+        for k, dims in spec.input_shapes(int(batch or 1)).items():
+            cmd += ["--input-shape", f"{k}:{'x'.join(map(str, dims))}"]
+        print(f"== {item}: {' '.join(cmd)}", flush=True)
+        t0 = time.time()
+        done = subprocess.run(cmd)
+        print(f"== {item}: exit {done.returncode} after {time.time() - t0:.0f} s", flush=True)
+        rc = rc or done.returncode
+    return rc
+
+
+def _groups(paths):
+    for base in paths:
+        for f in sorted(Path(base).rglob("tiles.json")):
+            data = json.loads(f.read_text())
+            for key, rec in data.get("groups", {}).items():
+                if rec.get("us") and rec.get("best"):
+                    yield f.parent, data.get("device"), key, rec
+
+
+def rule_tile(rec: dict) -> str:
+    """Today's default tile for a recorded group (its shape options where the record has them)."""
+    from inferx_edge.compiler.cuda.tile_policy import tile_for
+
+    shape = rec.get("shape", {})
+    opts = {k: shape[k] for k in ("weights_along_k", "int8", "batch") if k in shape}
+    return tile_for(rec["extents"], SM_COUNT, **opts).text()
+
+
+def score(args) -> int:
+    rows = []
+    for db, device, key, rec in _groups(args.paths):
+        us, n = rec["us"], len(rec.get("kernels", [])) or 1
+        rule = rule_tile(rec)
+        rows.append(
+            {
+                "database": str(db),
+                "group": key,
+                "extents": rec["extents"],
+                "shape": rec.get("shape"),
+                "kernels": n,
+                "device": device,
+                "best": rec["best"],
+                "best_us": us[rec["best"]],
+                "recorded_default": rec.get("default"),
+                "recorded_default_us": us.get(rec.get("default")),
+                "rule": rule,
+                "rule_us": us.get(rule),
+            }
+        )
+    scored = [r for r in rows if r["rule_us"] and r["recorded_default_us"]]
+    summary = {
+        "groups": len(rows),
+        "groups_scored": len(scored),
+        "groups_rule_not_measured": [r["group"] for r in rows if not r["rule_us"]],
+        "geomean_rule_over_best": _geomean([r["rule_us"] / r["best_us"] for r in scored]),
+        "geomean_recorded_default_over_best": _geomean([r["recorded_default_us"] / r["best_us"] for r in scored]),
+        "kernel_us_rule": round(sum(r["rule_us"] * r["kernels"] for r in scored), 1),
+        "kernel_us_recorded_default": round(sum(r["recorded_default_us"] * r["kernels"] for r in scored), 1),
+        "kernel_us_best": round(sum(r["best_us"] * r["kernels"] for r in scored), 1),
+        "groups_rule_slower_than_recorded_default": sum(
+            1 for r in scored if r["rule_us"] > 1.02 * r["recorded_default_us"]
+        ),
+        "groups_rule_faster_than_recorded_default": sum(
+            1 for r in scored if r["rule_us"] < r["recorded_default_us"] / 1.02
+        ),
+    }
+    for r in rows:
+        ratio = f"{r['rule_us'] / r['best_us']:.2f}x best" if r["rule_us"] else "rule's tile not measured"
+        old = f"{r['recorded_default_us'] / r['best_us']:.2f}x" if r["recorded_default_us"] else "-"
+        print(f"{'x'.join(map(str, r['extents'])):>20} x{r['kernels']:<3} rule {r['rule']:<34} {ratio:<24} "
+              f"recorded default {old:<6} best {r['best']}")  # fmt: skip
+    print(json.dumps(summary, indent=1))
+    if args.json:
+        from benchmarks._record import git_commit
+
+        record = {
+            "command": " ".join(sys.argv),
+            "git_commit": git_commit(),
+            "sm_count": SM_COUNT,
+            "paths": args.paths,
+            "summary": summary,
+            "groups": rows,
+        }
+        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+def _geomean(xs):
+    return round(math.exp(sum(math.log(x) for x in xs) / len(xs)), 4) if xs else None
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("search", help="run the tile search on zoo models (GPU host)")
+    s.add_argument("--models", required=True, help="name:batch,... (zoo names, benchmarks/zoo_models.py)")
+    s.add_argument("--minutes", type=float, default=2.0, help="tile search limit per model")
+    s.add_argument("--stop-after-min", type=float, default=None, help="start no model after this many minutes")
+    s.add_argument("--root", required=True, help="databases go to ROOT/<model>/<target>/...")
+    s.add_argument("--zoo-dir", default="/tmp/zoo")
+    s.add_argument("--target", default="h200")
+    s.add_argument("--precision", default="int8")
+    c = sub.add_parser("score", help="score today's default-tile rule on recorded searches")
+    c.add_argument("paths", nargs="+", help="directories searched for tiles.json")
+    c.add_argument("--json", help="write the scored groups and the summary here")
+    args = p.parse_args(argv)
+    return search(args) if args.cmd == "search" else score(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
