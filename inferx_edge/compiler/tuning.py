@@ -75,7 +75,7 @@ def tile_groups(mod) -> list[TileGroup]:
     tile key, in module order."""
     import tvm
 
-    from inferx_edge.compiler.cuda import gemm_batch, is_int8_gemm, tile_gemm_extents, weights_along_k
+    from inferx_edge.compiler.cuda import gemm_batch, input_padded, is_int8_gemm, tile_gemm_extents, weights_along_k
 
     groups: dict[str, TileGroup] = {}
     for gv, func in mod.functions_items():
@@ -84,11 +84,10 @@ def tile_groups(mod) -> list[TileGroup]:
         extents = tile_gemm_extents(func)
         if extents is None:
             continue
-        script = func.script()
-        key = tile_key(script)
+        key = tile_key(func.script())
         if key not in groups:
             groups[key] = TileGroup(
-                key, list(extents), "if_then_else" in script, func, [], weights_along_k(func), is_int8_gemm(func),
+                key, list(extents), input_padded(func), func, [], weights_along_k(func), is_int8_gemm(func),
                 gemm_batch(func),
             )  # fmt: skip
         groups[key].kernels.append(gv.name_hint)

@@ -106,6 +106,12 @@ def weights_along_k(func) -> bool:
     return bool(blocks) and _innermost_is_reduction(sch.get(blocks[0]), 1)
 
 
+def input_padded(func) -> bool:
+    """Whether a matmul-like kernel reads an operand through a bounds check (a convolution that pads its
+    input: ``if_then_else`` in its TIR), so every tile's activation loads are predicated."""
+    return "if_then_else" in func.script()
+
+
 #: PrimFunc attribute naming the tile a kernel was measured fastest with (``TileConfig.text``), set
 #: from a tuning database (:func:`inferx_edge.tune.tiles.annotate_tiles`)
 TILE_ATTR = "inferx.tile"
