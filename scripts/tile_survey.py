@@ -16,6 +16,10 @@ Here, scoring today's rule on the databases it finds (``tiles.json`` under each 
     python scripts/tile_survey.py score tuning_logs/h200 benchmarks/results/tile_survey_h100 \\
         --json benchmarks/results/tile_rule_h100.json
 
+From the search's printed log alone (when the databases did not come back from the GPU host)::
+
+    python scripts/tile_survey.py log search.log --json benchmarks/results/tile_survey_h100.json
+
 Per group it reports the rule's tile and its time against the recorded default (the rule when the
 search ran) and the best candidate; over all groups the geometric mean of rule/best and the summed
 kernel time (each group's time times its kernel count), the rule against the recorded default.
@@ -26,6 +30,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -65,26 +71,84 @@ def search(args) -> int:
         t0 = time.time()
         done = subprocess.run(cmd)
         print(f"== {item}: exit {done.returncode} after {time.time() - t0:.0f} s", flush=True)
+        for n, f in enumerate(sorted((root / name).rglob("tiles.json"))):  # flat copies beside the tree
+            shutil.copy(f, root / f"{name}_b{batch or 1}{f'_{n}' if n else ''}.tiles.json")
         rc = rc or done.returncode
     return rc
 
 
+_GROUP_LINE = re.compile(
+    r"\[\d+/\d+\] (?P<ext>[\dx]+) \((?P<n>\d+) kernels?\): (?P<best>\S+) (?P<us>[\d.]+) us, "
+    r"(?P<gain>[\d.]+)x the default (?P<default>\S+)"
+)
+
+
+def from_log(args) -> int:
+    """The groups a search printed (model, extents, kernels, best tile and time, gain over the default)
+    and how many of those with K >= 256 a 128-deep tile won."""
+    rows, model = [], None
+    for line in Path(args.log).read_text().splitlines():
+        if line.startswith("== ") and ": " in line:
+            model = line[3:].split(": ", 1)[0]
+        m = _GROUP_LINE.search(line)
+        if m:
+            best = m["best"]
+            rows.append(
+                {
+                    "model": model,
+                    "extents": [int(x) for x in m["ext"].split("x")],
+                    "kernels": int(m["n"]),
+                    "best": best,
+                    "best_us": float(m["us"]),
+                    "default": m["default"],
+                    "default_over_best": float(m["gain"]),
+                    "best_k_frags": _tile(best).k_frags,
+                }
+            )
+    deep = [r for r in rows if r["extents"][2] >= 256]
+    summary = {
+        "groups": len(rows),
+        "groups_k_ge_256": len(deep),
+        "won_by_128_deep_stages": sum(1 for r in deep if r["best_k_frags"] == 8),
+        "won_by_three_buffers": sum(1 for r in deep if ".async3" in r["best"]),
+        "geomean_default_over_best_k_ge_256": _geomean([r["default_over_best"] for r in deep]),
+    }
+    print(json.dumps(summary, indent=1))
+    if args.json:
+        from benchmarks._record import git_commit
+
+        record = {"command": " ".join(sys.argv), "git_commit": git_commit(), "log": args.log, "summary": summary,
+                  "groups": rows}  # fmt: skip
+        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+def _tile(text: str):
+    from inferx_edge.compiler.cuda.tile import TileConfig
+
+    return TileConfig.parse(text)
+
+
 def _groups(paths):
     for base in paths:
-        for f in sorted(Path(base).rglob("tiles.json")):
+        seen = set()  # a database and its flat copy (search) hold the same groups
+        for f in sorted(Path(base).rglob("*tiles.json")):
             data = json.loads(f.read_text())
             for key, rec in data.get("groups", {}).items():
-                if rec.get("us") and rec.get("best"):
+                ident = (key, json.dumps(rec, sort_keys=True))
+                if rec.get("us") and rec.get("best") and ident not in seen:
+                    seen.add(ident)
                     yield f.parent, data.get("device"), key, rec
 
 
 def rule_tile(rec: dict) -> str:
-    """Today's default tile for a recorded group (its shape options where the record has them)."""
+    """Today's default tile for a recorded group on an sm_90 GPU (its shape options where the record has
+    them; records older than those options count as padded inputs)."""
     from inferx_edge.compiler.cuda.tile_policy import tile_for
 
     shape = rec.get("shape", {})
-    opts = {k: shape[k] for k in ("weights_along_k", "int8", "batch") if k in shape}
-    return tile_for(rec["extents"], SM_COUNT, **opts).text()
+    opts = {k: shape[k] for k in ("weights_along_k", "int8", "batch", "input_padded") if k in shape}
+    return tile_for(rec["extents"], SM_COUNT, **opts, deep_stages=True, async_copy=True).text()
 
 
 def score(args) -> int:
@@ -161,11 +225,14 @@ def main(argv=None) -> int:
     s.add_argument("--zoo-dir", default="/tmp/zoo")
     s.add_argument("--target", default="h200")
     s.add_argument("--precision", default="int8")
+    g = sub.add_parser("log", help="the groups a search printed, from its log")
+    g.add_argument("log")
+    g.add_argument("--json", help="write the groups and the summary here")
     c = sub.add_parser("score", help="score today's default-tile rule on recorded searches")
     c.add_argument("paths", nargs="+", help="directories searched for tiles.json")
     c.add_argument("--json", help="write the scored groups and the summary here")
     args = p.parse_args(argv)
-    return search(args) if args.cmd == "search" else score(args)
+    return {"search": search, "score": score, "log": from_log}[args.cmd](args)
 
 
 if __name__ == "__main__":

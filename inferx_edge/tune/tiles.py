@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ import numpy as np
 from inferx_edge.compiler.tuning import TileGroup, tile_groups
 from inferx_edge.errors import UsageError
 from inferx_edge.records.tiles import FORMAT, KERNEL_VERSION, _tiles_path, load_tiles, save_tiles
+from inferx_edge.tune.tile_gpus import _GPU, LocalGPU, RemoteGPU
 
 #: fp16 candidates match the default tile when every output is within this fraction of the largest
 #: output magnitude (accumulation order differs between tiles; a wrong tile is off by whole terms)
@@ -82,66 +84,6 @@ def _compile_candidate(
     with device_compiler(get_target(spec_name), "cubin"), target, pass_config(async_copy=True):
         lib = tvm.compile(tvm.IRModule({"main": kernel}), target=target)
     return export_candidate(lib, "inferx_tile_", cross_compiler)
-
-
-class _GPU:
-    dev = None
-
-    def load(self, path: str):
-        raise NotImplementedError
-
-    def measure(self, path: str, host_args: list[np.ndarray], repeat: int, min_repeat_ms: int):
-        """(median seconds, every argument after one call) of the library's kernel on ``host_args``."""
-        import tvm
-
-        lib = self.load(path)
-        args = [tvm.runtime.tensor(a, self.dev) for a in host_args]
-        lib["main"](*args)
-        self.dev.sync()
-        after = [a.numpy() for a in args]
-        timer = lib.time_evaluator("main", self.dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)
-        return float(np.median(timer(*args).results)), after
-
-    def close(self) -> None:
-        pass
-
-
-class LocalGPU(_GPU):
-    """Candidates run on this host's GPU 0."""
-
-    def __init__(self) -> None:
-        import tvm
-
-        self.dev = tvm.cuda(0)
-        if not self.dev.exist:
-            raise UsageError("tune --search tiles measures on a CUDA GPU and this host has none; use --rpc")
-        self.name = str(self.dev.device_name)
-
-    def load(self, path: str):
-        import tvm
-
-        return tvm.runtime.load_module(path)
-
-
-class RemoteGPU(_GPU):
-    """Candidates run on GPU 0 of a device behind a TVM RPC tracker (libraries uploaded one by one)."""
-
-    def __init__(self, rpc) -> None:
-        from tvm import rpc as tvm_rpc
-
-        self.session = tvm_rpc.connect_tracker(rpc.host, rpc.port).request(rpc.key, session_timeout=600)
-        self.dev = self.session.cuda(0)
-        self.name = f"{rpc.key} via {rpc.host}:{rpc.port}"
-        self.uploaded = 0
-
-    def load(self, path: str):
-        self.uploaded += 1
-        name = f"inferx_tile_{os.getpid()}_{self.uploaded}.so"
-        self.session.upload(path, name)
-        return self.session.load_module(name)
-
-    def close(self) -> None:
-        self.session = None
 
 
 def _random_args(func, seed: int) -> list[np.ndarray]:
@@ -210,6 +152,8 @@ def search_tiles(
     from inferx_edge.compiler.compile import resolve_tvm_target
     from inferx_edge.compiler.cuda import MIN_INT8_DIM as MIN_DIM
     from inferx_edge.compiler.cuda import MIN_INT8_ROWS as MIN_ROWS
+    from inferx_edge.compiler.cuda import sm_version
+    from inferx_edge.compiler.cuda.tile_policy import DEEP_STAGE_SMS
     from inferx_edge.records import metaschedule as tdb
 
     target = resolve_tvm_target(spec)
@@ -223,7 +167,8 @@ def search_tiles(
     deadline = t0 + 60 * minutes if minutes else math.inf
     with tdb.locked(work_dir):
         data = load_tiles(work_dir) or {"format": FORMAT, "target": spec.name, "groups": {}}
-        plans = _plan(groups, data, spec.sm_count)
+        deep = sm_version(target) in DEEP_STAGE_SMS
+        plans = _plan(groups, data, spec.sm_count, deep_stages=deep)
         n_new = sum(1 for *_, old in plans if old is not None)
         n_stale = sum(1 for g in groups if _older_kernels(data["groups"].get(g.key, {})))
         kernels = sum(len(g.kernels) for g in groups)
@@ -237,7 +182,9 @@ def search_tiles(
             return TileSearchSummary(work_dir, _rows(groups, data), 0, 0, 0.0)
         gpu = gpu or (RemoteGPU(rpc) if rpc else LocalGPU())
         if n_new and data.get("device") not in (None, gpu.name):  # timed on another GPU: measure them anew
-            plans = _plan(groups, data, spec.sm_count, anew={g.key for g, _, old in plans if old is not None})
+            plans = _plan(
+                groups, data, spec.sm_count, anew={g.key for g, _, old in plans if old is not None}, deep_stages=deep
+            )
         data["device"] = gpu.name
         cross = spec.cross_compiler if platform.machine() != spec.host_arch else None
         n_workers = workers or max(1, (os.cpu_count() or 2) - 1)
@@ -286,6 +233,8 @@ def search_tiles(
         finally:
             pool.shutdown()
             gpu.close()
+            for fut in (f for futs in futures for f in futs):  # libraries compiled but not timed (stopped early)
+                _discard(fut)
     if stopped:
         log(f"      stopped at the time limit: {measured} groups measured this run, {len(plans) - measured} left")
     return TileSearchSummary(work_dir, _rows(groups, data), measured, run, time.time() - t0, stopped)
@@ -296,7 +245,9 @@ def _older_kernels(rec: dict) -> bool:
     return bool(rec.get("best")) and rec.get("kernel_version", 1) < KERNEL_VERSION
 
 
-def _plan(groups: list[TileGroup], data: dict, sm_count: int | None, anew: set = frozenset()) -> list[tuple]:
+def _plan(
+    groups: list[TileGroup], data: dict, sm_count: int | None, anew: set = frozenset(), deep_stages: bool = False
+) -> list[tuple]:
     """(group, candidates to measure, its record or None) for each group with something to measure,
     the most work first (I*J*K over the group's kernels: a run cut short by --minutes has measured
     the kernels that matter most). A recorded group is measured again only for candidates its record
@@ -306,7 +257,7 @@ def _plan(groups: list[TileGroup], data: dict, sm_count: int | None, anew: set =
 
     plans = []
     for g in sorted(groups, key=lambda g: -math.prod(g.extents) * len(g.kernels)):
-        cands = tile_candidates(g.extents, sm_count, g.input_padded, **g.shape_options())
+        cands = tile_candidates(g.extents, sm_count, g.input_padded, **g.shape_options(), deep_stages=deep_stages)
         rec = {} if g.key in anew else data["groups"].get(g.key, {})
         if _older_kernels(rec):
             rec = {}
@@ -318,6 +269,16 @@ def _plan(groups: list[TileGroup], data: dict, sm_count: int | None, anew: set =
         if new:
             plans.append((g, [cands[0], *new], rec))
     return plans
+
+
+def _discard(fut) -> None:
+    """Delete the candidate library ``fut`` compiled, if it finished and left one."""
+    try:
+        path = fut.result(timeout=0) if fut.done() else None
+    except Exception:  # failed to compile: nothing on disk
+        return
+    if path:
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
 def _measure_group(group: TileGroup, cands, futs, gpu, repeat: int, min_repeat_ms: int) -> dict:
@@ -342,7 +303,10 @@ def _measure_group(group: TileGroup, cands, futs, gpu, repeat: int, min_repeat_m
             if path is None:
                 rec["errors"][text] = "tile does not apply to this kernel"
                 continue
-            seconds, after = gpu.measure(path, host_args, repeat, min_repeat_ms)
+            try:
+                seconds, after = gpu.measure(path, host_args, repeat, min_repeat_ms)
+            finally:
+                shutil.rmtree(os.path.dirname(path), ignore_errors=True)  # timed: its library is not needed
         except Exception as exc:  # a candidate that fails to compile or run is recorded, not fatal
             rec["errors"][text] = (
                 f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''}"

@@ -35,13 +35,20 @@ class FakeGPU:
 
 @pytest.mark.slow  # 12-90 s on a 2-core host: kept under 15 min by default; run with -m slow
 @needs_nvrtc
-def test_search_records_the_fastest_correct_tile_and_resumes(tmp_path):
+def test_search_records_the_fastest_correct_tile_and_resumes(tmp_path, monkeypatch):
+    import tempfile
+
     from inferx_edge.compiler.tuning import tile_groups
     from inferx_edge.records.tiles import KERNEL_VERSION, TILES_FILE, load_tiles
     from inferx_edge.targets import get_target
     from inferx_edge.tune.tiles import search_tiles
 
     spec = get_target("h200")
+    scratch = tmp_path / "tmp"  # where the compile workers put candidate libraries
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    tmp_path = tmp_path / "db"
     mod = fused(quantized_conv(0.01))
     mod2 = fused(quantized_conv(0.01, k=1))
     # two groups in one module: the 3x3 and the 1x1 conv
@@ -50,15 +57,17 @@ def test_search_records_the_fastest_correct_tile_and_resumes(tmp_path):
     (g1, g3) = tile_groups(mod)
     assert (g3.extents[2], g1.extents[2]) == (9 * 128, 128)
     # interrupted while measuring the second group: the first is kept
-    n3 = len(tile_candidates(g3.extents, spec.sm_count, g3.input_padded))
+    n3 = len(tile_candidates(g3.extents, spec.sm_count, g3.input_padded, deep_stages=True))  # h200: sm_90
     with pytest.raises(KeyboardInterrupt):
         search_tiles(mod, spec, tmp_path, gpu=FakeGPU(stop_at=n3 + 2), workers=2, log=lambda *a: None)
     groups = load_tiles(tmp_path)["groups"]
     assert list(groups) == [g3.key]
     rec = groups[g3.key]
-    assert rec["default"] == tile_candidates(g3.extents, spec.sm_count)[0].text()
+    assert rec["default"] == tile_candidates(g3.extents, spec.sm_count, g3.input_padded, deep_stages=True)[0].text()
     assert "outputs differ" in " ".join(rec["errors"].values())
     assert rec["best"] == min(rec["us"], key=rec["us"].get) and len(rec["us"]) == n3 - 1
+    # what else the default tile depends on, for scoring another rule against the record later
+    assert rec["shape"] == {"input_padded": True, "weights_along_k": True, "int8": True, "batch": 1}
     # the next run measures only the missing group; a third one measures nothing
     lines = []
     summary = search_tiles(mod, spec, tmp_path, gpu=FakeGPU(), workers=2, log=lines.append)
@@ -70,7 +79,7 @@ def test_search_records_the_fastest_correct_tile_and_resumes(tmp_path):
     # default again as the reference; the record keeps the others' timings
     data = load_tiles(tmp_path)
     rec = data["groups"][g1.key]
-    order = [c.text() for c in tile_candidates(g1.extents, spec.sm_count, g1.input_padded)]
+    order = [c.text() for c in tile_candidates(g1.extents, spec.sm_count, g1.input_padded, deep_stages=True)]
     dropped = [t for t in order[1:] if t in rec["us"]][:2]  # in the order they are measured
     kept = {t: us for t, us in rec["us"].items() if t not in dropped}
     data["groups"][g1.key] = {**rec, "us": kept}
@@ -99,6 +108,8 @@ def test_search_records_the_fastest_correct_tile_and_resumes(tmp_path):
     assert (tmp_path / TILES_FILE).exists()
     assert load_tiles(tmp_path, warn=warnings.append) == {} and len(warnings) == 2
     assert (tmp_path / (TILES_FILE + ".corrupt")).exists()
+    # every candidate library was deleted once timed, or when an interrupted run stopped
+    assert not list(scratch.glob("inferx_tile_*"))
 
 
 def test_tile_search_needs_a_cuda_tensor_core_variant():

@@ -17,6 +17,13 @@ from inferx_edge.compiler.cuda.tile import (
 #: and layer 1)
 MAX_J_PADDING = 1.125
 
+#: GPUs (SM versions) whose int8 GEMMs get 128-deep reduction stages by default wherever K >= 256 is a
+#: multiple of 128, and three cp.async buffers where K >= 1024 and the input is not padded: the tile
+#: survey on H100 (``scripts/tile_survey.py``) found a 128-deep tile fastest in 21 of 22 such groups
+#: of ViT-B/16, ConvNeXt-T and ResNeXt-50 at batch 64 (:func:`tile_for`). These have
+#: 164-228 KB of shared memory per SM (three 128-deep buffers of a 128 x 128 tile need 96 KB)
+DEEP_STAGE_SMS = (80, 87, 90)
+
 
 def _rows(c: TileConfig) -> int:
     return 16 * c.warps_i * c.frags_i
@@ -77,25 +84,42 @@ def tile_for(
     weights_along_k: bool = True,
     int8: bool = True,
     batch: int = 1,
+    input_padded: bool = True,
+    deep_stages: bool = False,
+    async_copy: bool = False,
 ) -> TileConfig:
     """The tile a tensor-core GEMM of (I, J, K) ``extents`` gets without a tuning database: the shape
     of :func:`_ladder_tile`, with the padded shared accumulator tile and, where the weight runs along K
-    (``weights_along_k``), 16-byte weight loads (``.a8.w16``); an ``int8`` GEMM with K >= 256 whose
-    tile gives fewer thread blocks than ``sm_count`` also gets 128-deep reduction stages. ``batch``:
-    GEMMs per kernel (attention's batch x heads, a grouped convolution's groups), counted in the thread
-    blocks: ViT-B/16's batch-64 attention matmuls (768 GEMMs of 197 x 197) took 32 x 32 tiles when
-    only one GEMM's blocks were counted.
+    (``weights_along_k``), 16-byte weight loads (``.a8.w16``). ``batch``: GEMMs per kernel (attention's
+    batch x heads, a grouped convolution's groups), counted in the thread blocks: ViT-B/16's batch-64
+    attention matmuls (768 GEMMs of 197 x 197) took 32 x 32 tiles when only one GEMM's blocks were
+    counted.
 
-    Decided from every kernel group the tile search measured with the current kernels
-    (``tuning_logs/h200/resnet50-07fbab4388a8``, 30 groups; the older databases agree): ``.a8.w16``
-    took 0.91x the time of the plain tile (geometric mean, 22 of 22 batch-64 groups faster, worst
-    0.98x); the 128-deep stage on top took 0.73x on GEMMs under one block per SM (7 of 7 faster) and
-    was mixed above it (0.90x mean, worst 1.32x), so only the former get it."""
+    Stage depth and pipeline of ``int8`` GEMMs with K >= 256: 128-deep stages where the tile gives fewer
+    thread blocks than ``sm_count``; with ``deep_stages`` (the GPU is one of :data:`DEEP_STAGE_SMS`) also
+    wherever K is a multiple of 128, and then, where K >= 1024, the input is not padded
+    (``input_padded``: a convolution's bounds-checked loads) and the build lowers pipelined copies to
+    cp.async (``async_copy``), three cp.async buffers (``async3``).
+
+    Decided from measurements of every candidate tile. ``.a8.w16``: 0.91x the time of the plain tile
+    (geometric mean, 22 of 22 batch-64 groups of ``tuning_logs/h200/resnet50-07fbab4388a8`` faster,
+    worst 0.98x). 128-deep stages under one block per SM: 0.73x (7 of 7 faster). Above one block per
+    SM the older databases were mixed, but the tile search with today's kernels on H100
+    (``tile_survey_h100`` record: ViT-B/16, ConvNeXt-T, ResNeXt-50 at batch 64) found a 128-deep
+    tile fastest in 21 of 22 groups with K >= 256 (the default took 1.31x the best tile's time,
+    geometric mean, up to 1.61x), three-buffer pipelines winning deep ones (ViT's 3072-deep fc2:
+    1.54x), as on the 4096^3 GEMM
+    (``gpu_int8_matmul_h200_tiles6``); end to end the zoo's int8 ViT-B/16 went from 0.89x to 1.21x
+    torch.compile at batch 64 (``zoo_h100_deep_stages``). A K that is not a multiple of 128 (ResNet's
+    576-deep 3x3 convolutions) keeps 64-deep stages: padding the last stage cost 1.5x there."""
     cfg = _ladder_tile(extents, sm_count, ladder, batch)
     cfg = replace(cfg, acc_pad=8, weight_vector=16 if weights_along_k else 4)
     k = extents[2] if len(extents) > 2 else 1 << 20
-    if int8 and sm_count and k >= 256 and cfg.k_frags == 4 and _blocks(cfg, extents[0], extents[1], batch) < sm_count:
-        cfg = replace(cfg, k_frags=8)
+    if int8 and sm_count and k >= 256 and cfg.k_frags == 4:
+        if _blocks(cfg, extents[0], extents[1], batch) < sm_count or (deep_stages and k % 128 == 0):
+            cfg = replace(cfg, k_frags=8)
+        if deep_stages and async_copy and cfg.k_frags == 8 and k >= 1024 and not input_padded:
+            cfg = replace(cfg, pipeline="async3")
     return cfg
 
 
@@ -107,9 +131,11 @@ def tile_candidates(
     weights_along_k: bool = True,
     int8: bool = True,
     batch: int = 1,
+    deep_stages: bool = False,
 ) -> list[TileConfig]:
     """The tiles a tile search measures for a GEMM of (I, J, K) ``extents``, the default
-    (:func:`tile_for`) first: the tiles :func:`tile_for` chooses among that give at
+    (:func:`tile_for` as build calls it: ``deep_stages`` on GPUs of :data:`DEEP_STAGE_SMS`, cp.async
+    lowering on) first: the tiles :func:`tile_for` chooses among that give at
     least a quarter of a block per SM and are at least a quarter of the default's area (or are the
     default), the two largest of them also with 128-deep reduction stages; each synchronous and with
     the cp.async pipeline (with 128-deep stages and K >= 1024 also the three-buffer one), and where
@@ -121,7 +147,7 @@ def tile_candidates(
     block and pad J by at most :data:`MAX_J_PADDING`, with the two- and three-buffer pipelines, the
     same load widths and accumulator/weight pairs, and three buffers with two fragment buffers."""
     i, j, k = extents[0], extents[1], extents[2]
-    default = tile_for(extents, sm_count, ladder, weights_along_k, int8, batch)
+    default = tile_for(extents, sm_count, ladder, weights_along_k, int8, batch, input_padded, deep_stages, True)
     area = _rows(default) * _cols(default)
     tiles = [_stage_depth(c, k) for c in _fitting_tiles(j, ladder)]
     shape = _ladder_tile(extents, sm_count, ladder, batch)

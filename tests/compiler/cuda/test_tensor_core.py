@@ -372,3 +372,14 @@ def test_squeeze_excite_gate_fused_with_its_broadcast_is_left_to_the_other_rules
     assert log.entries == []
     assert record["kernels_modules"]
     assert tvm is not None
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("target", ["h200", "a100", "jetson-orin"])
+def test_deep_unpadded_int8_gemms_get_the_three_buffer_pipeline_by_default(target):
+    """Without a tuning database a 1024-deep int8 GEMM builds with 128-deep stages in three cp.async
+    buffers on sm_80/sm_87/sm_90 (the default tile rule); a 512-deep one keeps synchronous loads."""
+    deep = kernel_source(target, int8_matmul_module(256, 256, 1024))
+    shallow = kernel_source(target, int8_matmul_module(256, 256, 512))
+    assert "cp.async.cg.shared.global" in deep and "cp.async.commit_group" in deep
+    assert "cp.async" not in shallow

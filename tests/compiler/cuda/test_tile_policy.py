@@ -41,6 +41,26 @@ def test_default_tile_pads_the_accumulator_and_deepens_stages_under_one_wave():
     assert tile_for((64 * 112 * 112, 16, 32), 132).k_frags == 2  # K <= 32: 32-deep stages
 
 
+def test_deep_stages_and_three_buffers_on_gpus_with_room_for_them():
+    """On DEEP_STAGE_SMS GPUs: 128-deep stages wherever K >= 256 is a multiple of 128 (not only under
+    one wave), three cp.async buffers from K >= 1024 where the input is not padded and the build lowers
+    copies to cp.async; elsewhere the rule is unchanged."""
+    from inferx_edge.compiler.cuda import tile_for
+
+    deep = {"deep_stages": True, "async_copy": True, "input_padded": False}
+    fc1 = tile_for((12608, 3072, 768), 132, **deep)  # ViT-B/16 batch 64: 99 x 24 blocks
+    assert (fc1.k_frags, fc1.pipeline) == (8, "")  # K < 1024: synchronous
+    fc2 = tile_for((12608, 768, 3072), 132, **deep)
+    assert (fc2.k_frags, fc2.pipeline) == (8, "async3")
+    assert tile_for((12608, 768, 3072), 132, **{**deep, "input_padded": True}).pipeline == ""
+    assert tile_for((12608, 768, 3072), 132, **{**deep, "async_copy": False}).pipeline == ""
+    assert tile_for((12608, 768, 3072), 132, **{**deep, "int8": False}) == tile_for((12608, 768, 3072), 132, int8=False)
+    assert tile_for((200704, 64, 576), 132, **deep).k_frags == 4  # 576 = 4.5 x 128: the last stage half padding
+    assert tile_for((200704, 64, 128), 132, **deep).k_frags == 4  # K < 256
+    assert tile_for((12608, 3072, 768), 132).k_frags == 4  # without deep_stages: a full wave keeps 64-deep stages
+    assert tile_for((12608, 3072, 768), None, **deep).k_frags == 4  # no SM count: no rule beyond the shape
+
+
 def test_int8_tile_does_not_double_64_output_channels():
     from inferx_edge.compiler.cuda import DEFAULT_TILE, tile_for
 

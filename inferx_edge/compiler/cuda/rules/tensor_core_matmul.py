@@ -10,12 +10,20 @@ from inferx_edge.compiler.cuda.analysis import (
     _normalized_gemm,
     _recorded_tile,
     _tensorizable,
+    input_padded,
     sm_version,
     weights_along_k,
 )
 from inferx_edge.compiler.cuda.tensor_core import broadcasting_epilogue, strip_software_pipeline, tensor_core_schedule
 from inferx_edge.compiler.cuda.tile import TileConfig
-from inferx_edge.compiler.cuda.tile_policy import tile_for
+from inferx_edge.compiler.cuda.tile_policy import DEEP_STAGE_SMS, tile_for
+
+
+def _async_copy() -> bool:
+    """Whether the build lowers pipelined shared-memory copies to cp.async (the variant's PassContext)."""
+    import tvm
+
+    return bool(tvm.transform.PassContext.current().config.get("tirx.use_async_copy", False))
 
 
 def tensor_core_matmul_rule(tile_config: TileConfig | None = None, sm_count: int | None = None):
@@ -50,6 +58,9 @@ def tensor_core_matmul_rule(tile_config: TileConfig | None = None, sm_count: int
                                     weights_along_k=weights_along_k(func),
                                     int8=dtypes == _INT8,
                                     batch=batch,
+                                    input_padded=input_padded(func),
+                                    deep_stages=sm_version(target) in DEEP_STAGE_SMS,
+                                    async_copy=_async_copy(),
                                 )
                             )
                             sch = tensor_core_schedule(func, target, cfg)
