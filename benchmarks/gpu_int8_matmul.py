@@ -205,9 +205,12 @@ def time_tile_candidates(spec, target, a, b, c, ref, timer, extra=()) -> list[di
     (:func:`compile_tiles`), then run once each, compared exactly with ``ref`` and timed with ``timer``."""
     import tvm
 
-    from inferx_edge.compiler.cuda import tile_candidates
+    from inferx_edge.compiler.cuda import sm_version, tile_candidates
+    from inferx_edge.compiler.cuda.tile_policy import DEEP_STAGE_SMS
 
-    cands = [t.text() for t in tile_candidates((N, N, N), spec.sm_count, input_padded=False)] + list(extra)
+    deep = sm_version(target) in DEEP_STAGE_SMS  # the default first, as build picks it
+    cands = [t.text() for t in tile_candidates((N, N, N), spec.sm_count, input_padded=False, deep_stages=deep)]
+    cands += list(extra)
     built = compile_tiles(spec, target, cands)
     ops, out = 2 * N**3, []
     for tile, (path, error) in zip(cands, built):

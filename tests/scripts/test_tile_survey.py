@@ -1,0 +1,69 @@
+"""scripts/tile_survey.py: the default-tile rule scored against recorded tile searches, and a search's
+printed log read back (no GPU: synthetic records)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.helpers import REPO
+
+SCRIPT = REPO / "scripts" / "tile_survey.py"
+
+
+def _run(*args):
+    r = subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def test_score_compares_the_rule_with_the_recorded_default_and_the_best(tmp_path):
+    from inferx_edge.compiler.cuda import tile_for
+
+    ext = [12608, 768, 3072]  # ViT-B/16 fc2 at batch 64: the rule picks 128-deep stages, three buffers
+    shape = {"input_padded": False, "weights_along_k": True, "int8": True, "batch": 1}
+    rule = tile_for(ext, 132, input_padded=False, deep_stages=True, async_copy=True).text()
+    old = tile_for(ext, 132).text()
+    assert rule != old
+    group = {"extents": ext, "shape": shape, "kernels": ["a", "b"], "default": old, "best": "x",
+             "us": {old: 200.0, rule: 130.0, "x": 100.0}}  # fmt: skip
+    unmeasured = {**group, "extents": [4096, 4096, 4096], "us": {"x": 50.0}}
+    db = tmp_path / "h200" / "model-1"
+    db.mkdir(parents=True)
+    (db / "tiles.json").write_text(
+        json.dumps({"format": 1, "device": "GPU", "groups": {"g1": group, "g2": unmeasured}})
+    )
+    (tmp_path / "model_b64.tiles.json").write_text((db / "tiles.json").read_text())  # a flat copy: counted once
+    out = tmp_path / "score.json"
+    _run("score", tmp_path, "--json", out)
+    rec = json.loads(out.read_text())
+    s = rec["summary"]
+    assert s["groups"] == 2 and s["groups_scored"] == 1 and s["groups_rule_not_measured"] == ["g2"]
+    assert s["geomean_rule_over_best"] == 1.3 and s["geomean_recorded_default_over_best"] == 2.0
+    assert (s["kernel_us_rule"], s["kernel_us_recorded_default"], s["kernel_us_best"]) == (260.0, 400.0, 200.0)
+    assert s["groups_rule_faster_than_recorded_default"] == 1
+    assert rec["groups"][0]["rule"] == rule and rec["groups"][0]["device"] == "GPU"
+
+
+def test_log_reads_the_groups_a_search_printed(tmp_path):
+    log = tmp_path / "search.log"
+    log.write_text(
+        "== vit_b_16:64: python -m inferx_edge tune ...\n"
+        "      [1/3] 12608x3072x768 (12 kernels): 2x4.2x4.k8.v16.p16.a8.w16.async.mma 148.5 us, 1.27x the default "
+        "2x4.2x4.k4.v16.a8.w16.mma  [24 s, ETA 121 s]\n"
+        "      [2/3] 200704x96x64 (1 kernel): 2x2.2x4.k4.v16.a8.w16.async.mma 35.9 us, 1.01x the default "
+        "2x4.2x4.k4.v16.a8.w16.mma  [84 s, ETA 7 s]\n"
+        "== convnext_tiny:64: exit 0 after 112 s\n"
+        "      [3/3] 12544x1024x1024 (1 kernel): 4x4.2x4.k8.v16.a8.w16.r2.async3.mma 46.6 us, 1.44x the default "
+        "2x4.2x4.k4.v16.a8.w16.mma  [72 s, ETA 348 s]\n"
+        "      [4/29] 3136x2048x1024 (1 kernel): 2x2.2x4.k8.v16\n"  # cut off: not a group
+    )
+    out = tmp_path / "log.json"
+    _run("log", log, "--json", out)
+    rec = json.loads(out.read_text())
+    assert [g["model"] for g in rec["groups"]] == ["vit_b_16:64", "vit_b_16:64", "convnext_tiny:64"]
+    assert rec["groups"][0]["extents"] == [12608, 3072, 768] and rec["groups"][0]["kernels"] == 12
+    s = rec["summary"]
+    assert (s["groups"], s["groups_k_ge_256"], s["won_by_128_deep_stages"], s["won_by_three_buffers"]) == (3, 2, 2, 1)
+    assert s["geomean_default_over_best_k_ge_256"] == round((1.27 * 1.44) ** 0.5, 4)
