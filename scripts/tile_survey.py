@@ -11,10 +11,10 @@ On a GPU host (models exported and calibrated on the fly, as ``benchmarks/zoo.py
     python scripts/tile_survey.py search --models vit_b_16:64,convnext_tiny:64 --minutes 2 \\
         --root $OUT/tiles --stop-after-min 8
 
-Here, scoring today's rule on the databases it finds (``tiles.json`` under each path)::
+Here, scoring today's rule on the databases it finds (``tiles.json`` and the search's flat
+``*.tiles.json`` copies under each path)::
 
-    python scripts/tile_survey.py score tuning_logs/h200 benchmarks/results/tile_survey_h100 \\
-        --json benchmarks/results/tile_rule_h100.json
+    python scripts/tile_survey.py score tuning_logs/h200 tiles_from_gpu_host/ --json tile_rule.json
 
 From the search's printed log alone (when the databases did not come back from the GPU host)::
 
@@ -55,6 +55,7 @@ def search(args) -> int:
     rc = 0
     for item in args.models.split(","):
         name, _, batch = item.partition(":")
+        tree = root / f"{name}_b{batch or 1}"  # one database tree per model and batch
         if time.time() > stop:
             print(f"== {item}: skipped (past --stop-after-min)", flush=True)
             continue
@@ -64,15 +65,15 @@ def search(args) -> int:
         cmd = [sys.executable, "-m", "inferx_edge", "tune", "--model", str(d / "model.onnx"), "--target", args.target,
                "--precision", args.precision, "--search", "tiles", "--calib", str(calib), "--calib-method", "minmax",
                "--minutes", f"{min(args.minutes, max(0.1, (stop - time.time()) / 60)):g}",
-               "--tuning-logs", str(root / name)]  # fmt: skip
+               "--tuning-logs", str(tree)]  # fmt: skip
         for k, dims in spec.input_shapes(int(batch or 1)).items():
             cmd += ["--input-shape", f"{k}:{'x'.join(map(str, dims))}"]
         print(f"== {item}: {' '.join(cmd)}", flush=True)
         t0 = time.time()
         done = subprocess.run(cmd)
         print(f"== {item}: exit {done.returncode} after {time.time() - t0:.0f} s", flush=True)
-        for n, f in enumerate(sorted((root / name).rglob("tiles.json"))):  # flat copies beside the tree
-            shutil.copy(f, root / f"{name}_b{batch or 1}{f'_{n}' if n else ''}.tiles.json")
+        for n, f in enumerate(sorted(tree.rglob("tiles.json"))):  # flat copies beside the tree
+            shutil.copy(f, root / f"{tree.name}{f'_{n}' if n else ''}.tiles.json")
         rc = rc or done.returncode
     return rc
 
@@ -221,7 +222,7 @@ def main(argv=None) -> int:
     s.add_argument("--models", required=True, help="name:batch,... (zoo names, benchmarks/zoo_models.py)")
     s.add_argument("--minutes", type=float, default=2.0, help="tile search limit per model")
     s.add_argument("--stop-after-min", type=float, default=None, help="start no model after this many minutes")
-    s.add_argument("--root", required=True, help="databases go to ROOT/<model>/<target>/...")
+    s.add_argument("--root", required=True, help="databases go to ROOT/<model>_b<batch>/<target>/...")
     s.add_argument("--zoo-dir", default="/tmp/zoo")
     s.add_argument("--target", default="h200")
     s.add_argument("--precision", default="int8")
