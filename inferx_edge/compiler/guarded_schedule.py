@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import threading
 
+from inferx_edge.compiler.prim_funcs import unscheduled
+
 _local = threading.local()
 
 
@@ -48,7 +50,7 @@ def guarded_default_schedule(*rules):
     passes the kernel to the next rule. A kernel every rule refuses stays unscheduled (the CPU
     codegen runs it as is; for GPUs the last rule is dlight's ``Fallback``, which accepts any kernel)."""
     import tvm
-    from tvm import s_tir, tirx
+    from tvm import s_tir
 
     rules = list(rules)
 
@@ -56,9 +58,7 @@ def guarded_default_schedule(*rules):
     def _pass(mod, _ctx):
         updated = {}
         for gv, func in mod.functions_items():
-            if not isinstance(func, tirx.PrimFunc):
-                continue
-            if "tirx.is_scheduled" in func.attrs and int(func.attrs["tirx.is_scheduled"]) == 1:
+            if not unscheduled(func):
                 continue
             target = func.attrs.get("target") or tvm.target.Target.current(allow_none=False)
             for rule in rules:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inferx_edge.compiler.prim_funcs import is_scheduled, unscheduled
 from inferx_edge.records import metaschedule as msdb
 from inferx_edge.records.tiles import load_tiles, tile_key
 
@@ -45,10 +46,9 @@ def apply_tuning(mod, target, work_dir: Path) -> tuple[Any, int, int, int]:
 
 def _scheduled(mod):
     """Names of ``mod``'s PrimFuncs that carry a schedule (``tirx.is_scheduled``)."""
-    import tvm
 
     for gv, f in mod.functions_items():
-        if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and "tirx.is_scheduled" in f.attrs:
+        if is_scheduled(f):
             yield gv.name_hint
 
 
@@ -73,13 +73,12 @@ class TileGroup:
 def tile_groups(mod) -> list[TileGroup]:
     """The tensor-core kernels (int8 and fp16) of a legalized, fused module (not yet scheduled), by
     tile key, in module order."""
-    import tvm
 
     from inferx_edge.compiler.cuda import gemm_batch, input_padded, is_int8_gemm, tile_gemm_extents, weights_along_k
 
     groups: dict[str, TileGroup] = {}
     for gv, func in mod.functions_items():
-        if not isinstance(func, tvm.tirx.PrimFunc) or (func.attrs is not None and "tirx.is_scheduled" in func.attrs):
+        if not unscheduled(func):
             continue
         extents = tile_gemm_extents(func)
         if extents is None:

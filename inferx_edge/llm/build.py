@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from inferx_edge.compiler.prim_funcs import unscheduled
 from inferx_edge.errors import BuildError, UsageError
 from inferx_edge.llm.checkpoint import Checkpoint, load_checkpoint
 from inferx_edge.llm.config import LlamaConfig
@@ -168,7 +169,7 @@ class _DecodeGEMV:
     def apply(self, func, target, tunable):
         from tvm import tirx
 
-        if not isinstance(func, tirx.PrimFunc) or (func.attrs is not None and "tirx.is_scheduled" in func.attrs):
+        if not unscheduled(func):
             return None
         from tvm import s_tir
         from tvm.s_tir.dlight.analysis import get_root_block

@@ -12,6 +12,8 @@ the next rule.
 
 from __future__ import annotations
 
+from inferx_edge.compiler.prim_funcs import unscheduled
+
 ROWS = 4
 VECTORS = (6, 4, 3, 2, 1)  # output vectors per tile, first that divides; x ROWS accumulators in registers
 
@@ -31,7 +33,7 @@ class LLMMatmulCPU:
         from tvm import s_tir, tirx
         from tvm.s_tir.dlight.analysis import get_root_block
 
-        if not isinstance(func, tirx.PrimFunc) or (func.attrs is not None and "tirx.is_scheduled" in func.attrs):
+        if not unscheduled(func):
             return None
         try:
             sch = s_tir.Schedule(func)

@@ -293,11 +293,9 @@ def tunable_tasks(mod, target) -> list:
     attention kernel, already bound to threads with its own tensor-core calls; nothing to search)."""
     from tvm.s_tir import meta_schedule as ms
 
-    def hand_scheduled(task) -> bool:
-        attrs = task.mod["main"].attrs
-        return attrs is not None and "tirx.is_scheduled" in attrs
+    from inferx_edge.compiler.prim_funcs import is_scheduled
 
-    return [t for t in ms.relax_integration.extract_tasks(mod, target) if not hand_scheduled(t)]
+    return [t for t in ms.relax_integration.extract_tasks(mod, target) if not is_scheduled(t.mod["main"])]
 
 
 def _prior_best(extracted, index: dict[str, int], stats: dict) -> dict[int, float]:

@@ -65,3 +65,25 @@ def test_stock_dlight_lets_the_rule_error_escape():
     mod, _ = _matmul_module()
     with tvm.target.Target({"kind": "cuda", "arch": "sm_90"}), pytest.raises(AssertionError):
         dl.ApplyDefaultSchedule(_Raises(), dl.gpu.Fallback())(mod)
+
+
+def test_scheduled_kernels_are_told_apart_from_those_still_to_schedule():
+    """``tirx.is_scheduled`` set and true: left alone by every rule and tuner; set false, a Relax
+    function or a plain PrimFunc: not scheduled."""
+    from tvm import relax, te
+
+    from inferx_edge.compiler.prim_funcs import is_scheduled, unscheduled
+
+    a = te.placeholder((8,), name="a")
+    func = te.create_prim_func([a, te.compute((8,), lambda i: a[i] + 1, name="b")])
+    assert unscheduled(func) and not is_scheduled(func)
+    assert is_scheduled(func.with_attr("tirx.is_scheduled", True)) and not unscheduled(
+        func.with_attr("tirx.is_scheduled", True)
+    )
+    assert unscheduled(func.with_attr("tirx.is_scheduled", False))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((8,), "float32"))
+    with bb.function("main", [x]):
+        bb.emit_func_output(x)
+    relax_func = bb.get()["main"]
+    assert not unscheduled(relax_func) and not is_scheduled(relax_func)

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import math
 
+from inferx_edge.compiler.prim_funcs import unscheduled
+
 
 def _extent(loop_sref, sch) -> int | None:
     from tvm import tirx
@@ -68,11 +70,11 @@ class CPUDefaultSchedule:
     JOBS_PER_CORE = 16
 
     def apply(self, func, target, _tunable: bool):
-        from tvm import s_tir, tirx
+        from tvm import s_tir
         from tvm.s_tir import meta_schedule as ms
         from tvm.s_tir.dlight.analysis import get_root_block
 
-        if not isinstance(func, tirx.PrimFunc) or (func.attrs is not None and "tirx.is_scheduled" in func.attrs):
+        if not unscheduled(func):
             return None
         try:
             sch = s_tir.Schedule(func)
