@@ -205,10 +205,10 @@ def time_tile_candidates(spec, target, a, b, c, ref, timer, extra=()) -> list[di
     (:func:`compile_tiles`), then run once each, compared exactly with ``ref`` and timed with ``timer``."""
     import tvm
 
-    from inferx_edge.compiler.cuda import sm_version, tile_candidates
-    from inferx_edge.compiler.cuda.tile_policy import DEEP_STAGE_SMS
+    from inferx_edge.compiler.cuda import tile_candidates
+    from inferx_edge.compiler.cuda.tile_policy import deep_stages_on
 
-    deep = sm_version(target) in DEEP_STAGE_SMS  # the default first, as build picks it
+    deep = deep_stages_on(target)  # the default first, as build picks it
     cands = [t.text() for t in tile_candidates((N, N, N), spec.sm_count, input_padded=False, deep_stages=deep)]
     cands += list(extra)
     built = compile_tiles(spec, target, cands)

@@ -46,7 +46,6 @@ def apply_tuning(mod, target, work_dir: Path) -> tuple[Any, int, int, int]:
 
 def _scheduled(mod):
     """Names of ``mod``'s PrimFuncs that carry a schedule (``tirx.is_scheduled``)."""
-
     for gv, f in mod.functions_items():
         if is_scheduled(f):
             yield gv.name_hint
@@ -73,7 +72,6 @@ class TileGroup:
 def tile_groups(mod) -> list[TileGroup]:
     """The tensor-core kernels (int8 and fp16) of a legalized, fused module (not yet scheduled), by
     tile key, in module order."""
-
     from inferx_edge.compiler.cuda import gemm_batch, input_padded, is_int8_gemm, tile_gemm_extents, weights_along_k
 
     groups: dict[str, TileGroup] = {}
@@ -83,10 +81,11 @@ def tile_groups(mod) -> list[TileGroup]:
         extents = tile_gemm_extents(func)
         if extents is None:
             continue
-        key = tile_key(func.script())
+        script = func.script()
+        key = tile_key(script)
         if key not in groups:
             groups[key] = TileGroup(
-                key, list(extents), input_padded(func), func, [], weights_along_k(func), is_int8_gemm(func),
+                key, list(extents), input_padded(func, script), func, [], weights_along_k(func), is_int8_gemm(func),
                 gemm_batch(func),
             )  # fmt: skip
         groups[key].kernels.append(gv.name_hint)

@@ -152,8 +152,7 @@ def search_tiles(
     from inferx_edge.compiler.compile import resolve_tvm_target
     from inferx_edge.compiler.cuda import MIN_INT8_DIM as MIN_DIM
     from inferx_edge.compiler.cuda import MIN_INT8_ROWS as MIN_ROWS
-    from inferx_edge.compiler.cuda import sm_version
-    from inferx_edge.compiler.cuda.tile_policy import DEEP_STAGE_SMS
+    from inferx_edge.compiler.cuda.tile_policy import deep_stages_on
     from inferx_edge.records import metaschedule as tdb
 
     target = resolve_tvm_target(spec)
@@ -167,7 +166,7 @@ def search_tiles(
     deadline = t0 + 60 * minutes if minutes else math.inf
     with tdb.locked(work_dir):
         data = load_tiles(work_dir) or {"format": FORMAT, "target": spec.name, "groups": {}}
-        deep = sm_version(target) in DEEP_STAGE_SMS
+        deep = deep_stages_on(target)
         plans = _plan(groups, data, spec.sm_count, deep_stages=deep)
         n_new = sum(1 for *_, old in plans if old is not None)
         n_stale = sum(1 for g in groups if _older_kernels(data["groups"].get(g.key, {})))
@@ -278,7 +277,12 @@ def _discard(fut) -> None:
     except Exception:  # failed to compile: nothing on disk
         return
     if path:
-        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+        _delete_library(path)
+
+
+def _delete_library(path: str) -> None:
+    """Delete a candidate library and the temporary folder :func:`export_candidate` made for it."""
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
 def _measure_group(group: TileGroup, cands, futs, gpu, repeat: int, min_repeat_ms: int) -> dict:
@@ -306,7 +310,7 @@ def _measure_group(group: TileGroup, cands, futs, gpu, repeat: int, min_repeat_m
             try:
                 seconds, after = gpu.measure(path, host_args, repeat, min_repeat_ms)
             finally:
-                shutil.rmtree(os.path.dirname(path), ignore_errors=True)  # timed: its library is not needed
+                _delete_library(path)  # timed: its library is not needed
         except Exception as exc:  # a candidate that fails to compile or run is recorded, not fatal
             rec["errors"][text] = (
                 f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''}"

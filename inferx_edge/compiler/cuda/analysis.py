@@ -106,10 +106,11 @@ def weights_along_k(func) -> bool:
     return bool(blocks) and _innermost_is_reduction(sch.get(blocks[0]), 1)
 
 
-def input_padded(func) -> bool:
+def input_padded(func, script: str | None = None) -> bool:
     """Whether a matmul-like kernel reads an operand through a bounds check (a convolution that pads its
-    input: ``if_then_else`` in its TIR), so every tile's activation loads are predicated."""
-    return "if_then_else" in func.script()
+    input: ``if_then_else`` in its TIR), so every tile's activation loads are predicated. ``script``:
+    ``func.script()`` where the caller has printed it already."""
+    return "if_then_else" in (script if script is not None else func.script())
 
 
 #: PrimFunc attribute naming the tile a kernel was measured fastest with (``TileConfig.text``), set

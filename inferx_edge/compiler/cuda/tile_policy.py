@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from inferx_edge.compiler.cuda.analysis import sm_version
 from inferx_edge.compiler.cuda.tile import (
     INT8_WIDE_TILES,
     NARROW_TILES,
@@ -23,6 +24,11 @@ MAX_J_PADDING = 1.125
 #: of ViT-B/16, ConvNeXt-T and ResNeXt-50 at batch 64 (:func:`tile_for`). These have
 #: 164-228 KB of shared memory per SM (three 128-deep buffers of a 128 x 128 tile need 96 KB)
 DEEP_STAGE_SMS = (80, 87, 90)
+
+
+def deep_stages_on(target) -> bool:
+    """Whether the TVM ``target``'s GPU is one of :data:`DEEP_STAGE_SMS` (``deep_stages`` of :func:`tile_for`)."""
+    return sm_version(target) in DEEP_STAGE_SMS
 
 
 def _rows(c: TileConfig) -> int:
@@ -147,7 +153,10 @@ def tile_candidates(
     block and pad J by at most :data:`MAX_J_PADDING`, with the two- and three-buffer pipelines, the
     same load widths and accumulator/weight pairs, and three buffers with two fragment buffers."""
     i, j, k = extents[0], extents[1], extents[2]
-    default = tile_for(extents, sm_count, ladder, weights_along_k, int8, batch, input_padded, deep_stages, True)
+    default = tile_for(
+        extents, sm_count, ladder, weights_along_k, int8, batch,
+        input_padded=input_padded, deep_stages=deep_stages, async_copy=True,
+    )  # fmt: skip
     area = _rows(default) * _cols(default)
     tiles = [_stage_depth(c, k) for c in _fitting_tiles(j, ladder)]
     shape = _ladder_tile(extents, sm_count, ladder, batch)

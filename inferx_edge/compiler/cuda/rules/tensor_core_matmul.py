@@ -16,7 +16,7 @@ from inferx_edge.compiler.cuda.analysis import (
 )
 from inferx_edge.compiler.cuda.tensor_core import broadcasting_epilogue, strip_software_pipeline, tensor_core_schedule
 from inferx_edge.compiler.cuda.tile import TileConfig
-from inferx_edge.compiler.cuda.tile_policy import DEEP_STAGE_SMS, tile_for
+from inferx_edge.compiler.cuda.tile_policy import deep_stages_on, tile_for
 
 
 def _async_copy() -> bool:
@@ -59,7 +59,7 @@ def tensor_core_matmul_rule(tile_config: TileConfig | None = None, sm_count: int
                                     int8=dtypes == _INT8,
                                     batch=batch,
                                     input_padded=input_padded(func),
-                                    deep_stages=sm_version(target) in DEEP_STAGE_SMS,
+                                    deep_stages=deep_stages_on(target),
                                     async_copy=_async_copy(),
                                 )
                             )
