@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from inferx_edge.compiler.cuda.rules.column_reduction import column_reduction_rule
 from inferx_edge.compiler.cuda.rules.row_reduction import row_reduction_rule
 from inferx_edge.compiler.cuda.rules.small_reduction import small_reduction_rule
 from inferx_edge.compiler.cuda.rules.tensor_core_matmul import tensor_core_matmul_rule
@@ -36,7 +37,7 @@ def fusion_passes() -> list:
 def cuda_pipeline(target, tile_config: TileConfig | None = None, sm_count: int | None = None):
     """TVM's default CUDA Relax pipeline with :func:`tensor_core_matmul_rule` in place of dlight's Matmul,
     :func:`small_reduction_rule` and :func:`window_reduction_rule` ahead of its reduction rules,
-    :func:`row_reduction_rule` ahead of its ``GeneralReduction`` and :func:`vectorized_elementwise_rule`
+    :func:`column_reduction_rule` and :func:`row_reduction_rule` ahead of its ``GeneralReduction`` and :func:`vectorized_elementwise_rule`
     ahead of its fallback. A rule that raises on a kernel hands it to the next one
     (:mod:`inferx_edge.compiler.guarded_schedule`). ``sm_count``: the GPU's SMs, for the int8 tile choice."""
     import tvm
@@ -59,6 +60,7 @@ def cuda_pipeline(target, tile_config: TileConfig | None = None, sm_count: int |
             small_reduction_rule(),
             window_reduction_rule(),
             dl.gpu.Reduction(),
+            column_reduction_rule(),
             row_reduction_rule(),
             dl.gpu.GeneralReduction(),
             vectorized_elementwise_rule(),
