@@ -6,6 +6,7 @@ from inferx_edge.compiler.cuda.rules.column_reduction import column_reduction_ru
 from inferx_edge.compiler.cuda.rules.row_reduction import row_reduction_rule
 from inferx_edge.compiler.cuda.rules.small_reduction import small_reduction_rule
 from inferx_edge.compiler.cuda.rules.tensor_core_matmul import tensor_core_matmul_rule
+from inferx_edge.compiler.cuda.rules.tiled_transpose import tiled_transpose_rule
 from inferx_edge.compiler.cuda.rules.vectorized_elementwise import vectorized_elementwise_rule
 from inferx_edge.compiler.cuda.rules.window_reduction import window_reduction_rule
 from inferx_edge.compiler.cuda.tile import TileConfig
@@ -37,8 +38,8 @@ def fusion_passes() -> list:
 def cuda_pipeline(target, tile_config: TileConfig | None = None, sm_count: int | None = None):
     """TVM's default CUDA Relax pipeline with :func:`tensor_core_matmul_rule` in place of dlight's Matmul,
     :func:`small_reduction_rule` and :func:`window_reduction_rule` ahead of its reduction rules,
-    :func:`column_reduction_rule` and :func:`row_reduction_rule` ahead of its ``GeneralReduction`` and :func:`vectorized_elementwise_rule`
-    ahead of its fallback. A rule that raises on a kernel hands it to the next one
+    :func:`column_reduction_rule` and :func:`row_reduction_rule` ahead of its ``GeneralReduction``, and
+    :func:`tiled_transpose_rule` and :func:`vectorized_elementwise_rule` ahead of its fallback. A rule that raises on a kernel hands it to the next one
     (:mod:`inferx_edge.compiler.guarded_schedule`). ``sm_count``: the GPU's SMs, for the int8 tile choice."""
     import tvm
     from tvm.relax.backend.cuda import pipeline as cuda
@@ -63,6 +64,7 @@ def cuda_pipeline(target, tile_config: TileConfig | None = None, sm_count: int |
             column_reduction_rule(),
             row_reduction_rule(),
             dl.gpu.GeneralReduction(),
+            tiled_transpose_rule(),
             vectorized_elementwise_rule(),
             dl.gpu.Fallback(),
         ),

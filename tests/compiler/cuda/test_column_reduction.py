@@ -3,12 +3,10 @@ NCHW's channels): one thread per row (:mod:`inferx_edge.compiler.cuda.rules.colu
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 
-from tests.helpers import kernel_source, needs_nvrtc
+from tests.helpers import kernel_source, needs_nvrtc, run_gpu_schedule_on_cpu
 
 _SM90 = {"kind": "cuda", "arch": "sm_90"}
 
@@ -47,18 +45,6 @@ def _kernel(shape, kind: str, axis: int = 1):
     return func
 
 
-def _run_serially_on_cpu(func, *arrays):
-    """Run a GPU-scheduled PrimFunc on the CPU with its thread loops made serial (same iterations, same
-    per-thread buffers): checks what the schedule computes, not how the GPU runs it."""
-    import tvm
-
-    script = re.sub(r'T\.thread_binding\(([^,]+), thread="[^"]+"\)', r"T.serial(\1)", func.script())
-    lib = tvm.compile(tvm.IRModule({"main": tvm.script.from_source(script).with_attr("global_symbol", "main")}), "llvm")
-    args = [tvm.runtime.tensor(a) for a in arrays]
-    lib["main"](*args)
-    return args[-1].numpy()
-
-
 @pytest.mark.parametrize(
     "shape,kind",
     [
@@ -82,14 +68,14 @@ def test_short_outer_axis_reductions_take_one_thread_per_row_and_compute_the_sam
     x = (rng.standard_normal(shape) * 4).astype("float32")
     n = shape[1]
     if kind == "softmax":
-        out = _run_serially_on_cpu(
+        *_, out = run_gpu_schedule_on_cpu(
             sch.mod["main"], x, np.arange(n, dtype="float32").reshape(1, n, 1, 1), np.zeros_like(x)
         )
         e = np.exp(x.astype("float64") - x.max(1, keepdims=True))
         ref = e / e.sum(1, keepdims=True) * np.arange(n).reshape(1, n, 1, 1)
     else:
         g, b = rng.standard_normal(n).astype("float32"), rng.standard_normal(n).astype("float32")
-        out = _run_serially_on_cpu(sch.mod["main"], x, g, b, np.zeros_like(x))
+        *_, out = run_gpu_schedule_on_cpu(sch.mod["main"], x, g, b, np.zeros_like(x))
         x64 = x.astype("float64")
         ref = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-5)
         ref = ref * g.reshape(1, n, 1, 1) + b.reshape(1, n, 1, 1)

@@ -52,8 +52,9 @@ def test_small_reductions_keep_one_output_per_thread_when_channels_do_not_divide
 
 
 @needs_nvrtc
-def test_large_elementwise_kernels_are_vectorized():
-    """int8 quantize and NCHW->NHWC transposes: 4 elements per thread (dlight's fallback: one)."""
+def test_large_elementwise_kernels_are_vectorized_and_transposes_tiled():
+    """int8 quantize: 4 elements per thread (dlight's fallback: one); an NCHW->NHWC transpose of 256
+    channels goes through a shared-memory tile instead (``tiled_transpose``)."""
     from tvm import relax
 
     bb = relax.BlockBuilder()
@@ -66,7 +67,11 @@ def test_large_elementwise_kernels_are_vectorized():
             out = bb.emit_output(relax.Tuple([q, relax.op.permute_dims(y, [0, 2, 3, 1])]))
         bb.emit_func_output(out)
     scripts = schedule_and_compile("h200", bb.get())
-    assert len(scripts) == 2 and all("T.vectorized(T.int64(4))" in s for s in scripts)
+    assert len(scripts) == 2
+    (quantize,) = [s for s in scripts if '"int8"' in s and "T_transpose" not in s]
+    (transpose,) = [s for s in scripts if s is not quantize]
+    assert "T.vectorized(T.int64(4))" in quantize
+    assert 'scope="shared"' in transpose
 
 
 @needs_nvrtc
