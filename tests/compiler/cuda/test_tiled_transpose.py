@@ -46,6 +46,19 @@ def _transpose(shape, axes):
     return bb.get()
 
 
+def _add_transposed(shape):
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    y = relax.Var("y", relax.TensorType([shape[0], shape[2], shape[1]], "float32"))
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.add(x, relax.op.permute_dims(y, [0, 2, 1])))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def _kernel(mod):
     import tvm
 
@@ -117,6 +130,8 @@ def test_tiled_transpose_declines_kernels_that_keep_the_innermost_axis_or_are_sm
     assert rule.apply(_kernel(_transpose([8, 3, 224, 224], [0, 2, 3, 1])), gpu, False) is None
     assert rule.apply(_kernel(_transpose([2, MIN_TRANSPOSE_EXTENT - 1, 4096], [0, 2, 1])), gpu, False) is None
     assert rule.apply(_kernel(_transpose([1, 32, 32], [0, 2, 1])), gpu, False) is None  # too few elements
+    # a transposed input added to one read in order: tiling would make the second read strided
+    assert rule.apply(_kernel(_add_transposed([4, 72, 1600])), gpu, False) is None
     assert (
         rule.apply(_kernel(_transpose([4, 40, 40, 72], [0, 3, 1, 2])), tvm.target.Target({"kind": "llvm"}), False)
         is None

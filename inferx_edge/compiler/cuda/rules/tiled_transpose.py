@@ -27,10 +27,12 @@ _THREADS = 256
 
 
 def transposed_axes(block) -> tuple[int, int] | None:
-    """(position of the axis that an input's innermost index walks with unit stride, position of the
-    output's innermost axis) among ``block``'s iterators when some read is transposed — its innermost
-    index follows another output axis and the output's innermost axis indexes an outer dimension —
-    else None."""
+    """(position of the axis that the inputs' innermost indices walk with unit stride, position of the
+    output's innermost axis) among ``block``'s iterators when its reads are transposed — an input's
+    innermost index follows another output axis and the output's innermost axis indexes an outer
+    dimension — and none is read along the output's innermost axis (the tile would make that read
+    strided); else None. Reads that do not depend on the output's innermost axis (broadcasts) are
+    left as they are."""
     import tvm.sym
     from tvm import tirx
     from tvm.tirx.analysis import undefined_vars
@@ -40,21 +42,22 @@ def transposed_axes(block) -> tuple[int, int] | None:
         return None
     inner = ivars[-1]
     analyzer = tvm.sym.Analyzer()
+    found = set()
     for region in block.reads:
         if not region.region:
             continue
         used = undefined_vars(region.region[-1].min)
         if any(inner.same_as(u) for u in used):
-            continue
+            return None  # read along the output's innermost axis: not a transpose
+        if not any(any(inner.same_as(u) for u in undefined_vars(r.min)) for r in region.region[:-1]):
+            continue  # does not follow the output's innermost axis at all
         follows = [k for k, v in enumerate(ivars) if any(v.same_as(u) for u in used)]
-        if len(follows) != 1:
-            continue
-        a = follows[0]
-        if not isinstance(analyzer.simplify(region.region[-1].min - ivars[a]), tirx.IntImm):
-            continue  # not unit stride along that axis
-        if any(any(inner.same_as(u) for u in undefined_vars(r.min)) for r in region.region[:-1]):
-            return a, len(ivars) - 1
-    return None
+        if len(follows) != 1 or not isinstance(
+            analyzer.simplify(region.region[-1].min - ivars[follows[0]]), tirx.IntImm
+        ):
+            return None  # innermost index not unit stride along one output axis
+        found.add(follows[0])
+    return (found.pop(), len(ivars) - 1) if len(found) == 1 else None
 
 
 def _schedule_output(sch, block) -> bool:
