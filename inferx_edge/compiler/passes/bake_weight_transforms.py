@@ -27,10 +27,12 @@ def bake_weight_transforms(mod, params: list[np.ndarray] | None = None, log=None
     main = mod["main"]
     num_input = int(main.attrs["num_input"])
     original = [p.name for p in main.params[num_input:]]
-    lifted = relax.transform.LiftTransformParams()(mod)
+    lifted = relax.transform.LiftTransformParams()(_stop_at_growth(mod, num_input))
     if not any(gv.name_hint == "main_transform_params" for gv, _ in lifted.functions_items()):
         return mod, original, params
     transform = lifted["main_transform_params"]
+    if not any(isinstance(b.value, relax.Call) for block in transform.body.blocks for b in block.bindings):
+        return mod, original, params  # weights passed through, nothing computed (all stopped at growth)
     kept = tvm.IRModule({gv: f for gv, f in lifted.functions_items() if gv.name_hint != "main_transform_params"})
     new_main = kept["main"]
     baked = _unique([p.name for p in new_main.params[num_input:]])
@@ -68,6 +70,66 @@ def bake_weight_transforms(mod, params: list[np.ndarray] | None = None, log=None
             log(f"      weight transforms kept in the model: their results ({after >> 20} MiB) outgrow the weights")
         return mod, original, params
     return kept, baked, arrays
+
+
+def _stop_at_growth(mod, num_input: int):
+    """``mod`` with the weight-only calls whose result outgrows their operands (a window mask broadcast
+    to the batch: Swin-T's 39 MB per stage at batch 64) kept out of the lifted transforms
+    (``stop_lift_params`` on their operands): they stay in the model, as they would have without the
+    bake, and the rest (weight transposes, casts) is still done at build time. Before, one such call
+    sent every transform back into the model."""
+    from tvm import relax
+
+    from inferx_edge.compiler.passes._rewrite import rewrite_calls_in_context
+
+    main = mod["main"]
+    weights = set(main.params[num_input:])
+    for block in main.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call):
+                static = all(_weight_only(a, weights) for a in value.args)
+            elif isinstance(value, relax.TupleGetItem):
+                static = _weight_only(value.tuple_value, weights)
+            else:
+                static = _weight_only(value, weights)
+            if static:
+                weights.add(binding.var)
+
+    def stop(call, ctx):
+        if not all(_weight_only(a, weights) for a in ctx.given):
+            return None
+        operands = [a for a in call.args if isinstance(getattr(a, "ty", None), relax.TensorType)]
+        sizes = [_tensor_nbytes(a) for a in operands]
+        out = _tensor_nbytes(ctx.builder.normalize(call))
+        if not operands or out is None or None in sizes or out <= MAX_BAKED_GROWTH * sum(sizes) + (1 << 20):
+            return None
+        args = [ctx.builder.emit(relax.op.builtin.stop_lift_params(a)) if a in operands else a for a in call.args]
+        return relax.Call(call.op, args, call.attrs, call.ty_args)
+
+    return rewrite_calls_in_context(mod, stop)
+
+
+def _weight_only(expr, weights: set) -> bool:
+    """Whether ``expr`` depends on nothing but weights and constants."""
+    from tvm import relax
+
+    if isinstance(expr, relax.Var):
+        return expr in weights
+    if isinstance(expr, relax.Tuple):
+        return all(_weight_only(f, weights) for f in expr.fields)
+    return not isinstance(expr, relax.Call | relax.TupleGetItem)  # constants, shapes, prim values
+
+
+def _tensor_nbytes(expr) -> int | None:
+    """The bytes of ``expr``'s tensor result with a static shape, else None."""
+    import tvm
+
+    ty = getattr(expr, "ty", None)
+    dims = getattr(getattr(ty, "shape", None), "values", None)
+    if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+        return None
+    return int(np.prod([int(d) for d in dims], dtype=np.int64)) * tvm.DataType(str(ty.dtype)).bits // 8
 
 
 def _static_nbytes(transform) -> int | None:
