@@ -42,15 +42,20 @@ def kernel_traits(mod, tuned: set[str]) -> dict[str, dict]:
     """What each PrimFunc's schedule uses, read from its TIR."""
     import tvm
 
+    from inferx_edge.compiler.guarded_schedule import SCHEDULE_RULE_ATTR
+
     out = {}
     for gv, f in mod.functions_items():
         if not isinstance(f, tvm.tirx.PrimFunc):
             continue
         text = f.script()
+        rule = f.attrs.get(SCHEDULE_RULE_ATTR) if f.attrs is not None else None
         out[gv.name_hint] = {
             "tensor_cores": bool(re.search(r"tvm_mma_sync|ptx_mma|ptx_legacy\.mma\(|mma_sync", text)),
             "int8": '"int8"' in text,
             "tuned": gv.name_hint in tuned,
+            # the default-schedule rule that took it (None: tuned, hand-scheduled or a CPU kernel left as is)
+            "rule": str(rule) if rule is not None else None,
         }
     return out
 
@@ -185,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 args.json.write_text(json.dumps(doc, indent=1) + "\n")
             print(f"{len(costs)} kernels, {sum(v['flops'] or 0 for v in costs.values()) / 1e9:.2f} GFLOP")
+            rules = collections.Counter((traits.get(k) or {}).get("rule") or "-" for k in costs)
+            print("schedule rules: " + ", ".join(f"{r} {n}" for r, n in rules.most_common()))
             return 0
         ex = relax.build(mod, target, relax_pipeline=None, exec_mode="bytecode")
     print(f"compiled in {time.perf_counter() - t0:.1f} s; tuning: {tuned}")
@@ -248,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"end to end (no instrument) {e2e_ms:.3f} ms/run; instrumented sum {total:.3f} ms/run")
     print(f"{'kernel':60s} {'calls':>5s} {'ms/run':>9s} {'share':>6s}  traits")
     for r in rows:
-        flags = ",".join(k for k in ("tensor_cores", "int8", "tuned") if r.get(k))
+        flags = ",".join([k for k in ("tensor_cores", "int8", "tuned") if r.get(k)] + [r.get("rule") or ""]).strip(",")
         print(
             f"{r['kernel'][:60]:60s} {r['calls_per_run']:5d} {r['ms_per_run']:9.4f} {r['ms_per_run'] / total:6.1%}  {flags}"
         )

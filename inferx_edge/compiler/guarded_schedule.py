@@ -17,6 +17,9 @@ from inferx_edge.compiler.prim_funcs import unscheduled
 
 _local = threading.local()
 
+#: the PrimFunc attribute naming the rule that scheduled a kernel (kernel profiles report it)
+SCHEDULE_RULE_ATTR = "inferx.schedule_rule"
+
 
 class FallbackLog:
     """Collects the fallbacks of one compilation: ``with FallbackLog() as log: ...; log.entries``."""
@@ -70,7 +73,8 @@ def guarded_default_schedule(*rules):
                 if space is None:
                     continue
                 sch = space if isinstance(space, s_tir.Schedule) else space[0]
-                updated[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+                func = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+                updated[gv] = func.with_attr(SCHEDULE_RULE_ATTR, _rule_name(rule))
                 break
         for gv, func in updated.items():
             mod[gv] = func

@@ -41,7 +41,7 @@ def test_a_failing_rule_passes_the_kernel_to_the_next_one(first):
     import tvm
     from tvm.s_tir import dlight as dl
 
-    from inferx_edge.compiler.guarded_schedule import FallbackLog, guarded_default_schedule
+    from inferx_edge.compiler.guarded_schedule import SCHEDULE_RULE_ATTR, FallbackLog, guarded_default_schedule
 
     mod, _ = _matmul_module()
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
@@ -49,6 +49,8 @@ def test_a_failing_rule_passes_the_kernel_to_the_next_one(first):
         out = guarded_default_schedule(first(), dl.gpu.Fallback())(mod)
     prims = [f for _, f in out.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     assert prims and all(int(f.attrs["tirx.is_scheduled"]) == 1 for f in prims)
+    # each kernel names the rule that took it (kernel profiles report it)
+    assert all(str(f.attrs[SCHEDULE_RULE_ATTR]) == "Fallback" for f in prims)
     if first is _Raises:
         assert [e["rule"] for e in log.entries] == ["Exploding"] * len(prims)
         assert "cannot schedule that kernel" in log.entries[0]["error"]
