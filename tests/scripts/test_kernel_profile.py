@@ -26,3 +26,16 @@ def test_kernel_profile_lists_every_kernel_of_the_tuned_build(tmp_path):
     # the committed database for this CPU (if there is one) tunes every conv; else none is tuned
     assert len({k["tuned"] for k in convs}) == 1
     assert rec["instrumented_sum_ms"] > 0 and "end to end" in r.stdout
+
+
+def test_costs_only_names_the_rule_that_scheduled_each_gpu_kernel_without_a_gpu(tmp_path):
+    out = tmp_path / "costs.json"
+    r = subprocess.run(
+        [sys.executable, REPO / "scripts" / "kernel_profile.py", "--model", DEFAULT_MODEL, "--target", "h200",
+         "--costs-only", "--no-tuning", "--json", out],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    kernels = json.loads(out.read_text())["kernels"]
+    assert kernels and all(k["rule"] for k in kernels.values())  # every CUDA kernel went through a rule
+    assert "schedule rules: " in r.stdout
