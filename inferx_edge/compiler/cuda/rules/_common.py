@@ -14,3 +14,17 @@ def _inlined_blocks(rule, func, target):
     sch = s_tir.Schedule(func)
     infos = normalize_prim_func(sch)
     return None if infos is None else (sch, base.try_inline(sch, infos))
+
+
+def _cuda_reduction_blocks(rule, func, target):
+    """(schedule, block infos with contiguous spatial producers inlined) of ``func`` for a CUDA-only
+    reduction rule (dlight's ``GeneralReduction`` preparation), or None."""
+    from tvm import s_tir, tirx
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+    from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
+
+    if not isinstance(func, tirx.PrimFunc) or not rule.is_target_available(target) or target.kind.name != "cuda":
+        return None
+    sch = s_tir.Schedule(func)
+    infos = normalize_prim_func(sch)
+    return None if infos is None else (sch, try_inline_contiguous_spatial(sch, infos))

@@ -71,22 +71,17 @@ def _unroll(sch, loop) -> None:
 
 def row_reduction_rule():
     """The dlight rule (a ``GPUScheduleRule``) described in the module docstring."""
-    from tvm import s_tir, tirx
-    from tvm.s_tir.dlight.analysis import normalize_prim_func
-    from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
+    from tvm import tirx
     from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
+
+    from inferx_edge.compiler.cuda.rules._common import _cuda_reduction_blocks
 
     class RowReduction(GPUScheduleRule):
         def apply(self, func, target, _tunable):
-            if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            prepared = _cuda_reduction_blocks(self, func, target)
+            if prepared is None:
                 return None
-            if target.kind.name != "cuda":
-                return None
-            sch = s_tir.Schedule(func)
-            infos = normalize_prim_func(sch)
-            if infos is None:
-                return None
-            infos = try_inline_contiguous_spatial(sch, infos)
+            sch, infos = prepared
             found = row_reduction_extents(infos)
             if found is None:
                 return None
