@@ -12,37 +12,15 @@ _SM90 = {"kind": "cuda", "arch": "sm_90"}
 
 
 def _module(shape, kind: str, axis: int = 1):
-    """softmax(x, axis) * (0, 1, ..., n-1) along that axis (YOLOv8's DFL decode), or a LayerNorm over
-    ``axis`` with a gain and a bias."""
-    from tvm import relax
+    from benchmarks.gpu_layout_kernels import channel_layer_norm, dfl_softmax
 
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(shape, "float32"))
-    n = shape[axis]
-    along = [n if i == axis % len(shape) else 1 for i in range(len(shape))]
-    if kind == "softmax":
-        proj = relax.const(np.arange(n, dtype="float32").reshape(along))
-        with bb.function("main", [x]):
-            with bb.dataflow():
-                out = bb.emit_output(relax.op.multiply(relax.op.nn.softmax(x, axis=axis), proj))
-            bb.emit_func_output(out)
-    else:
-        g, b = (relax.Var(name, relax.TensorType([n], "float32")) for name in "gb")
-        with bb.function("main", [x, g, b]):
-            with bb.dataflow():
-                out = bb.emit_output(relax.op.nn.layer_norm(x, g, b, axes=[axis]))
-            bb.emit_func_output(out)
-    return bb.get()
+    return (dfl_softmax if kind == "softmax" else channel_layer_norm)(list(shape), axis)
 
 
 def _kernel(shape, kind: str, axis: int = 1):
-    import tvm
+    from benchmarks.gpu_layout_kernels import fused_kernel
 
-    from inferx_edge.compiler.cuda.pipeline import fusion_passes
-
-    mod = tvm.transform.Sequential(fusion_passes())(_module(shape, kind, axis))
-    (func,) = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-    return func
+    return fused_kernel(_module(shape, kind, axis))
 
 
 @pytest.mark.parametrize(
@@ -104,3 +82,12 @@ def test_dfl_softmax_compiles_to_a_thread_per_row_without_block_barriers():
     src = kernel_source("h200", _module((2, 16, 4, 8400), "softmax")).split("__global__")[-1]
     assert "__launch_bounds__(256)" in src
     assert "__syncthreads" not in src and "__shfl" not in src
+
+
+@needs_nvrtc
+def test_a_wide_channel_layer_norm_compiles_with_a_serial_loop_per_thread():
+    """96 channels (ConvNeXt-style channels-first LayerNorm): more than the unrolled length, the thread's
+    loop over its row stays a loop."""
+    src = kernel_source("h200", _module((2, 96, 80, 80), "layer_norm")).split("__global__")[-1]
+    assert "__launch_bounds__(256)" in src and "__syncthreads" not in src
+    assert "for (" in src

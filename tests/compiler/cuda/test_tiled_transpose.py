@@ -11,39 +11,16 @@ from tests.helpers import kernel_source, needs_nvrtc, run_gpu_schedule_on_cpu
 _SM90 = {"kind": "cuda", "arch": "sm_90"}
 
 
-def _detector_head(n: int = 2, sizes=(24, 12, 6), box: int = 64, cls: int = 80):
-    """YOLOv8's output assembly in NHWC: per scale, box and class maps concatenated along channels,
-    transposed to channels-first and flattened; the scales concatenated along the anchors and split
-    back into box and class outputs."""
-    from tvm import relax
+def _detector_head(n: int = 2, sizes=(24, 12, 6)):
+    from benchmarks.gpu_layout_kernels import detector_head
 
-    bb = relax.BlockBuilder()
-    xs = []
-    for s in sizes:
-        xs += [relax.Var(f"box{s}", relax.TensorType([n, s, s, box], "float32"))]
-        xs += [relax.Var(f"cls{s}", relax.TensorType([n, s, s, cls], "float32"))]
-    with bb.function("main", xs):
-        with bb.dataflow():
-            per_scale = []
-            for i, s in enumerate(sizes):
-                cat = bb.emit(relax.op.concat([xs[2 * i], xs[2 * i + 1]], axis=-1))
-                nchw = bb.emit(relax.op.permute_dims(cat, [0, 3, 1, 2]))
-                per_scale.append(bb.emit(relax.op.reshape(nchw, [n, box + cls, s * s])))
-            out = bb.emit_output(relax.op.split(relax.op.concat(per_scale, axis=2), [box], axis=1))
-        bb.emit_func_output(out)
-    return bb.get()
+    return detector_head(n, sizes)
 
 
 def _transpose(shape, axes):
-    from tvm import relax
+    from benchmarks.gpu_layout_kernels import transpose
 
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(shape, "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(relax.op.permute_dims(x, axes))
-        bb.emit_func_output(out)
-    return bb.get()
+    return transpose(shape, axes)
 
 
 def _add_transposed(shape):
@@ -60,13 +37,9 @@ def _add_transposed(shape):
 
 
 def _kernel(mod):
-    import tvm
+    from benchmarks.gpu_layout_kernels import fused_kernel
 
-    from inferx_edge.compiler.cuda.pipeline import fusion_passes
-
-    mod = tvm.transform.Sequential(fusion_passes())(mod)
-    (func,) = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-    return func
+    return fused_kernel(mod)
 
 
 def _check_same_as_unscheduled(func, sch, n_out: int = 1):
@@ -146,3 +119,21 @@ def test_detector_head_compiles_with_a_padded_shared_tile():
     kernels = src.split("__global__")[1:]
     assert any("__shared__" in k and "[1056]" in k for k in kernels)  # 32 x 33 floats
     assert "__syncthreads" in src
+
+
+def test_the_layout_kernel_benchmark_cases_and_references_agree_with_the_new_rules():
+    """``benchmarks/gpu_layout_kernels.py`` at batch 1 (YOLOv8n's real head shapes): each case's new-rule
+    schedule, run serially on the CPU, gives the benchmark's float64 reference."""
+    import tvm
+
+    from benchmarks.gpu_layout_kernels import cases, fused_kernel
+    from inferx_edge.compiler.cuda.rules.column_reduction import column_reduction_rule
+    from inferx_edge.compiler.cuda.rules.tiled_transpose import tiled_transpose_rule
+
+    for name, (kind, mod, host, refs) in cases(1).items():
+        rule = column_reduction_rule() if kind == "column" else tiled_transpose_rule()
+        sch = rule.apply(fused_kernel(mod), tvm.target.Target(_SM90), False)
+        assert sch is not None, name
+        got = run_gpu_schedule_on_cpu(sch.mod["main"], *host, *[np.zeros(r.shape, "float32") for r in refs])
+        for g, r in zip(got[len(host) :], refs):
+            np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4, err_msg=name)

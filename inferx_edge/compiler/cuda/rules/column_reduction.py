@@ -1,6 +1,6 @@
-"""dlight rule: softmax and norms over a short axis that is not the innermost one (a detector's DFL
-softmax over 16 bins of a ``(N, 16, 4, anchors)`` tensor, a LayerNorm over NCHW's channels), one thread
-per row with the row's reductions in registers.
+"""dlight rule: softmax and norms over an axis that is not the innermost one (a detector's DFL softmax
+over 16 bins of a ``(N, 16, 4, anchors)`` tensor, a LayerNorm over NCHW's channels), one thread per row
+with the row's reductions in registers.
 
 dlight's ``GeneralReduction`` gives each row a thread block and reduces across its threads: a
 16-element softmax over YOLOv8n's 2.15 million rows at batch 64 took 2.99 of the model's 9.15 ms on an
@@ -9,7 +9,7 @@ neighbouring rows, which are neighbouring elements along the innermost (row) axi
 thread's serial loop over its row is one coalesced load across the warp.
 
 The rule takes the kernel form softmax and norms lower to: every block but the last reduces over the
-same row (its spatial axes) and the same short axes; the last is elementwise over the output, which
+same row (its spatial axes) and the same reduced axes (at most :data:`MAX_COLUMN` elements); the last is elementwise over the output, which
 indexes the per-row results by some of its axes (the row) and walks the reduced axes with the others.
 The output's innermost axis must be a row axis (else :mod:`.row_reduction`'s warp per row is the one
 that coalesces)."""
@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import math
 
-#: rows of at most this many elements, which a thread walks serially (unrolled)
-MAX_COLUMN = 64
+#: rows of at most this many elements, which a thread walks serially (ConvNeXt-style channel
+#: LayerNorms have 96-768; a block per row is no better for them: its loads stride across rows too)
+MAX_COLUMN = 1024
+
+#: the thread's loops over its row are unrolled up to this many elements
+UNROLL_COLUMN = 64
 
 #: and at least this many rows (threads): fewer leave the GPU idle and a block per row is no worse
 MIN_COLUMN_ROWS = 4096
@@ -103,14 +107,16 @@ def column_reduction_rule():
             bx, tx = sch.split(row, [None, _THREADS])
             sch.bind(bx, "blockIdx.x")
             sch.bind(tx, "threadIdx.x")
+            unroll = math.prod(int(sch.get(loops[k]).extent) for k in columns) <= UNROLL_COLUMN
             for k in columns:
-                sch.unroll(loops[k])
+                if unroll:
+                    sch.unroll(loops[k])
             for info in reversed(infos[:-1]):
                 block = info.block_rv
                 for i, _ in enumerate(sch.get(block).writes):
                     sch.set_scope(block, buffer_index=i, storage_scope="local")
                 sch.compute_at(block, tx, preserve_unit_loops=True)
-                for lp in sch.get_loops(block)[2:]:
+                for lp in sch.get_loops(block)[2:] if unroll else []:
                     sch.unroll(lp)
             return sch
 

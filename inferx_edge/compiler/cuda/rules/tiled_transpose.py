@@ -74,9 +74,13 @@ def _schedule_output(sch, block) -> bool:
     if any(not isinstance(d, tirx.IntImm) for d in doms):
         return False
     doms = [int(d) for d in doms]
-    write = stmt.writes[0].region
-    if len(write) != len(ivars) or any(not r.min.same_as(v) for r, v in zip(write, ivars)):
-        return False  # the output must be indexed by its iterators in order
+    # the output must be indexed by its iterators in order (0 on a unit axis normalization dropped)
+    out_shape = [int(d) for d in stmt.writes[0].source.shape]
+    write = [(dim, r.min) for dim, (r, d) in enumerate(zip(stmt.writes[0].region, out_shape))]
+    write = [(dim, m) for dim, m in write if not (out_shape[dim] == 1 and isinstance(m, tirx.IntImm))]
+    if len(write) != len(ivars) or any(not m.same_as(v) for (_, m), v in zip(write, ivars)):
+        return False
+    a_dim = write[a][0]  # the output buffer's dimension for axis a
     if min(doms[a], doms[b]) < MIN_TRANSPOSE_EXTENT or math.prod(doms) < MIN_TRANSPOSE_ELEMENTS:
         return False
     loops = sch.get_loops(block)
@@ -89,7 +93,7 @@ def _schedule_output(sch, block) -> bool:
     bx = sch.fuse(*others, ao, bo)
     sch.bind(bx, "blockIdx.x")
     store = sch.cache_write(block, 0, "shared")
-    sch.storage_align(block, 0, axis=a, factor=TILE, offset=1)
+    sch.storage_align(block, 0, axis=a_dim, factor=TILE, offset=1)
     sch.reverse_compute_at(store, bx)
     # gather: neighbouring threads take neighbouring elements along the input's contiguous axis
     sch.reorder(bi, ai)
