@@ -24,3 +24,23 @@ def compile_with_rules(func, target: str, rules: list, async_copy: bool = False)
         mod = dl.ApplyDefaultSchedule(*rules)(mod)
     with device_compiler(spec, "cubin"), tvm_target, pass_config(async_copy=async_copy):
         return tvm.compile(mod, target=tvm_target)
+
+
+def check_and_time(lib, dev, inputs: list, outputs: list, refs: list) -> tuple[float, float]:
+    """Run ``lib``'s ``main`` once on device tensors ``inputs`` into ``outputs``: (the largest absolute
+    error against the numpy references ``refs``, the median of 5 x 20 timed calls in microseconds)."""
+    import numpy as np
+
+    lib["main"](*inputs, *outputs)
+    err = max(float(np.abs(o.numpy().astype(np.float64) - r).max()) for o, r in zip(outputs, refs))
+    timer = lib.mod.time_evaluator("main", dev, number=20, repeat=5, min_repeat_ms=50)
+    return err, float(np.median(timer(*inputs, *outputs).results)) * 1e6
+
+
+def add_speed(row: dict, schedules: tuple, moved: int) -> dict:
+    """``row`` (timed ``"<schedule> us"`` per schedule, the first the new one) with the bytes moved, the
+    first schedule's GB/s and its speedup over the second."""
+    row["bytes moved"] = int(moved)
+    row[f"GB/s {schedules[0]}"] = moved / row[f"{schedules[0]} us"] / 1e3
+    row["speedup"] = row[f"{schedules[1]} us"] / row[f"{schedules[0]} us"]
+    return row

@@ -102,6 +102,15 @@ def write_record(name: str, record: dict) -> Path:
     return path
 
 
+def write_gpu_record(name: str, record: dict) -> Path:
+    """:func:`write_record` with the GPU's name (CUDA device 0), its driver and the TVM, torch and
+    inferx_edge versions added: the kernel benchmarks' records."""
+    import torch
+
+    device = {"device": torch.cuda.get_device_name(0), "driver": gpu_driver()}
+    return write_record(name, {**device, "versions": versions("apache-tvm", "torch", "inferx_edge"), **record})
+
+
 def run_models(names: list[str], measure, name: str, record: dict) -> Path:
     """``measure(model) -> rows`` for each model in turn (an exception becomes that model's error row and
     the others still run); ``results/<name>.json`` (``record`` + ``results``) is rewritten after each."""

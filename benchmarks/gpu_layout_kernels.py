@@ -142,14 +142,14 @@ def compile_kernel(func, target: str, kind: str, schedule: str):
 
 
 def main() -> None:
-    from benchmarks._record import gpu_driver, versions, write_record
+    from benchmarks._kernels import add_speed, check_and_time
+    from benchmarks._record import write_gpu_record
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--target", default="h200")
     ap.add_argument("--name", default=None)
     args = ap.parse_args()
-    import torch
     import tvm
 
     dev = tvm.cuda(0)
@@ -162,25 +162,12 @@ def main() -> None:
             outs = [tvm.runtime.tensor(np.zeros(r.shape, "float32"), dev) for r in refs]
             for schedule in SCHEDULES:
                 lib = compile_kernel(func, args.target, kind, schedule)
-                lib["main"](*tensors, *outs)
-                row[f"{schedule} max abs error"] = max(float(np.abs(o.numpy() - r).max()) for o, r in zip(outs, refs))
-                timer = lib.mod.time_evaluator("main", dev, number=20, repeat=5, min_repeat_ms=50)
-                row[f"{schedule} us"] = float(np.median(timer(*tensors, *outs).results)) * 1e6
-            moved = sum(a.nbytes for a in host) + sum(r.size * 4 for r in refs)
-            row["bytes moved"] = int(moved)
-            row["GB/s new rule"] = moved / row[f"{SCHEDULES[0]} us"] / 1e3
-            row["speedup"] = row[f"{SCHEDULES[1]} us"] / row[f"{SCHEDULES[0]} us"]
-            results.append(row)
+                err, us = check_and_time(lib, dev, tensors, outs, refs)
+                row[f"{schedule} max abs error"], row[f"{schedule} us"] = err, us
+            results.append(add_speed(row, SCHEDULES, sum(a.nbytes for a in host) + sum(r.size * 4 for r in refs)))
             print(json.dumps(row), flush=True)
-    path = write_record(
-        args.name or f"gpu_layout_kernels_{args.target}",
-        {
-            "device": torch.cuda.get_device_name(0),
-            "driver": gpu_driver(),
-            "versions": versions("apache-tvm", "torch", "inferx_edge"),
-            "schedules": list(SCHEDULES),
-            "results": results,
-        },
+    path = write_gpu_record(
+        args.name or f"gpu_layout_kernels_{args.target}", {"schedules": list(SCHEDULES), "results": results}
     )
     print(f"wrote {path}")
 

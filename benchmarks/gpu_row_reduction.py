@@ -19,7 +19,8 @@ import json
 
 import numpy as np
 
-from benchmarks._record import gpu_driver, versions, write_record
+from benchmarks._kernels import add_speed, check_and_time
+from benchmarks._record import write_gpu_record
 
 SCHEDULES = ("one warp per row", "dlight block per row")
 
@@ -119,7 +120,6 @@ def main() -> None:
     ap.add_argument("--target", default="h200")
     ap.add_argument("--name", default=None)
     args = ap.parse_args()
-    import torch
     import tvm
 
     dev = tvm.cuda(0)
@@ -133,26 +133,13 @@ def main() -> None:
                     lib = compile_kernel(func, args.target, schedule)
                     tensors = [tvm.runtime.tensor(a, dev) for a in host]
                     out = tvm.runtime.tensor(np.zeros(shapes[0], dtype), dev)
-                    lib["main"](*tensors, out)
-                    got = out.numpy().astype(np.float64)
-                    row[f"{schedule} max abs error"] = float(np.abs(got - ref).max())
-                    timer = lib.mod.time_evaluator("main", dev, number=20, repeat=5, min_repeat_ms=50)
-                    row[f"{schedule} us"] = float(np.median(timer(*tensors, out).results)) * 1e6
+                    err, us = check_and_time(lib, dev, tensors, [out], [ref])
+                    row[f"{schedule} max abs error"], row[f"{schedule} us"] = err, us
                 moved = sum(a.nbytes for a in host) + np.zeros(shapes[0], dtype).nbytes
-                row["bytes moved"] = int(moved)
-                row["GB/s one warp per row"] = moved / row[f"{SCHEDULES[0]} us"] / 1e3
-                row["speedup"] = row[f"{SCHEDULES[1]} us"] / row[f"{SCHEDULES[0]} us"]
-                results.append(row)
+                results.append(add_speed(row, SCHEDULES, moved))
                 print(json.dumps(row), flush=True)
-    path = write_record(
-        args.name or f"gpu_row_reduction_{args.target}",
-        {
-            "device": torch.cuda.get_device_name(0),
-            "driver": gpu_driver(),
-            "versions": versions("apache-tvm", "torch", "inferx_edge"),
-            "schedules": list(SCHEDULES),
-            "results": results,
-        },
+    path = write_gpu_record(
+        args.name or f"gpu_row_reduction_{args.target}", {"schedules": list(SCHEDULES), "results": results}
     )
     print(f"wrote {path}")
 
