@@ -7,8 +7,13 @@ The module goes through the same steps as a variant of ``build`` (quantization p
 target's tuning database, the target's Relax pipeline), then is compiled with the bytecode VM, whose
 instrument hook times every call: the device is synchronized before and after each kernel, so a row
 is the kernel's own time plus one launch. Each kernel is labelled by what its schedule uses: tensor
-cores (wmma/mma), int8 loads, a tuned (database) schedule. The sum of the rows is above the
-uninstrumented end-to-end time printed first (sync per kernel).
+cores (wmma/mma), int8 loads, a tuned (database) schedule, and the default-schedule rule that took it.
+The sum of the rows is above the uninstrumented end-to-end time printed first (sync per kernel).
+
+Without a GPU: ``--costs-only`` writes each kernel's FLOPs, compulsory bytes and rule (and counts the
+kernels per rule); ``--check-schedules`` runs every scheduled kernel but tensor-core ones on this CPU
+with its thread loops serial against the unscheduled kernel (``compiler/schedule_check.py``; use a
+small batch), and exits 1 when one differs.
 """
 
 from __future__ import annotations
@@ -103,6 +108,24 @@ def unscheduled_kernels(mod, spec, target):
         return tvm.transform.Sequential(passes)(mod)
 
 
+def check_schedules(plain, scheduled, only: str | None = None, tolerance: float = 1e-3) -> int:
+    """Print each kernel's check (:func:`inferx_edge.compiler.schedule_check.check_module`); 1 when one
+    differs from its unscheduled kernel by more than ``tolerance`` of its largest output (at least 1)."""
+    from inferx_edge.compiler.schedule_check import check_module
+
+    checked, bad = 0, []
+    for name, rule, diff, skipped in check_module(plain, scheduled, only=only):
+        if skipped:
+            print(f"  skip  {name[:70]:70s} {rule or '-':22s} {skipped}")
+            continue
+        checked += 1
+        ok = diff <= tolerance
+        bad += [] if ok else [name]
+        print(f"  {'ok  ' if ok else 'DIFF'}  {name[:70]:70s} {rule or '-':22s} {diff:.2e}", flush=True)
+    print(f"{checked} kernels checked, {len(bad)} differ" + (f": {', '.join(bad)}" if bad else ""))
+    return 1 if bad else 0
+
+
 def _sm_clock_mhz() -> float | None:
     """The GPU's SM clock now (NVML, read only), or None."""
     try:
@@ -138,6 +161,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="write each kernel's FLOPs and compulsory bytes (--json) without compiling or running: no GPU needed",
     )
+    ap.add_argument(
+        "--check-schedules",
+        action="store_true",
+        help="run every scheduled kernel (but tensor-core ones) on this CPU with its thread loops serial and "
+        "compare it with the unscheduled kernel on random inputs: what the schedules compute, no GPU needed "
+        "(use a small batch)",
+    )
+    ap.add_argument("--kernels", default=None, help="--check-schedules: only kernels whose name contains this")
     args = ap.parse_args(argv)
 
     import tvm
@@ -176,9 +207,12 @@ def main(argv: list[str] | None = None) -> int:
         pipeline = relax_pipeline(spec, target)
         pipeline = relax.get_pipeline(pipeline) if isinstance(pipeline, str) else pipeline
         tuned_names = scheduled_names(mod)
-        costs = kernel_costs(unscheduled_kernels(mod, spec, target))
+        plain = unscheduled_kernels(mod, spec, target)
+        costs = kernel_costs(plain)
         mod = pipeline(mod)
         traits = kernel_traits(mod, tuned_names)
+        if args.check_schedules:
+            return check_schedules(plain, mod, args.kernels)
         if args.costs_only:
             doc = {
                 "model": str(args.model),

@@ -469,16 +469,9 @@ def retarget_artifact(src: Path, dst: Path, sign_key: Path | None = None, **targ
 
 
 def run_gpu_schedule_on_cpu(func, *arrays) -> list:
-    """Run a GPU-scheduled PrimFunc on the CPU with its thread loops made serial (the same iterations,
-    shared and per-thread buffers included): checks what a schedule computes, not how a GPU runs it.
-    ``arrays``: every parameter, outputs last; returns all of them after the call."""
-    import re
+    """Run a GPU-scheduled PrimFunc on the CPU with its thread loops made serial
+    (:func:`inferx_edge.compiler.schedule_check.run_serially_on_cpu`). ``arrays``: every parameter,
+    outputs last; returns all of them after the call."""
+    from inferx_edge.compiler.schedule_check import run_serially_on_cpu
 
-    import tvm
-
-    script = re.sub(r'T\.thread_binding\(([^,]+), thread="[^"]+"\)', r"T.serial(\1)", func.script())
-    serial = tvm.script.from_source(script).with_attr("global_symbol", "main")
-    lib = tvm.compile(tvm.IRModule({"main": serial}), "llvm")
-    args = [tvm.runtime.tensor(a) for a in arrays]
-    lib["main"](*args)
-    return [a.numpy() for a in args]
+    return run_serially_on_cpu(func, *arrays)

@@ -1,0 +1,98 @@
+"""Checking GPU schedules without a GPU: a scheduled kernel runs on the CPU with its thread loops made
+serial (the same iterations, shared and per-thread buffers included) and is compared with its
+unscheduled kernel on random inputs. This checks what a schedule computes, not how a GPU runs it
+(races, missing barriers and tensor-core intrinsics are out of its reach: kernels using mma are
+skipped)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+_THREAD_LOOP = re.compile(r'T\.thread_binding\(([^,]+), thread="[^"]+"\)')
+_TENSOR_CORES = re.compile(r"tvm_mma_sync|ptx_mma|ptx_legacy\.mma\(|mma_sync|ptx_ldmatrix|T\.ptx_")
+
+
+def run_serially_on_cpu(func, *arrays) -> list[np.ndarray]:
+    """Run a GPU-scheduled PrimFunc on the CPU with its thread loops made serial. ``arrays``: every
+    parameter, outputs last; returns all of them after the call."""
+    import tvm
+
+    serial = tvm.script.from_source(_THREAD_LOOP.sub(r"T.serial(\1)", func.script()))
+    lib = tvm.compile(tvm.IRModule({"main": serial.with_attr("global_symbol", "main")}), "llvm")
+    args = [tvm.runtime.tensor(a) for a in arrays]
+    lib["main"](*args)
+    return [a.numpy() for a in args]
+
+
+def _random(shape: list[int], dtype: str, rng) -> np.ndarray:
+    if dtype.startswith(("int", "uint")):
+        info = np.iinfo(dtype)
+        return rng.integers(max(info.min, -100), min(info.max, 100) + 1, shape).astype(dtype)
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def check_kernel(unscheduled, scheduled, seed: int = 0) -> float:
+    """The largest difference between ``scheduled`` (run serially on the CPU) and ``unscheduled``
+    (compiled for the CPU as is) on the same random inputs, relative to the largest output magnitude
+    (at least 1); the outputs are the parameters the kernel writes."""
+    import tvm
+
+    script = unscheduled.script()
+    params = list(unscheduled.params)
+    written = [p for p in params if f"T.writes({p.name}[" in script or f"T.writes({p.name})" in script]
+    rng = np.random.default_rng(seed)
+    arrays = [
+        np.zeros([int(d) for d in p.shape], str(p.dtype))
+        if p in written
+        else _random([int(d) for d in p.shape], str(p.dtype), rng)
+        for p in params
+    ]
+    got = run_serially_on_cpu(scheduled, *arrays)
+    ref = tvm.compile(tvm.IRModule({"main": unscheduled.with_attr("global_symbol", "main")}), "llvm")
+    want = [tvm.runtime.tensor(a) for a in arrays]
+    ref["main"](*want)
+    worst = 0.0
+    for i, p in enumerate(params):
+        if p in written:
+            ref = want[i].numpy().astype(np.float64)
+            worst = max(
+                worst, float(np.abs(got[i].astype(np.float64) - ref).max()) / max(1.0, float(np.abs(ref).max()))
+            )
+    return worst
+
+
+def check_module(unscheduled_mod, scheduled_mod, max_elements: int = 1 << 24, only: str | None = None):
+    """Yield ``(kernel, rule, relative difference or None, why skipped)`` for every PrimFunc scheduled
+    in ``scheduled_mod`` that ``unscheduled_mod`` has under the same name."""
+    import tvm
+
+    from inferx_edge.compiler.guarded_schedule import SCHEDULE_RULE_ATTR
+
+    for gv, func in scheduled_mod.functions_items():
+        name = gv.name_hint
+        if not isinstance(func, tvm.tirx.PrimFunc) or (only and only not in name):
+            continue
+        try:
+            plain = unscheduled_mod[name]
+        except (KeyError, ValueError, tvm.error.TVMError):
+            continue
+        rule = func.attrs.get(SCHEDULE_RULE_ATTR) if func.attrs is not None else None
+        rule = str(rule) if rule is not None else None
+        if _TENSOR_CORES.search(func.script()):
+            yield name, rule, None, "tensor cores (not runnable on a CPU)"
+            continue
+        shapes = [[int(d) for d in p.shape] for p in plain.params if hasattr(p, "shape")]
+        if sum(int(np.prod(s)) for s in shapes) > max_elements:
+            yield name, rule, None, f"over {max_elements} elements"
+            continue
+        try:
+            diff = check_kernel(plain, func)
+        except Exception as exc:  # noqa: BLE001 - e.g. a scope the CPU codegen has no device for
+            lines = str(exc).strip().splitlines()
+            yield name, rule, None, f"not runnable on a CPU: {type(exc).__name__}: {lines[-1] if lines else ''}"[:160]
+            continue
+        yield name, rule, diff, None
