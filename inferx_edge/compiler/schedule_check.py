@@ -38,7 +38,8 @@ def _random(shape: list[int], dtype: str, rng) -> np.ndarray:
 def check_kernel(unscheduled, scheduled, seed: int = 0) -> float:
     """The largest difference between ``scheduled`` (run serially on the CPU) and ``unscheduled``
     (compiled for the CPU as is) on the same random inputs, relative to the largest output magnitude
-    (at least 1); the outputs are the parameters the kernel writes."""
+    (at least 1); the outputs are the parameters the kernel writes. Integer outputs (quantized
+    activations) may differ by one unit: a float sum the schedule reassociates can round either way."""
     import tvm
 
     script = unscheduled.script()
@@ -58,10 +59,12 @@ def check_kernel(unscheduled, scheduled, seed: int = 0) -> float:
     worst = 0.0
     for i, p in enumerate(params):
         if p in written:
-            ref = want[i].numpy().astype(np.float64)
-            worst = max(
-                worst, float(np.abs(got[i].astype(np.float64) - ref).max()) / max(1.0, float(np.abs(ref).max()))
-            )
+            expected = want[i].numpy().astype(np.float64)
+            diff = float(np.abs(got[i].astype(np.float64) - expected).max())
+            if str(p.dtype).startswith(("int", "uint")):
+                # a float sum reassociated by the schedule may round to the neighbouring integer
+                diff = max(0.0, diff - 1.0)
+            worst = max(worst, diff / max(1.0, float(np.abs(expected).max())))
     return worst
 
 
