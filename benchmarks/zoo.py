@@ -9,7 +9,7 @@ inferx_edge and timed against its peers in one process, one run, same inputs.
     python -m benchmarks.zoo --target jetson-orin --build-only --precisions fp32,fp16,int8
 
 Models come from ``--zoo-dir`` (``benchmarks/zoo_export.py`` writes it) or are exported on the spot
-where torch + torchvision import. Builds run ``--jobs`` at a time in worker processes (each builds one
+into it where torch + torchvision import. Builds run ``--jobs`` at a time in worker processes (each builds one
 model x precision with every batch), timing runs afterwards one system at a time in this process.
 Writes ``<name>.json`` (the record, rewritten after every row, so a cut run keeps what it measured) and
 ``<name>.md`` (model x system x batch: img/s, p50, mJ/img, error) under ``benchmarks/results/`` and DIR.
@@ -40,14 +40,34 @@ def rel_error(got, ref) -> float:
 
 
 def model_dir(name: str, zoo_dir: Path, out: Path) -> Path:
-    """The exported model: from the zoo cache, else exported now into ``out`` (needs torchvision)."""
+    """The exported model: from the zoo cache, else exported now (needs torchvision) into the cache, so
+    that later runs and tools (``kernel_profile.py``) find it, or into ``out`` where the cache cannot be
+    written. The export goes to a temporary folder renamed into place once complete: an interrupted
+    export leaves no half-written model for the next run to take."""
+    import os
+    import shutil
+
     d = zoo_dir / name
     if (d / "model.onnx").exists():
         return d
     from benchmarks.zoo_export import export_one
 
-    export_one(spec_of(name), out / "models" / name, batch=2)
-    return out / "models" / name
+    try:
+        zoo_dir.mkdir(parents=True, exist_ok=True)
+        partial = zoo_dir / f".{name}.partial-{os.getpid()}"
+        partial.mkdir()
+    except OSError:
+        d = out / "models" / name
+        export_one(spec_of(name), d, batch=2)
+        return d
+    try:
+        export_one(spec_of(name), partial, batch=2)
+        if d.exists():  # an empty or half-written folder from before this rule
+            shutil.rmtree(d)
+        partial.rename(d)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return d
 
 
 def calibration(name: str, d: Path, batches: int = 16) -> Path:
