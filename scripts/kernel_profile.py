@@ -47,20 +47,18 @@ def kernel_traits(mod, tuned: set[str]) -> dict[str, dict]:
     """What each PrimFunc's schedule uses, read from its TIR."""
     import tvm
 
-    from inferx_edge.compiler.guarded_schedule import SCHEDULE_RULE_ATTR
+    from inferx_edge.compiler.guarded_schedule import schedule_rule
 
     out = {}
     for gv, f in mod.functions_items():
         if not isinstance(f, tvm.tirx.PrimFunc):
             continue
         text = f.script()
-        rule = f.attrs.get(SCHEDULE_RULE_ATTR) if f.attrs is not None else None
         out[gv.name_hint] = {
             "tensor_cores": bool(re.search(r"tvm_mma_sync|ptx_mma|ptx_legacy\.mma\(|mma_sync", text)),
             "int8": '"int8"' in text,
             "tuned": gv.name_hint in tuned,
-            # the default-schedule rule that took it (None: tuned, hand-scheduled or a CPU kernel left as is)
-            "rule": str(rule) if rule is not None else None,
+            "rule": schedule_rule(f),
         }
     return out
 

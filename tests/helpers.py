@@ -466,12 +466,3 @@ def retarget_artifact(src: Path, dst: Path, sign_key: Path | None = None, **targ
         members = {n: art.member(n) for n in m.files}
         write_artifact(dst, dataclasses.replace(m, target=m.target | target), members, sign_key=sign_key)
     return dst
-
-
-def run_gpu_schedule_on_cpu(func, *arrays) -> list:
-    """Run a GPU-scheduled PrimFunc on the CPU with its thread loops made serial
-    (:func:`inferx_edge.compiler.schedule_check.run_serially_on_cpu`). ``arrays``: every parameter,
-    outputs last; returns all of them after the call."""
-    from inferx_edge.compiler.schedule_check import run_serially_on_cpu
-
-    return run_serially_on_cpu(func, *arrays)

@@ -21,6 +21,13 @@ _local = threading.local()
 SCHEDULE_RULE_ATTR = "inferx.schedule_rule"
 
 
+def schedule_rule(func) -> str | None:
+    """The rule that scheduled ``func`` (:data:`SCHEDULE_RULE_ATTR`), None for a kernel no default rule
+    took (tuned, hand-scheduled, left as is)."""
+    rule = func.attrs.get(SCHEDULE_RULE_ATTR) if func.attrs is not None else None
+    return str(rule) if rule is not None else None
+
+
 class FallbackLog:
     """Collects the fallbacks of one compilation: ``with FallbackLog() as log: ...; log.entries``."""
 

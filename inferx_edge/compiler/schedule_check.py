@@ -73,7 +73,7 @@ def check_module(unscheduled_mod, scheduled_mod, max_elements: int = 1 << 24, on
     in ``scheduled_mod`` that ``unscheduled_mod`` has under the same name."""
     import tvm
 
-    from inferx_edge.compiler.guarded_schedule import SCHEDULE_RULE_ATTR
+    from inferx_edge.compiler.guarded_schedule import schedule_rule
 
     for gv, func in scheduled_mod.functions_items():
         name = gv.name_hint
@@ -83,8 +83,7 @@ def check_module(unscheduled_mod, scheduled_mod, max_elements: int = 1 << 24, on
             plain = unscheduled_mod[name]
         except (KeyError, ValueError, tvm.error.TVMError):
             continue
-        rule = func.attrs.get(SCHEDULE_RULE_ATTR) if func.attrs is not None else None
-        rule = str(rule) if rule is not None else None
+        rule = schedule_rule(func)
         if _TENSOR_CORES.search(func.script()):
             yield name, rule, None, "tensor cores (not runnable on a CPU)"
             continue

@@ -123,9 +123,13 @@ def _weight_only(expr, weights: set) -> bool:
 
 def _tensor_nbytes(expr) -> int | None:
     """The bytes of ``expr``'s tensor result with a static shape, else None."""
+    return _type_nbytes(getattr(expr, "ty", None))
+
+
+def _type_nbytes(ty) -> int | None:
+    """The bytes of a tensor type with a static shape, else None."""
     import tvm
 
-    ty = getattr(expr, "ty", None)
     dims = getattr(getattr(ty, "shape", None), "values", None)
     if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
         return None
@@ -134,16 +138,9 @@ def _tensor_nbytes(expr) -> int | None:
 
 def _static_nbytes(transform) -> int | None:
     """The bytes ``transform``'s results take, from its return type; None where a shape is not static."""
-    import tvm
-
     ret = transform.ret_ty
-    total = 0
-    for ty in getattr(ret, "fields", [ret]):
-        dims = getattr(getattr(ty, "shape", None), "values", None)
-        if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-            return None
-        total += int(np.prod([int(d) for d in dims], dtype=np.int64)) * tvm.DataType(str(ty.dtype)).bits // 8
-    return total
+    sizes = [_type_nbytes(ty) for ty in getattr(ret, "fields", [ret])]
+    return None if None in sizes else sum(sizes)
 
 
 def _unique(names: list[str]) -> list[str]:

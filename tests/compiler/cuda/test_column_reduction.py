@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.helpers import kernel_source, needs_nvrtc, run_gpu_schedule_on_cpu
+from inferx_edge.compiler.schedule_check import run_serially_on_cpu
+from tests.helpers import kernel_source, needs_nvrtc
 
 _SM90 = {"kind": "cuda", "arch": "sm_90"}
 
@@ -46,14 +47,14 @@ def test_short_outer_axis_reductions_take_one_thread_per_row_and_compute_the_sam
     x = (rng.standard_normal(shape) * 4).astype("float32")
     n = shape[1]
     if kind == "softmax":
-        *_, out = run_gpu_schedule_on_cpu(
+        *_, out = run_serially_on_cpu(
             sch.mod["main"], x, np.arange(n, dtype="float32").reshape(1, n, 1, 1), np.zeros_like(x)
         )
         e = np.exp(x.astype("float64") - x.max(1, keepdims=True))
         ref = e / e.sum(1, keepdims=True) * np.arange(n).reshape(1, n, 1, 1)
     else:
         g, b = rng.standard_normal(n).astype("float32"), rng.standard_normal(n).astype("float32")
-        *_, out = run_gpu_schedule_on_cpu(sch.mod["main"], x, g, b, np.zeros_like(x))
+        *_, out = run_serially_on_cpu(sch.mod["main"], x, g, b, np.zeros_like(x))
         x64 = x.astype("float64")
         ref = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-5)
         ref = ref * g.reshape(1, n, 1, 1) + b.reshape(1, n, 1, 1)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.helpers import kernel_source, needs_nvrtc, run_gpu_schedule_on_cpu
+from inferx_edge.compiler.schedule_check import run_serially_on_cpu
+from tests.helpers import kernel_source, needs_nvrtc
 
 _SM90 = {"kind": "cuda", "arch": "sm_90"}
 
@@ -51,7 +52,7 @@ def _check_same_as_unscheduled(func, sch, n_out: int = 1):
     shapes = [[int(d) for d in p.shape] for p in func.params]
     ins = [rng.standard_normal(s).astype("float32") for s in shapes[: len(shapes) - n_out]]
     outs = [np.zeros(s, "float32") for s in shapes[len(shapes) - n_out :]]
-    got = run_gpu_schedule_on_cpu(sch.mod["main"], *ins, *outs)[len(ins) :]
+    got = run_serially_on_cpu(sch.mod["main"], *ins, *outs)[len(ins) :]
     ref = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), "llvm")
     args = [tvm.runtime.tensor(a) for a in (*ins, *outs)]
     ref["main"](*args)
@@ -134,6 +135,6 @@ def test_the_layout_kernel_benchmark_cases_and_references_agree_with_the_new_rul
         rule = column_reduction_rule() if kind == "column" else tiled_transpose_rule()
         sch = rule.apply(fused_kernel(mod), tvm.target.Target(_SM90), False)
         assert sch is not None, name
-        got = run_gpu_schedule_on_cpu(sch.mod["main"], *host, *[np.zeros(r.shape, "float32") for r in refs])
+        got = run_serially_on_cpu(sch.mod["main"], *host, *[np.zeros(r.shape, "float32") for r in refs])
         for g, r in zip(got[len(host) :], refs):
             np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4, err_msg=name)
