@@ -1,14 +1,16 @@
-"""fp16 small-reduction kernels of a network (depthwise convolutions, pools): 8 channels per thread
-against one output per thread, in one process on one GPU.
+"""fp16 small-reduction kernels of networks (depthwise convolutions, grouped convolutions, pools): 4, 2
+and 1 pixels x 8 channels per thread against one output per thread, in one process on one GPU.
 
-    python -m benchmarks.gpu_small_reduction [--model mobilenet_v2] [--batches 64,1] [--precision int8]
+    python -m benchmarks.gpu_small_reduction [--models mobilenet_v2,convnext_tiny] [--batches 64,1]
+        [--precision int8]
 
-The network (torchvision architecture, seeded random weights) goes through the steps ``build`` takes
+Each network (torchvision architecture, seeded random weights) goes through the steps ``build`` takes
 for the precision (quantization plan on random calibration data, NHWC, fp16 casts), is legalized and
-fused; every kernel :func:`~inferx_edge.compiler.cuda.channel_vectorized_reduction`
-schedules is compiled both ways (``small_reduction_rule(channels=8)`` and ``(channels=1)``), run on
-the same random inputs (outputs compared exactly: the accumulation order is the same) and timed with
-TVM's time evaluator. Writes ``results/<name>.json``.
+fused; every kernel :func:`~inferx_edge.compiler.cuda.channel_vectorized_reduction` schedules is
+compiled each way (``small_reduction_rule(channels, pixels=...)``; the pixels a kernel takes are
+:func:`~inferx_edge.compiler.cuda.rules.small_reduction.row_pixels`' choice, recorded), run on the
+same random inputs (outputs compared exactly: each output's accumulation order is the same) and timed
+with TVM's time evaluator. Writes ``results/<name>.json``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ import numpy as np
 
 from benchmarks._record import gpu_driver, versions, write_record
 
-VARIANTS = {"8 channels per thread": 8, "one output per thread": 1}
+#: variant: (channels, pixels along W) per thread, the most a kernel may take
+VARIANTS = {
+    "4 pixels x 8 channels": (8, 4),
+    "2 pixels x 8 channels": (8, 2),
+    "8 channels per thread": (8, 1),
+    "one output per thread": (1, 1),
+}
 
 
 def small_reduction_kernels(model: Path, batch: int, precision: str, target: str) -> dict:
@@ -80,18 +88,57 @@ def random_args(func, seed: int = 0) -> list[np.ndarray]:
     return out
 
 
-def compile_kernel(func, target: str, channels: int):
+def compile_kernel(func, target: str, channels: int, pixels: int):
     from tvm.s_tir import dlight as dl
 
     from benchmarks._kernels import compile_with_rules
     from inferx_edge.compiler.cuda import small_reduction_rule
 
-    return compile_with_rules(func, target, [small_reduction_rule(channels), dl.gpu.Fallback()])
+    return compile_with_rules(func, target, [small_reduction_rule(channels, pixels=pixels), dl.gpu.Fallback()])
+
+
+def pixels_taken(func, target: str, channels: int, pixels: int) -> int:
+    """The pixels along W per thread the channel-vectorized schedule gives ``func`` (1 when it declines)."""
+    from tvm.s_tir import Schedule
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.cuda.rules.small_reduction import row_pixels
+    from inferx_edge.targets import get_target
+
+    with resolve_tvm_target(get_target(target)):
+        sch = Schedule(func)
+        infos = normalize_prim_func(sch)
+    reds = [b for b in infos or [] if "R" in b.dom_kind()]
+    return row_pixels(sch.get(reds[0].block_rv), reds[0].iters, channels, pixels) if len(reds) == 1 else 1
+
+
+def time_variants(model_name: str, name: str, func, batch: int, target: str, dev) -> dict:
+    """One kernel compiled, run and timed as each of :data:`VARIANTS`."""
+    import tvm
+
+    host = random_args(func)
+    row = {"model": model_name, "kernel": name, "batch": batch, "input_shape": list(host[0].shape)}
+    outputs = {}
+    for variant, (channels, pixels) in VARIANTS.items():
+        lib = compile_kernel(func, target, channels, pixels)
+        tensors = [tvm.runtime.tensor(a, dev) for a in host]
+        lib["main"](*tensors)
+        outputs[variant] = tensors[-1].numpy()
+        # tvm.compile returns an Executable; its runtime module has the time evaluator
+        timer = lib.mod.time_evaluator("main", dev, number=20, repeat=5, min_repeat_ms=50)
+        row[f"{variant} us"] = float(np.median(timer(*tensors).results)) * 1e6
+        row[f"{variant} pixels"] = pixels_taken(func, target, channels, pixels) if channels > 1 else 1
+    first = next(iter(outputs.values()))
+    row["identical"] = all(np.array_equal(first, o) for o in outputs.values())
+    return row
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="mobilenet_v2", help="torchvision architecture (default mobilenet_v2)")
+    ap.add_argument(
+        "--models", default="mobilenet_v2", help="torchvision architectures, comma-separated (default mobilenet_v2)"
+    )
     ap.add_argument("--batches", default="64,1")
     ap.add_argument("--precision", default="int8", choices=["int8", "fp16", "mixed"])
     ap.add_argument("--target", default="h200")
@@ -102,30 +149,18 @@ def main() -> None:
 
     from benchmarks.gpu_vision import export, make_net
 
-    model = Path(tempfile.mkdtemp(prefix="inferx_bench_")) / f"{args.model}.onnx"
-    export(make_net(args.model), model)
     dev = tvm.cuda(0)
     results = []
-    for batch in (int(b) for b in args.batches.split(",")):
-        for name, func in small_reduction_kernels(model, batch, args.precision, args.target).items():
-            host = random_args(func)
-            row = {"kernel": name, "batch": batch, "input_shape": list(host[0].shape)}
-            outputs = {}
-            for variant, channels in VARIANTS.items():
-                lib = compile_kernel(func, args.target, channels)
-                tensors = [tvm.runtime.tensor(a, dev) for a in host]
-                lib["main"](*tensors)
-                outputs[variant] = tensors[-1].numpy()
-                # tvm.compile returns an Executable; its runtime module has the time evaluator
-                timer = lib.mod.time_evaluator("main", dev, number=20, repeat=5, min_repeat_ms=50)
-                row[f"{variant} us"] = float(np.median(timer(*tensors).results)) * 1e6
-            a, b = outputs.values()
-            row["identical"] = bool(np.array_equal(a, b))
-            results.append(row)
-            print(json.dumps(row), flush=True)
+    for model_name in args.models.split(","):
+        model = Path(tempfile.mkdtemp(prefix="inferx_bench_")) / f"{model_name}.onnx"
+        export(make_net(model_name), model)
+        for batch in (int(b) for b in args.batches.split(",")):
+            for name, func in small_reduction_kernels(model, batch, args.precision, args.target).items():
+                results.append(time_variants(model_name, name, func, batch, args.target, dev))
+                print(json.dumps(results[-1]), flush=True)
     totals = {
-        f"b{b} {v} us": sum(r[f"{v} us"] for r in results if r["batch"] == b)
-        for b in {r["batch"] for r in results}
+        f"{m} b{b} {v} us": sum(r[f"{v} us"] for r in results if (r["model"], r["batch"]) == (m, b))
+        for m, b in sorted({(r["model"], r["batch"]) for r in results})
         for v in VARIANTS
     }
     print(json.dumps(totals))
@@ -135,7 +170,7 @@ def main() -> None:
             "device": torch.cuda.get_device_name(0),
             "driver": gpu_driver(),
             "versions": versions("apache-tvm", "torch", "inferx_edge"),
-            "model": args.model,
+            "models": args.models.split(","),
             "precision": args.precision,
             "totals": totals,
             "results": results,

@@ -28,3 +28,21 @@ def _cuda_reduction_blocks(rule, func, target):
     sch = s_tir.Schedule(func)
     infos = normalize_prim_func(sch)
     return None if infos is None else (sch, try_inline_contiguous_spatial(sch, infos))
+
+
+def sliding_vars(block) -> set:
+    """The spatial (output) variables of ``block`` that an index of one of its reads combines with a
+    reduction variable (``w + kw``: a sliding window; ``g * Cg + c``: a grouped channel). Empty for row
+    reductions (softmax, norms, means)."""
+    from tvm import tirx
+    from tvm.tirx.analysis import undefined_vars
+
+    spatial = {iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar}
+    reduce = {iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
+    found = set()
+    for region in block.reads:
+        for rng in region.region:
+            used = set(undefined_vars(rng.min))
+            if used & reduce:
+                found |= used & spatial
+    return found

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 
-from inferx_edge.compiler.cuda.rules._common import _inlined_blocks
+from inferx_edge.compiler.cuda.rules._common import _inlined_blocks, sliding_vars
 
 #: :class:`SmallReduction` takes reductions of at most this many elements per output ...
 SMALL_REDUCTION = 64
@@ -30,6 +30,15 @@ SMALL_REDUCTION_CHANNELS = 8
 #: 4 filters a whole filter apart) an earlier comparison had found one output per thread faster.
 FP32_SMALL_REDUCTION_CHANNELS = 4
 
+
+#: channel-vectorized small reductions sliding along W (depthwise convolutions, pooling) give a thread
+#: up to this many consecutive pixels along W as well: neighbouring windows share all but a column, so
+#: one row of the padded input in registers serves every pixel's taps on it (a 7x7 window, 4 pixels: 10
+#: loads per row instead of 28). 1: off. See ``benchmarks/gpu_small_reduction.py``.
+SMALL_REDUCTION_PIXELS = 4
+
+#: ... shrunk (halved) while the kernel would have fewer threads than this
+MIN_SMALL_REDUCTION_THREADS = 32768
 
 _SMALL_REDUCTION_THREADS = 64
 
@@ -57,16 +66,16 @@ def _loops_below(sch, block, anchor) -> list:
     return loops[[i for i, lp in enumerate(loops) if sch.get(lp).same_as(at)][0] + 1 :]
 
 
-def _thread_copy(sch, block, tx, reduction_loop) -> None:
-    """Place a copy block (a cache read, a padding block) in the thread: its whole window when small,
-    else per reduction step; vectorized by 16 bytes along its innermost (contiguous) elements."""
+def _thread_copy(sch, block, tx, reduction_loops) -> None:
+    """Place a copy block (a cache read, a padding block) in the thread: at the outermost of ``tx`` and
+    ``reduction_loops`` where its window is small enough to stay in registers (the innermost reduction
+    loop when none is); vectorized by 16 bytes along its innermost (contiguous) elements."""
     import tvm
 
-    anchor = tx
-    sch.compute_at(block, tx)
-    if math.prod(int(sch.get(lp).extent) for lp in _loops_below(sch, block, tx)) > _MAX_THREAD_WINDOW:
-        anchor = reduction_loop
+    for anchor in (tx, *reduction_loops):
         sch.compute_at(block, anchor)
+        if math.prod(int(sch.get(lp).extent) for lp in _loops_below(sch, block, anchor)) <= _MAX_THREAD_WINDOW:
+            break
     loops = _loops_below(sch, block, anchor)
     if not loops:  # one element
         return
@@ -83,12 +92,31 @@ def _thread_copy(sch, block, tx, reduction_loop) -> None:
         sch.unroll(window)
 
 
+def row_pixels(block, iters, channels: int, pixels: int = SMALL_REDUCTION_PIXELS) -> int:
+    """Pixels along W per thread for a channel-vectorized small reduction with block iterators
+    ``iters`` (dlight's, NHWC order: ..., W, C, then the reduction): up to ``pixels`` (halved until it
+    divides W and the kernel keeps :data:`MIN_SMALL_REDUCTION_THREADS` threads), 1 where the
+    reduction's window does not slide along W."""
+    spatial = [it for it in iters if it.kind == "S"]
+    if len(spatial) < 2 or spatial[-2].var not in sliding_vars(block):
+        return 1
+    outputs = math.prod(it.dom for it in spatial)
+    while pixels > 1 and (spatial[-2].dom % pixels or outputs // (channels * pixels) < MIN_SMALL_REDUCTION_THREADS):
+        pixels //= 2
+    return max(pixels, 1)
+
+
 def channel_vectorized_reduction(
-    func, target, channels: int = SMALL_REDUCTION_CHANNELS, fp32_channels: int = FP32_SMALL_REDUCTION_CHANNELS
+    func,
+    target,
+    channels: int = SMALL_REDUCTION_CHANNELS,
+    fp32_channels: int = FP32_SMALL_REDUCTION_CHANNELS,
+    pixels: int = SMALL_REDUCTION_PIXELS,
 ):
     """Schedule a small fp16 reduction with ``channels`` consecutive innermost outputs per thread (an
-    fp32 one with ``fp32_channels``; 1: not this schedule), or None when it does not apply (another
-    dtype, channels not a multiple, a schedule error).
+    fp32 one with ``fp32_channels``; 1: not this schedule) times up to ``pixels`` along W
+    (:func:`row_pixels`), or None when it does not apply (another dtype, channels not a multiple, a
+    schedule error).
 
     The input's padding block is not inlined: each thread copies its padded window into registers
     (16-byte loads, the bounds test once per tap), as it does weights and epilogue constants; the
@@ -127,18 +155,25 @@ def channel_vectorized_reduction(
         s_loops = [lp for lp, k in zip(loops, kinds) if k == "S"]
         r_loops = [lp for lp, k in zip(loops, kinds) if k == "R"]
         c_out, c_in = sch.split(s_loops[-1], [None, channels])
-        sch.reorder(*s_loops[:-1], c_out, *r_loops, c_in)
-        bx, tx = sch.split(sch.fuse(*s_loops[:-1], c_out), [None, _SMALL_REDUCTION_THREADS])
+        inner = [c_in]
+        outer = [*s_loops[:-1], c_out]
+        per_row = row_pixels(sch.get(block), red.iters, channels, pixels)
+        if per_row > 1:
+            p_out, p_in = sch.split(s_loops[-2], [None, per_row])
+            inner = [p_in, c_in]
+            outer = [*s_loops[:-2], p_out, c_out]
+        sch.reorder(*outer, *r_loops, *inner)
+        bx, tx = sch.split(sch.fuse(*outer), [None, _SMALL_REDUCTION_THREADS])
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
         padded = {sch.get(p.block_rv).writes[0].source.name for p in producers}
         out_name = sch.get(block).writes[0].source.name
         for i, region in enumerate(list(sch.get(block).reads)):
             if region.source.name not in padded and region.source.name != out_name:
-                _thread_copy(sch, sch.cache_read(block, i, "local"), tx, r_loops[-1])
+                _thread_copy(sch, sch.cache_read(block, i, "local"), tx, r_loops)
         for p in producers:
             sch.set_scope(p.block_rv, 0, "local")
-            _thread_copy(sch, p.block_rv, tx, r_loops[-1])
+            _thread_copy(sch, p.block_rv, tx, r_loops)
         epilogue = [b.block_rv for b in rest[1:]]
         if not epilogue:  # accumulate in registers, store once
             epilogue = [sch.cache_write(block, 0, "local")]
@@ -150,12 +185,13 @@ def channel_vectorized_reduction(
         for consumer in epilogue:
             for i, region in enumerate(list(sch.get(consumer).reads)):
                 if region.source.scope() == "global" and region.source.name != acc and len(region.region):
-                    _thread_copy(sch, sch.cache_read(consumer, i, "local"), tx, tx)
+                    _thread_copy(sch, sch.cache_read(consumer, i, "local"), tx, [])
         # 4-wide epilogue: float32x8 constants do not compile in TVM 0.27's CUDA codegen
         store_out, store_in = sch.split(sch.get_loops(epilogue[-1])[-1], [None, 4])
-        sch.unroll(store_out)
+        for lp in (*_loops_below(sch, epilogue[-1], tx)[:-2], store_out):  # accumulators: registers
+            sch.unroll(lp)
         sch.vectorize(store_in)
-        for lp in (*r_loops, c_in):
+        for lp in (*r_loops, *inner):
             sch.unroll(lp)
         sch.decompose_reduction(block, r_loops[0])
         return sch
@@ -163,10 +199,14 @@ def channel_vectorized_reduction(
         return None
 
 
-def small_reduction_rule(channels: int = SMALL_REDUCTION_CHANNELS, fp32_channels: int = FP32_SMALL_REDUCTION_CHANNELS):
+def small_reduction_rule(
+    channels: int = SMALL_REDUCTION_CHANNELS,
+    fp32_channels: int = FP32_SMALL_REDUCTION_CHANNELS,
+    pixels: int = SMALL_REDUCTION_PIXELS,
+):
     """A dlight rule for reductions over a few elements per output: :func:`channel_vectorized_reduction`
-    for fp16 and fp32 NHWC ones (``channels`` / ``fp32_channels`` per thread, a multiple of 4; 1: off),
-    else one output per thread."""
+    for fp16 and fp32 NHWC ones (``channels`` / ``fp32_channels`` per thread, a multiple of 4; 1: off;
+    up to ``pixels`` along W), else one output per thread."""
     from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
     class SmallReduction(GPUScheduleRule):
@@ -175,7 +215,7 @@ def small_reduction_rule(channels: int = SMALL_REDUCTION_CHANNELS, fp32_channels
 
             if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
                 return None
-            vectorized = channel_vectorized_reduction(func, target, channels, fp32_channels)
+            vectorized = channel_vectorized_reduction(func, target, channels, fp32_channels, pixels)
             if vectorized is not None:
                 return vectorized
             found = _inlined_blocks(self, func, target)

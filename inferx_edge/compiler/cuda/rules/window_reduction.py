@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 
-from inferx_edge.compiler.cuda.rules._common import _inlined_blocks
+from inferx_edge.compiler.cuda.rules._common import _inlined_blocks, sliding_vars
 from inferx_edge.compiler.cuda.rules.small_reduction import MIN_SMALL_REDUCTION_OUTPUTS, SMALL_REDUCTION
 
 #: :func:`window_reduction_rule` takes reductions of more than :data:`SMALL_REDUCTION` and at most this
@@ -30,19 +30,9 @@ _THREADS = 128
 
 def mixes_window(block) -> bool:
     """Whether an index of one of ``block``'s reads combines an output and a reduction variable
-    (``h + kh``: a sliding window; ``g * Cg + c``: a grouped channel): convolutions and pooling, not row
-    reductions (softmax, norms, means), whose threads would stride across rows."""
-    from tvm import tirx
-    from tvm.tirx.analysis import undefined_vars
-
-    spatial = {iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar}
-    reduce = {iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
-    for region in block.reads:
-        for rng in region.region:
-            used = set(undefined_vars(rng.min))
-            if used & spatial and used & reduce:
-                return True
-    return False
+    (:func:`sliding_vars`): convolutions and pooling, not row reductions (softmax, norms, means), whose
+    threads would stride across rows."""
+    return bool(sliding_vars(block))
 
 
 def _tile(extent: int) -> int:
