@@ -99,6 +99,7 @@ def compile_kernel(func, target: str, channels: int, pixels: int):
 
 def pixels_taken(func, target: str, channels: int, pixels: int) -> int:
     """The pixels along W per thread the channel-vectorized schedule gives ``func`` (1 when it declines)."""
+    import tvm
     from tvm.s_tir import Schedule
     from tvm.s_tir.dlight.analysis import normalize_prim_func
 
@@ -110,7 +111,10 @@ def pixels_taken(func, target: str, channels: int, pixels: int) -> int:
         sch = Schedule(func)
         infos = normalize_prim_func(sch)
     reds = [b for b in infos or [] if "R" in b.dom_kind()]
-    return row_pixels(sch.get(reds[0].block_rv), reds[0].iters, channels, pixels) if len(reds) == 1 else 1
+    if len(reds) != 1:
+        return 1
+    out_bits = tvm.DataType(str(func.params[-1].dtype)).bits
+    return row_pixels(sch.get(reds[0].block_rv), reds[0].iters, channels, pixels, out_bits)
 
 
 def time_variants(model_name: str, name: str, func, batch: int, target: str, dev) -> dict:

@@ -29,20 +29,96 @@ def test_small_reductions_get_one_output_per_thread(kind):
 
 @needs_nvrtc
 @pytest.mark.parametrize("kind", ["depthwise", "depthwise-fp16", "pool"])
-def test_fp16_nhwc_small_reductions_take_eight_channels_per_thread(kind):
-    """Each thread copies its padded 3x3 window of 8 channels into registers with 16-byte loads (the
-    bounds test once per tap), the depthwise weights too; the int8 output leaves 4 bytes at a time."""
+def test_fp16_nhwc_small_reductions_take_eight_channels_and_two_pixels_per_thread(kind):
+    """Each thread copies its padded window of 8 channels into registers with 16-byte loads (the
+    bounds test once per load), the depthwise weights too, for 2 pixels along W (3x3 windows: the wide
+    outputs cap it at 2; int8 out has room for 4 but batch 8 keeps the thread count up with 2); the
+    outputs leave 4 elements at a time."""
     from inferx_edge.compiler.cuda import SMALL_REDUCTION_CHANNELS
 
     assert SMALL_REDUCTION_CHANNELS == 8
     kernel = kernel_source("h200", nhwc_fp16_small_reduction(kind)).split("__global__")[-1]
     assert "__launch_bounds__(64)" in kernel and "tvm_thread_allreduce" not in kernel
-    assert len(re.findall(r"= \*\(uint4\*\)\(x_ptr \+", kernel)) == 9  # one per tap
-    if kind == "depthwise":
+    # 3 rows x the columns 2 pixels' windows span: 5 at stride 2, 4 at stride 1
+    columns = 4 if kind == "depthwise-fp16" else 5
+    assert len(re.findall(r"= \*\(uint4\*\)\(x_ptr \+", kernel)) == 3 * columns
+    if kind != "pool":
         assert len(re.findall(r"= \*\(uint4\*\)\(w_ptr \+", kernel)) == 9  # 8 channels x 9 taps
-        assert len(re.findall(r"\*\(int\*\)\(\w+_ptr \+ [^;]*\) = ", kernel)) == 2  # 2 x 4 int8 outputs
-    else:  # fp16 out: 2 x 4 halves (the 0-d ReLU6 bounds: read as they are)
-        assert len(re.findall(r"\*\(half4\*\)\(\w+_ptr \+ [^;]*\) = ", kernel)) == 2
+    if kind == "depthwise":
+        assert len(re.findall(r"\*\(int\*\)\(\w+_ptr \+ [^;]*\) = ", kernel)) == 4  # 2 pixels x 2 x 4 int8
+    else:  # fp16 out: 2 pixels x 2 x 4 halves (the 0-d ReLU6 bounds: read as they are)
+        assert len(re.findall(r"\*\(half4\*\)\(\w+_ptr \+ [^;]*\) = ", kernel)) == 4
+
+
+def _depthwise(n, hw, c, k, stride, out_dtype="float32", group_width=1):
+    """A depthwise (or narrow grouped) fp16 NHWC conv with HWIO weights and a bias, fused as build
+    fuses it; ``out_dtype`` int8 adds a quantize epilogue."""
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.cuda.pipeline import fusion_passes
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([n, hw, hw, c], "float16"))
+    w = relax.Var("w", relax.TensorType([k, k, group_width, c], "float16"))
+    b = relax.Var("b", relax.TensorType([1, 1, 1, c], "float32"))
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            y = relax.op.nn.conv2d(
+                x, w, strides=[stride] * 2, padding=[k // 2] * 4, groups=c // group_width, data_layout="NHWC",
+                kernel_layout="HWIO", out_dtype="float32",
+            )  # fmt: skip
+            y = relax.op.add(y, b)
+            if out_dtype == "int8":
+                y = relax.op.astype(
+                    relax.op.clip(relax.op.round(relax.op.multiply(y, relax.const(np.float32(9.0)))), -127, 127), "int8"
+                )
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    mod = tvm.transform.Sequential(fusion_passes())(bb.get())
+    (func,) = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    return func
+
+
+@pytest.mark.parametrize(
+    "shape, out_dtype, pixels",
+    [
+        ((8, 56, 96, 7, 1), "float32", 4),  # ConvNeXt's 7x7: a row of 10 columns serves 4 pixels
+        ((16, 14, 384, 7, 1), "float32", 2),  # W = 14: 4 does not divide it
+        ((8, 7, 768, 7, 1), "float32", 1),  # W = 7
+        ((8, 56, 128, 3, 1, "int8", 4), None, 4),  # ResNeXt's 4-channel groups, int8 out
+        ((8, 56, 144, 3, 1), "float32", 2),  # 3x3 with fp32 out: capped at 2
+        ((16, 56, 144, 3, 2), "int8", 4),  # 3x3 with int8 out, stride 2
+        ((8, 56, 144, 3, 2), "int8", 2),  # ... at batch 8 4 pixels would leave too few threads
+        ((1, 28, 64, 5, 1), "float32", 1),
+    ],
+)
+def test_small_reductions_take_pixels_along_w_and_match_the_unscheduled_kernel(shape, out_dtype, pixels):
+    """The pixels along W per thread follow the window, the output width, W's divisors and the thread
+    count; run serially on the CPU, the schedule gives the unscheduled kernel's outputs exactly."""
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.cuda import channel_vectorized_reduction
+    from inferx_edge.compiler.cuda.rules.small_reduction import row_pixels
+    from inferx_edge.compiler.schedule_check import check_kernel
+    from inferx_edge.targets import get_target
+
+    if out_dtype is None:  # grouped: (n, hw, c, k, stride, out dtype, group width)
+        *shape, out_dtype, group_width = shape
+    else:
+        group_width = 1
+    n, hw, c, k, stride = shape
+    func = _depthwise(n, hw, c, k, stride, out_dtype, group_width)
+    target = resolve_tvm_target(get_target("h200"))
+    with target:
+        sch = channel_vectorized_reduction(func, target)
+        probe = __import__("tvm").s_tir.Schedule(func)
+        (red,) = [b for b in normalize_prim_func(probe) if "R" in b.dom_kind()]
+    out_bits = 8 if out_dtype == "int8" else 32
+    assert row_pixels(probe.get(red.block_rv), red.iters, 8, out_bits=out_bits) == pixels
+    assert sch is not None
+    assert check_kernel(func, sch.mod["main"]) == 0.0
 
 
 @needs_nvrtc

@@ -31,13 +31,21 @@ SMALL_REDUCTION_CHANNELS = 8
 FP32_SMALL_REDUCTION_CHANNELS = 4
 
 
-#: channel-vectorized small reductions sliding along W (depthwise convolutions, pooling) give a thread
-#: up to this many consecutive pixels along W as well: neighbouring windows share all but a column, so
-#: one row of the padded input in registers serves every pixel's taps on it (a 7x7 window, 4 pixels: 10
-#: loads per row instead of 28). 1: off. See ``benchmarks/gpu_small_reduction.py``.
+#: channel-vectorized small reductions sliding along W (depthwise and narrow grouped convolutions,
+#: pooling) give a thread up to this many consecutive pixels along W as well: neighbouring windows share
+#: all but a column, so one row of the padded input in registers serves every pixel's taps on it (a 7x7
+#: window, 4 pixels: 10 loads per row instead of 28). 1: off. Measured per kernel on an H100 at batch 64
+#: (``gpu_small_reduction_pixels_h100.json``): 4 pixels took ConvNeXt-T's 7x7 depthwise kernels from 204
+#: to 121 us (56x56) and ResNeXt-50's 4-channel grouped convs from 114 to 81 us ...
 SMALL_REDUCTION_PIXELS = 4
 
-#: ... shrunk (halved) while the kernel would have fewer threads than this
+#: ... but where a kernel stores more than a byte per output and reduces fewer than this many elements
+#: per output, the stores dominate: EfficientNet-B0's 3x3 depthwise kernels (fp32 out) were up to 20 %
+#: slower with 4 pixels than with 1, and within 4 % of the best with 2 -- the cap there
+NARROW_WINDOW = 16
+NARROW_WINDOW_WIDE_OUTPUT_PIXELS = 2
+
+#: the pixels are halved while the kernel would have fewer threads than this
 MIN_SMALL_REDUCTION_THREADS = 32768
 
 _SMALL_REDUCTION_THREADS = 64
@@ -92,14 +100,17 @@ def _thread_copy(sch, block, tx, reduction_loops) -> None:
         sch.unroll(window)
 
 
-def row_pixels(block, iters, channels: int, pixels: int = SMALL_REDUCTION_PIXELS) -> int:
+def row_pixels(block, iters, channels: int, pixels: int = SMALL_REDUCTION_PIXELS, out_bits: int = 8) -> int:
     """Pixels along W per thread for a channel-vectorized small reduction with block iterators
-    ``iters`` (dlight's, NHWC order: ..., W, C, then the reduction): up to ``pixels`` (halved until it
-    divides W and the kernel keeps :data:`MIN_SMALL_REDUCTION_THREADS` threads), 1 where the
-    reduction's window does not slide along W."""
+    ``iters`` (dlight's, NHWC order: ..., W, C, then the reduction) whose output elements are
+    ``out_bits`` wide: up to ``pixels`` (:data:`NARROW_WINDOW_WIDE_OUTPUT_PIXELS` for narrow windows
+    with wide outputs), halved until it divides W and the kernel keeps
+    :data:`MIN_SMALL_REDUCTION_THREADS` threads; 1 where the window does not slide along W."""
     spatial = [it for it in iters if it.kind == "S"]
     if len(spatial) < 2 or spatial[-2].var not in sliding_vars(block):
         return 1
+    if out_bits > 8 and math.prod(it.dom for it in iters if it.kind == "R") < NARROW_WINDOW:
+        pixels = min(pixels, NARROW_WINDOW_WIDE_OUTPUT_PIXELS)
     outputs = math.prod(it.dom for it in spatial)
     while pixels > 1 and (spatial[-2].dom % pixels or outputs // (channels * pixels) < MIN_SMALL_REDUCTION_THREADS):
         pixels //= 2
@@ -121,6 +132,7 @@ def channel_vectorized_reduction(
     The input's padding block is not inlined: each thread copies its padded window into registers
     (16-byte loads, the bounds test once per tap), as it does weights and epilogue constants; the
     accumulators and the epilogue stay in the thread, stores are 4 elements wide."""
+    import tvm
     from tvm import s_tir
     from tvm.s_tir.dlight.analysis import normalize_prim_func
     from tvm.s_tir.dlight.base import try_inline
@@ -157,7 +169,8 @@ def channel_vectorized_reduction(
         c_out, c_in = sch.split(s_loops[-1], [None, channels])
         inner = [c_in]
         outer = [*s_loops[:-1], c_out]
-        per_row = row_pixels(sch.get(block), red.iters, channels, pixels)
+        out_bits = tvm.DataType(str(sch.get(rest[-1].block_rv).writes[0].source.dtype)).bits
+        per_row = row_pixels(sch.get(block), red.iters, channels, pixels, out_bits)
         if per_row > 1:
             p_out, p_in = sch.split(s_loops[-2], [None, per_row])
             inner = [p_in, c_in]
