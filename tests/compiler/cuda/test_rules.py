@@ -121,6 +121,43 @@ def test_small_reductions_take_pixels_along_w_and_match_the_unscheduled_kernel(s
     assert check_kernel(func, sch.mod["main"]) == 0.0
 
 
+def _int8_max_pool(n=8, hw=112, c=64, k=3, stride=2):
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.cuda.pipeline import fusion_passes
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([n, hw, hw, c], "int8"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = relax.op.nn.max_pool2d(x, [k, k], strides=[stride] * 2, padding=[k // 2] * 4, layout="NHWC")
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    mod = tvm.transform.Sequential(fusion_passes())(bb.get())
+    (func,) = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    return func
+
+
+@pytest.mark.parametrize("shape", [(8, 112, 64, 3, 2), (2, 20, 64, 5, 1)])  # ResNet's stem pool, YOLO's SPPF
+def test_int8_max_pools_take_sixteen_channels_per_thread(shape):
+    """int8 max pooling (quantized activations) gets the same 16-byte loads as fp16: 16 channels per
+    thread (pixels along W as the thread count allows), padded with -128, equal to the unscheduled
+    kernel; the CUDA source (with the int8 vector-constant repair builds apply) compiles."""
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.cuda import channel_vectorized_reduction
+    from inferx_edge.compiler.schedule_check import check_kernel
+    from inferx_edge.targets import get_target
+
+    func = _int8_max_pool(*shape)
+    target = resolve_tvm_target(get_target("h200"))
+    with target:
+        sch = channel_vectorized_reduction(func, target)
+    assert sch is not None
+    assert check_kernel(func, sch.mod["main"]) == 0.0
+    assert re.search(r"T\.vectorized\(T\.int64\(16\)\)", sch.mod["main"].script())  # 16-byte loads
+
+
 @needs_nvrtc
 def test_small_reductions_keep_one_output_per_thread_when_channels_do_not_divide():
     kernel = kernel_source("h200", nhwc_fp16_small_reduction("depthwise", channels=36)).split("__global__")[-1]

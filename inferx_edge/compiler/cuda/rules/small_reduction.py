@@ -158,7 +158,9 @@ def channel_vectorized_reduction(
         block = red.block_rv
         kinds = red.dom_kind()
         dtypes = {str(r.source.dtype) for r in sch.get(block).reads}
-        channels = {"float16": channels, "float32": fp32_channels}.get(dtypes.pop()) if len(dtypes) == 1 else None
+        # int8 (max pooling of quantized activations): the same 16-byte loads as fp16's
+        per_dtype = {"float16": channels, "float32": fp32_channels, "int8": 2 * channels if channels > 1 else 1}
+        channels = per_dtype.get(dtypes.pop()) if len(dtypes) == 1 else None
         if not channels or channels == 1 or not re.fullmatch(r"S+R+", kinds):
             return None
         if _small_reduction_extents(red) is None or red.iters[kinds.index("R") - 1].dom % channels:
