@@ -1,5 +1,6 @@
-"""dlight rule: reductions over a few elements per output (depthwise convolutions, pooling windows), one
-output per thread with the reduction unrolled in registers."""
+"""dlight rule: reductions over a few elements per output (depthwise and narrow grouped convolutions,
+pooling windows), the reduction unrolled in registers: NHWC fp16, fp32 and int8 ones with 16 bytes of
+consecutive channels times up to 4 pixels along W per thread, others one output per thread."""
 
 from __future__ import annotations
 
@@ -125,9 +126,9 @@ def channel_vectorized_reduction(
     pixels: int = SMALL_REDUCTION_PIXELS,
 ):
     """Schedule a small fp16 reduction with ``channels`` consecutive innermost outputs per thread (an
-    fp32 one with ``fp32_channels``; 1: not this schedule) times up to ``pixels`` along W
-    (:func:`row_pixels`), or None when it does not apply (another dtype, channels not a multiple, a
-    schedule error).
+    fp32 one with ``fp32_channels``, an int8 one with twice ``channels``; 1: not this schedule) times up
+    to ``pixels`` along W (:func:`row_pixels`), or None when it does not apply (another dtype, channels
+    not a multiple, a schedule error).
 
     The input's padding block is not inlined: each thread copies its padded window into registers
     (16-byte loads, the bounds test once per tap), as it does weights and epilogue constants; the
@@ -220,8 +221,8 @@ def small_reduction_rule(
     pixels: int = SMALL_REDUCTION_PIXELS,
 ):
     """A dlight rule for reductions over a few elements per output: :func:`channel_vectorized_reduction`
-    for fp16 and fp32 NHWC ones (``channels`` / ``fp32_channels`` per thread, a multiple of 4; 1: off;
-    up to ``pixels`` along W), else one output per thread."""
+    for fp16, fp32 and int8 NHWC ones (``channels`` / ``fp32_channels`` per thread, a multiple of 4, int8
+    twice ``channels``; 1: off; up to ``pixels`` along W), else one output per thread."""
     from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
     class SmallReduction(GPUScheduleRule):
