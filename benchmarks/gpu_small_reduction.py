@@ -114,6 +114,8 @@ def pixels_taken(func, target: str, channels: int, pixels: int) -> int:
     if len(reds) != 1:
         return 1
     out_bits = tvm.DataType(str(func.params[-1].dtype)).bits
+    if {str(r.source.dtype) for r in sch.get(reds[0].block_rv).reads} == {"int8"}:
+        channels *= 2  # int8 kernels take twice the fp16 channels (the same 16 bytes)
     return row_pixels(sch.get(reds[0].block_rv), reds[0].iters, channels, pixels, out_bits)
 
 
