@@ -104,7 +104,11 @@ def pixels_taken(func, target: str, channels: int, pixels: int) -> int:
     from tvm.s_tir.dlight.analysis import normalize_prim_func
 
     from inferx_edge.compiler.compile import resolve_tvm_target
-    from inferx_edge.compiler.cuda.rules.small_reduction import row_pixels
+    from inferx_edge.compiler.cuda.rules.small_reduction import (
+        FP32_SMALL_REDUCTION_CHANNELS,
+        row_pixels,
+        thread_channels,
+    )
     from inferx_edge.targets import get_target
 
     with resolve_tvm_target(get_target(target)):
@@ -113,10 +117,11 @@ def pixels_taken(func, target: str, channels: int, pixels: int) -> int:
     reds = [b for b in infos or [] if "R" in b.dom_kind()]
     if len(reds) != 1:
         return 1
-    out_bits = tvm.DataType(str(func.params[-1].dtype)).bits
-    if {str(r.source.dtype) for r in sch.get(reds[0].block_rv).reads} == {"int8"}:
-        channels *= 2  # int8 kernels take twice the fp16 channels (the same 16 bytes)
-    return row_pixels(sch.get(reds[0].block_rv), reds[0].iters, channels, pixels, out_bits)
+    block = sch.get(reds[0].block_rv)
+    per_thread = thread_channels(block, channels, FP32_SMALL_REDUCTION_CHANNELS)
+    if not per_thread or per_thread == 1:
+        return 1
+    return row_pixels(block, reds[0].iters, per_thread, pixels, tvm.DataType(str(func.params[-1].dtype)).bits)
 
 
 def time_variants(model_name: str, name: str, func, batch: int, target: str, dev) -> dict:
@@ -134,7 +139,7 @@ def time_variants(model_name: str, name: str, func, batch: int, target: str, dev
         # tvm.compile returns an Executable; its runtime module has the time evaluator
         timer = lib.mod.time_evaluator("main", dev, number=20, repeat=5, min_repeat_ms=50)
         row[f"{variant} us"] = float(np.median(timer(*tensors).results)) * 1e6
-        row[f"{variant} pixels"] = pixels_taken(func, target, channels, pixels) if channels > 1 else 1
+        row[f"{variant} pixels"] = pixels_taken(func, target, channels, pixels)
     first = next(iter(outputs.values()))
     row["identical"] = all(np.array_equal(first, o) for o in outputs.values())
     return row

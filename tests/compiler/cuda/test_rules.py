@@ -53,10 +53,7 @@ def test_fp16_nhwc_small_reductions_take_eight_channels_and_two_pixels_per_threa
 def _depthwise(n, hw, c, k, stride, out_dtype="float32", group_width=1):
     """A depthwise (or narrow grouped) fp16 NHWC conv with HWIO weights and a bias, fused as build
     fuses it; ``out_dtype`` int8 adds a quantize epilogue."""
-    import tvm
     from tvm import relax
-
-    from inferx_edge.compiler.cuda.pipeline import fusion_passes
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType([n, hw, hw, c], "float16"))
@@ -75,9 +72,7 @@ def _depthwise(n, hw, c, k, stride, out_dtype="float32", group_width=1):
                 )
             out = bb.emit_output(y)
         bb.emit_func_output(out)
-    mod = tvm.transform.Sequential(fusion_passes())(bb.get())
-    (func,) = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-    return func
+    return _fused_kernel(bb.get(), "")
 
 
 @pytest.mark.parametrize(
@@ -96,11 +91,10 @@ def _depthwise(n, hw, c, k, stride, out_dtype="float32", group_width=1):
 def test_small_reductions_take_pixels_along_w_and_match_the_unscheduled_kernel(shape, out_dtype, pixels):
     """The pixels along W per thread follow the window, the output width, W's divisors and the thread
     count; run serially on the CPU, the schedule gives the unscheduled kernel's outputs exactly."""
-    from tvm.s_tir.dlight.analysis import normalize_prim_func
-
+    from benchmarks.gpu_small_reduction import pixels_taken
     from inferx_edge.compiler.compile import resolve_tvm_target
-    from inferx_edge.compiler.cuda import channel_vectorized_reduction
-    from inferx_edge.compiler.cuda.rules.small_reduction import row_pixels
+    from inferx_edge.compiler.cuda import SMALL_REDUCTION_CHANNELS, channel_vectorized_reduction
+    from inferx_edge.compiler.cuda.rules.small_reduction import SMALL_REDUCTION_PIXELS
     from inferx_edge.compiler.schedule_check import check_kernel
     from inferx_edge.targets import get_target
 
@@ -113,19 +107,13 @@ def test_small_reductions_take_pixels_along_w_and_match_the_unscheduled_kernel(s
     target = resolve_tvm_target(get_target("h200"))
     with target:
         sch = channel_vectorized_reduction(func, target)
-        probe = __import__("tvm").s_tir.Schedule(func)
-        (red,) = [b for b in normalize_prim_func(probe) if "R" in b.dom_kind()]
-    out_bits = 8 if out_dtype == "int8" else 32
-    assert row_pixels(probe.get(red.block_rv), red.iters, 8, out_bits=out_bits) == pixels
+    assert pixels_taken(func, "h200", SMALL_REDUCTION_CHANNELS, SMALL_REDUCTION_PIXELS) == pixels
     assert sch is not None
     assert check_kernel(func, sch.mod["main"]) == 0.0
 
 
 def _int8_max_pool(n=8, hw=112, c=64, k=3, stride=2):
-    import tvm
     from tvm import relax
-
-    from inferx_edge.compiler.cuda.pipeline import fusion_passes
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType([n, hw, hw, c], "int8"))
@@ -134,9 +122,7 @@ def _int8_max_pool(n=8, hw=112, c=64, k=3, stride=2):
             y = relax.op.nn.max_pool2d(x, [k, k], strides=[stride] * 2, padding=[k // 2] * 4, layout="NHWC")
             out = bb.emit_output(y)
         bb.emit_func_output(out)
-    mod = tvm.transform.Sequential(fusion_passes())(bb.get())
-    (func,) = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-    return func
+    return _fused_kernel(bb.get(), "")
 
 
 @pytest.mark.parametrize("shape", [(8, 112, 64, 3, 2), (2, 20, 64, 5, 1)])  # ResNet's stem pool, YOLO's SPPF

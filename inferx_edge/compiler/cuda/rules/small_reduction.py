@@ -101,6 +101,18 @@ def _thread_copy(sch, block, tx, reduction_loops) -> None:
         sch.unroll(window)
 
 
+def thread_channels(block, channels: int, fp32_channels: int) -> int | None:
+    """Consecutive channels per thread for a small reduction ``block`` reading one dtype: ``channels``
+    for fp16, ``fp32_channels`` for fp32, twice ``channels`` for int8 (max pooling of quantized
+    activations: the same 16-byte loads as fp16's); None for other or mixed dtypes."""
+    dtypes = {str(r.source.dtype) for r in block.reads}
+    if len(dtypes) != 1:
+        return None
+    return {"float16": channels, "float32": fp32_channels, "int8": 2 * channels if channels > 1 else 1}.get(
+        dtypes.pop()
+    )
+
+
 def row_pixels(block, iters, channels: int, pixels: int = SMALL_REDUCTION_PIXELS, out_bits: int = 8) -> int:
     """Pixels along W per thread for a channel-vectorized small reduction with block iterators
     ``iters`` (dlight's, NHWC order: ..., W, C, then the reduction) whose output elements are
@@ -158,10 +170,7 @@ def channel_vectorized_reduction(
             return None
         block = red.block_rv
         kinds = red.dom_kind()
-        dtypes = {str(r.source.dtype) for r in sch.get(block).reads}
-        # int8 (max pooling of quantized activations): the same 16-byte loads as fp16's
-        per_dtype = {"float16": channels, "float32": fp32_channels, "int8": 2 * channels if channels > 1 else 1}
-        channels = per_dtype.get(dtypes.pop()) if len(dtypes) == 1 else None
+        channels = thread_channels(sch.get(block), channels, fp32_channels)
         if not channels or channels == 1 or not re.fullmatch(r"S+R+", kinds):
             return None
         if _small_reduction_extents(red) is None or red.iters[kinds.index("R") - 1].dom % channels:
