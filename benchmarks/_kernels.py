@@ -44,3 +44,15 @@ def add_speed(row: dict, schedules: tuple, moved: int) -> dict:
     row[f"GB/s {schedules[0]}"] = moved / row[f"{schedules[0]} us"] / 1e3
     row["speedup"] = row[f"{schedules[1]} us"] / row[f"{schedules[0]} us"]
     return row
+
+
+def compare_schedules(
+    row: dict, schedules: tuple, compile_one, dev, inputs: list, outputs: list, refs: list, moved: int
+):
+    """``row`` with each schedule's ``"<schedule> max abs error"`` and ``"<schedule> us"``
+    (:func:`check_and_time` of ``compile_one(schedule)`` on the same device tensors), then
+    :func:`add_speed`: the first schedule is the new one."""
+    for schedule in schedules:
+        err, us = check_and_time(compile_one(schedule), dev, inputs, outputs, refs)
+        row[f"{schedule} max abs error"], row[f"{schedule} us"] = err, us
+    return add_speed(row, schedules, moved)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from functools import partial
 
 import numpy as np
 
@@ -142,7 +143,7 @@ def compile_kernel(func, target: str, kind: str, schedule: str):
 
 
 def main() -> None:
-    from benchmarks._kernels import add_speed, check_and_time
+    from benchmarks._kernels import compare_schedules
     from benchmarks._record import write_gpu_record
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -160,11 +161,9 @@ def main() -> None:
             row = {"kernel": name, "batch": batch, "shapes": [list(a.shape) for a in host]}
             tensors = [tvm.runtime.tensor(a, dev) for a in host]
             outs = [tvm.runtime.tensor(np.zeros(r.shape, "float32"), dev) for r in refs]
-            for schedule in SCHEDULES:
-                lib = compile_kernel(func, args.target, kind, schedule)
-                err, us = check_and_time(lib, dev, tensors, outs, refs)
-                row[f"{schedule} max abs error"], row[f"{schedule} us"] = err, us
-            results.append(add_speed(row, SCHEDULES, sum(a.nbytes for a in host) + sum(r.size * 4 for r in refs)))
+            moved = sum(a.nbytes for a in host) + sum(r.size * 4 for r in refs)
+            compile_one = partial(compile_kernel, func, args.target, kind)
+            results.append(compare_schedules(row, SCHEDULES, compile_one, dev, tensors, outs, refs, moved))
             print(json.dumps(row), flush=True)
     path = write_gpu_record(
         args.name or f"gpu_layout_kernels_{args.target}", {"schedules": list(SCHEDULES), "results": results}

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from functools import partial
 
 import numpy as np
 
-from benchmarks._kernels import add_speed, check_and_time
+from benchmarks._kernels import compare_schedules
 from benchmarks._record import write_gpu_record
 
 SCHEDULES = ("one warp per row", "dlight block per row")
@@ -129,14 +130,11 @@ def main() -> None:
             for name, (kind, shapes) in cases(batch).items():
                 func, host, ref = kernel(kind, shapes, dtype)
                 row = {"kernel": name, "dtype": dtype, "batch": batch, "shape": list(shapes[0])}
-                for schedule in SCHEDULES:
-                    lib = compile_kernel(func, args.target, schedule)
-                    tensors = [tvm.runtime.tensor(a, dev) for a in host]
-                    out = tvm.runtime.tensor(np.zeros(shapes[0], dtype), dev)
-                    err, us = check_and_time(lib, dev, tensors, [out], [ref])
-                    row[f"{schedule} max abs error"], row[f"{schedule} us"] = err, us
+                tensors = [tvm.runtime.tensor(a, dev) for a in host]
+                out = tvm.runtime.tensor(np.zeros(shapes[0], dtype), dev)
                 moved = sum(a.nbytes for a in host) + np.zeros(shapes[0], dtype).nbytes
-                results.append(add_speed(row, SCHEDULES, moved))
+                compile_one = partial(compile_kernel, func, args.target)
+                results.append(compare_schedules(row, SCHEDULES, compile_one, dev, tensors, [out], [ref], moved))
                 print(json.dumps(row), flush=True)
     path = write_gpu_record(
         args.name or f"gpu_row_reduction_{args.target}", {"schedules": list(SCHEDULES), "results": results}

@@ -206,11 +206,11 @@ def main(argv: list[str] | None = None) -> int:
         pipeline = relax.get_pipeline(pipeline) if isinstance(pipeline, str) else pipeline
         tuned_names = scheduled_names(mod)
         plain = unscheduled_kernels(mod, spec, target)
-        costs = kernel_costs(plain)
         mod = pipeline(mod)
-        traits = kernel_traits(mod, tuned_names)
         if args.check_schedules:
             return check_schedules(plain, mod, args.kernels)
+        costs = kernel_costs(plain)
+        traits = kernel_traits(mod, tuned_names)
         if args.costs_only:
             doc = {
                 "model": str(args.model),
