@@ -47,12 +47,19 @@ def add_speed(row: dict, schedules: tuple, moved: int) -> dict:
 
 
 def compare_schedules(
-    row: dict, schedules: tuple, compile_one, dev, inputs: list, outputs: list, refs: list, moved: int
+    row: dict, schedules: tuple, compile_one, dev, host: list, refs: list, out_dtype: str = "float32"
 ):
     """``row`` with each schedule's ``"<schedule> max abs error"`` and ``"<schedule> us"``
-    (:func:`check_and_time` of ``compile_one(schedule)`` on the same device tensors), then
-    :func:`add_speed`: the first schedule is the new one."""
+    (:func:`check_and_time` of ``compile_one(schedule)`` on the numpy inputs ``host``, outputs of
+    ``out_dtype`` shaped like the float64 references ``refs``), then :func:`add_speed` with the inputs'
+    and outputs' bytes: the first schedule is the new one."""
+    import numpy as np
+    import tvm
+
+    inputs = [tvm.runtime.tensor(a, dev) for a in host]
+    zeros = [np.zeros(r.shape, out_dtype) for r in refs]
+    outputs = [tvm.runtime.tensor(z, dev) for z in zeros]
     for schedule in schedules:
         err, us = check_and_time(compile_one(schedule), dev, inputs, outputs, refs)
         row[f"{schedule} max abs error"], row[f"{schedule} us"] = err, us
-    return add_speed(row, schedules, moved)
+    return add_speed(row, schedules, sum(a.nbytes for a in host) + sum(z.nbytes for z in zeros))
