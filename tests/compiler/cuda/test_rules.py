@@ -144,6 +144,49 @@ def test_int8_max_pools_take_sixteen_channels_per_thread(shape):
     assert re.search(r"T\.vectorized\(T\.int64\(16\)\)", sch.mod["main"].script())  # 16-byte loads
 
 
+def _int8_pointwise_conv(n=8, hw=56, c=64):
+    """A 1x1 int8 conv over ``c`` <= 64 input channels (int32 sums) with a requantize epilogue."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([n, hw, hw, c], "int8"))
+    w = relax.Var("w", relax.TensorType([1, 1, c, c], "int8"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = relax.op.nn.conv2d(x, w, data_layout="NHWC", kernel_layout="HWIO", out_dtype="int32")
+            y = relax.op.multiply(relax.op.astype(y, "float32"), relax.const(np.float32(0.01)))
+            y = relax.op.astype(relax.op.clip(relax.op.round(y), -127, 127), "int8")
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return _fused_kernel(bb.get(), "")
+
+
+@needs_nvrtc
+def test_int8_convolutions_the_small_reduction_rule_sees_take_one_output_per_thread():
+    """An int8 conv reducing <= 64 elements (int32 sums) that no tensor-core rule took: 16 channels
+    per thread would need 16-lane int32 vectors, which CUDA codegen cannot print (the build failed);
+    the rule gives it one output per thread, equal to the unscheduled kernel, and it compiles."""
+    import tvm
+
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.cuda import channel_vectorized_reduction, device_compiler, small_reduction_rule
+    from inferx_edge.compiler.schedule_check import check_kernel
+    from inferx_edge.targets import get_target
+
+    func = _int8_pointwise_conv()
+    spec = get_target("h200")
+    target = resolve_tvm_target(spec)
+    with target:
+        assert channel_vectorized_reduction(func, target) is None
+        sch = small_reduction_rule().apply(func, target, False)
+    assert sch is not None and re.search(
+        r"T.thread_binding\((T.int64\()?256\)?, thread=.threadIdx.x.\)", sch.mod["main"].script()
+    )
+    assert check_kernel(func, sch.mod["main"]) == 0.0
+    with device_compiler(spec, "cubin"), target:
+        tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=target)
+
+
 @needs_nvrtc
 def test_small_reductions_keep_one_output_per_thread_when_channels_do_not_divide():
     kernel = kernel_source("h200", nhwc_fp16_small_reduction("depthwise", channels=36)).split("__global__")[-1]

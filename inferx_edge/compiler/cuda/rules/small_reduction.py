@@ -104,9 +104,11 @@ def _thread_copy(sch, block, tx, reduction_loops) -> None:
 def thread_channels(block, channels: int, fp32_channels: int) -> int | None:
     """Consecutive channels per thread for a small reduction ``block`` reading one dtype: ``channels``
     for fp16, ``fp32_channels`` for fp32, twice ``channels`` for int8 (max pooling of quantized
-    activations: the same 16-byte loads as fp16's); None for other or mixed dtypes."""
+    activations: the same 16-byte loads as fp16's); None for other or mixed dtypes, and for int8 reads
+    accumulated in a wider type (an int8 convolution's int32 sums: 16-lane int32 vectors have no CUDA
+    type; such a kernel takes one output per thread where no tensor-core rule takes it first)."""
     dtypes = {str(r.source.dtype) for r in block.reads}
-    if len(dtypes) != 1:
+    if len(dtypes) != 1 or (dtypes == {"int8"} and str(block.writes[0].source.dtype) != "int8"):
         return None
     return {"float16": channels, "float32": fp32_channels, "int8": 2 * channels if channels > 1 else 1}.get(
         dtypes.pop()
