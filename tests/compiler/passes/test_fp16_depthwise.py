@@ -66,34 +66,3 @@ def test_unbounded_depthwise_input_saturates_never_inf():
     vm = relax.VirtualMachine(relax.build(mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
     got = vm["main"](*[tvm.runtime.tensor(a) for a in (x, w1, w2)]).numpy()
     assert np.isfinite(got).all() and got.max() == 65504.0
-
-
-@pytest.mark.parametrize("alias", [False, True])
-def test_depthwise_input_read_elsewhere_stays_float32(alias):
-    """A depthwise input that a residual add also reads (ConvNeXt's blocks; through a variable bound to
-    it as well) keeps float32: its cast would be a kernel of its own. A single-use input is still cast."""
-    from tvm import relax
-
-    from inferx_edge.compiler.passes import fp16_depthwise
-
-    bb = relax.BlockBuilder()
-    x, r = (relax.Var(n, relax.TensorType([2, 8, 8, 16], "float32")) for n in "xr")
-    w = relax.Var("w", relax.TensorType([3, 3, 1, 16], "float32"))
-    with bb.function("main", [x, r, w]):
-        with bb.dataflow():
-
-            def dw(v):
-                return relax.op.nn.conv2d(v, w, padding=[1] * 4, groups=16, data_layout="NHWC", kernel_layout="HWIO")
-
-            s = bb.emit(relax.op.add(x, r))
-            shared = bb.emit(dw(bb.emit(s) if alias else s))  # s is read here and by the add below
-            single = bb.emit(relax.op.multiply(shared, shared))  # read once, by the next conv
-            out = bb.emit_output(relax.op.add(s, bb.emit(dw(single))))
-        bb.emit_func_output(out)
-    convs = [
-        b.value
-        for blk in fp16_depthwise(bb.get())["main"].body.blocks
-        for b in blk.bindings
-        if isinstance(b.value, relax.Call) and b.value.op.name == "relax.nn.conv2d"
-    ]
-    assert [str(c.args[0].ty.dtype) for c in convs] == ["float32", "float16"]
