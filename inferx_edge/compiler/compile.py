@@ -221,25 +221,42 @@ def compile_variant(
     from tvm import relax
 
     from inferx_edge.compiler.cuda import device_compiler
-    from inferx_edge.compiler.guarded_schedule import FallbackLog
+    from inferx_edge.compiler.guarded_schedule import FallbackLog, skip_rules
 
     target = target or resolve_tvm_target(spec)
     t0 = time.perf_counter()
-    cuda_ctx = device_compiler(spec, cuda_code, cuda_options) if spec.is_cuda else contextlib.nullcontext(None)
     cuda_graph = cuda_graph and spec.is_cuda
-    try:
-        with (
-            FallbackLog() as fallbacks,
-            cuda_ctx as cuda_record,
-            target,
-            pass_config(cuda_graph, async_copy=spec.is_cuda),
-        ):
-            pipeline = relax_pipeline(spec, target)
-            executable = relax.build(prepared.mod, target, relax_pipeline=pipeline, exec_mode="compiled")
-    except BuildError:
-        raise
-    except Exception as exc:  # TVMError from any pass or codegen
-        raise BuildError(f"compiling {name} for {spec.name} failed: {type(exc).__name__}: {exc}") from exc
+    skipped: dict[str, set[str]] = {}  # kernel -> rules whose schedule of it failed code generation
+    codegen_fallbacks: list[dict[str, str]] = []
+    for attempt in range(1 + MAX_CODEGEN_RETRIES):
+        cuda_ctx = device_compiler(spec, cuda_code, cuda_options) if spec.is_cuda else contextlib.nullcontext(None)
+        try:
+            with (
+                FallbackLog() as fallbacks,
+                skip_rules(skipped),
+                cuda_ctx as cuda_record,
+                target,
+                pass_config(cuda_graph, async_copy=spec.is_cuda),
+            ):
+                pipeline = relax_pipeline(spec, target)
+                executable = relax.build(prepared.mod, target, relax_pipeline=pipeline, exec_mode="compiled")
+            break
+        except BuildError:
+            raise
+        except Exception as exc:  # TVMError from any pass or codegen
+            failed = (
+                uncompilable_kernels(prepared.mod, spec, target, cuda_code, cuda_options, skipped)
+                if spec.is_cuda
+                else {}
+            )
+            if not failed:
+                raise BuildError(f"compiling {name} for {spec.name} failed: {type(exc).__name__}: {exc}") from exc
+            if attempt == MAX_CODEGEN_RETRIES or any(rule == LAST_RULE for rule, _ in failed.values()):
+                which = "; ".join(f"kernel {k} (scheduled by {rule}): {err}" for k, (rule, err) in failed.items())
+                raise BuildError(f"compiling {name} for {spec.name} failed: {which}") from exc
+            for kernel, (rule, error) in failed.items():
+                skipped.setdefault(kernel, set()).add(rule)
+                codegen_fallbacks.append({"kernel": kernel, "rule": rule, "error": f"code generation: {error}"})
     if spec.is_cuda and not cuda_record["kernels_modules"]:
         raise BuildError(f"no CUDA kernels were compiled ahead of time for {spec.name}; refusing to ship CUDA source")
     t1 = time.perf_counter()
@@ -254,5 +271,44 @@ def compile_variant(
         "cuda_graph": cuda_graph,
         "conv_layout": prepared.layout.conv,
         "attention": prepared.layout.attention,
-        "schedule_fallbacks": fallbacks.entries,
+        "schedule_fallbacks": codegen_fallbacks + fallbacks.entries,
     }
+
+
+#: compilations a variant may retry after a kernel's schedule failed code generation (each retry hands
+#: every kernel found failing to its next rule; dlight's Fallback, the last, compiles anything so far seen)
+MAX_CODEGEN_RETRIES = 2
+
+#: the rule every CUDA kernel ends with (dlight's generic one): a kernel it cannot compile has no next rule
+LAST_RULE = "Fallback"
+
+
+def uncompilable_kernels(
+    mod, spec: TargetSpec, target, cuda_code: str, cuda_options, skipped: dict[str, set[str]]
+) -> dict[str, tuple[str, str]]:
+    """After a CUDA compilation failed: each kernel of ``mod`` (a variant's Relax module), scheduled as
+    the build schedules it (``skipped`` rules left out), compiled alone; {kernel: (the rule that
+    scheduled it, the error)} for those that fail. Empty when none does (the failure is elsewhere)."""
+    import tvm
+
+    from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.compiler.guarded_schedule import FallbackLog, schedule_rule, skip_rules
+
+    with FallbackLog(), skip_rules(skipped), target, pass_config(async_copy=True):
+        try:
+            scheduled = relax_pipeline(spec, target)(mod)
+        except Exception:  # noqa: BLE001 - the failure is not one kernel's code generation
+            return {}
+    failed = {}
+    for gv, func in scheduled.functions_items():
+        rule = schedule_rule(func) if isinstance(func, tvm.tirx.PrimFunc) else None
+        if rule is None:
+            continue
+        one = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+        try:
+            with device_compiler(spec, cuda_code, cuda_options), target, pass_config(async_copy=True):
+                tvm.compile(one, target=target)
+        except Exception as exc:  # noqa: BLE001 - this kernel's schedule does not compile: the next rule's may
+            lines = str(exc).strip().splitlines()
+            failed[gv.name_hint] = (rule, f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:300])
+    return failed

@@ -6,7 +6,9 @@ foresaw (EfficientNet's squeeze-excite reduction: ``There are some consumers of 
 that are not properly inlined``) failed the build of the whole network. Here the next rule gets the
 kernel; the last rule of each pipeline is a generic one (dlight's GPU ``Fallback``, the CPU default
 schedule), so every kernel ends with a correct schedule and the build record lists which kernels fell
-back and why (``schedule_fallbacks``).
+back and why (``schedule_fallbacks``). A schedule whose kernel then fails code generation (a vector
+type CUDA has no name for, source NVRTC rejects) is handed on the same way: the build finds the kernel
+and compiles again with that rule skipped for it (:func:`skip_rules`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,21 @@ class FallbackLog:
         _local.log = self._prev
 
 
+class skip_rules:  # noqa: N801 - a context manager, used like a function
+    """Within the block, each kernel named in ``skipped`` (kernel name -> rule names) is not offered to
+    those rules: the next rule schedules it."""
+
+    def __init__(self, skipped: dict[str, set[str]]) -> None:
+        self.skipped = skipped
+
+    def __enter__(self) -> None:
+        self._prev = getattr(_local, "skip", None)
+        _local.skip = self.skipped
+
+    def __exit__(self, *exc) -> None:
+        _local.skip = self._prev
+
+
 def _record(kernel: str, rule: str, exc: BaseException) -> None:
     log = getattr(_local, "log", None)
     msg = str(exc).strip().splitlines()
@@ -71,7 +88,10 @@ def guarded_default_schedule(*rules):
             if not unscheduled(func):
                 continue
             target = func.attrs.get("target") or tvm.target.Target.current(allow_none=False)
+            skipped = (getattr(_local, "skip", None) or {}).get(gv.name_hint, ())
             for rule in rules:
+                if _rule_name(rule) in skipped:
+                    continue
                 try:
                     space = rule.apply(func, target, False)
                 except Exception as exc:  # noqa: BLE001 - any rule failure: the next rule gets the kernel

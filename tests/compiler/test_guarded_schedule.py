@@ -89,3 +89,87 @@ def test_scheduled_kernels_are_told_apart_from_those_still_to_schedule():
         bb.emit_func_output(x)
     relax_func = bb.get()["main"]
     assert not unscheduled(relax_func) and not is_scheduled(relax_func)
+
+
+class _SixteenLanes:
+    """Schedules an elementwise kernel with 16-lane vectors: for int32 a type CUDA codegen cannot print."""
+
+    name = "SixteenLanes"
+
+    def apply(self, func, target, tunable):
+        from tvm import s_tir
+        from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if not infos or len(infos) != 1 or "R" in infos[0].dom_kind():
+            return None
+        bx, tx, vec = sch.split(sch.fuse(*sch.get_loops(infos[0].block_rv)), [None, 64, 16])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        sch.vectorize(vec)
+        return sch
+
+
+@pytest.mark.skipif(
+    not __import__("tests.helpers", fromlist=["nvrtc12_available"]).nvrtc12_available(), reason="needs NVRTC 12"
+)
+def test_a_schedule_that_fails_code_generation_falls_back_for_that_kernel(monkeypatch, tmp_path):
+    """A rule's schedule whose CUDA code cannot be generated (int32x16) does not fail the build: the
+    build finds the kernel, compiles again with that rule skipped for it, and records the fallback."""
+    import tvm
+    from tvm.script import relax as R
+
+    from inferx_edge.compiler import compile as compile_mod
+    from inferx_edge.compiler.cuda import pipeline
+    from inferx_edge.compiler.variant import PreparedVariant, variant_layout
+    from inferx_edge.targets import get_target
+
+    @tvm.script.ir_module
+    class Mod:
+        @R.function
+        def main(x: R.Tensor((64, 1024), "int32"), y: R.Tensor((64, 1024), "float32")):
+            with R.dataflow():
+                a = R.add(x, R.const(1, "int32"))
+                b = R.nn.softmax(y)  # a kernel the bad rule declines
+                R.output(a, b)
+            return (a, b)
+
+    monkeypatch.setattr(pipeline, "vectorized_elementwise_rule", _SixteenLanes)
+    spec = get_target("h200")
+    prepared = PreparedVariant(Mod, variant_layout(spec, "fp32"), None, [], None, None, None)
+    record = compile_mod.compile_variant(prepared, spec, tmp_path / "lib.so")
+    assert (tmp_path / "lib.so").stat().st_size > 0
+    (entry,) = record["schedule_fallbacks"]
+    assert entry["rule"] == "SixteenLanes" and entry["kernel"].startswith("add")
+    assert entry["error"].startswith("code generation:") and "int32x16" in entry["error"]
+
+
+@pytest.mark.skipif(
+    not __import__("tests.helpers", fromlist=["nvrtc12_available"]).nvrtc12_available(), reason="needs NVRTC 12"
+)
+def test_a_kernel_that_compiles_under_no_rule_is_named_in_the_error(monkeypatch, tmp_path):
+    import tvm
+    from tvm.script import relax as R
+
+    from inferx_edge.compiler import compile as compile_mod
+    from inferx_edge.compiler.cuda import pipeline
+    from inferx_edge.compiler.variant import PreparedVariant, variant_layout
+    from inferx_edge.errors import BuildError
+    from inferx_edge.targets import get_target
+
+    @tvm.script.ir_module
+    class Mod:
+        @R.function
+        def main(x: R.Tensor((64, 1024), "int32")):
+            with R.dataflow():
+                a = R.add(x, R.const(1, "int32"))
+                R.output(a)
+            return a
+
+    monkeypatch.setattr(pipeline, "vectorized_elementwise_rule", _SixteenLanes)
+    monkeypatch.setattr(compile_mod, "MAX_CODEGEN_RETRIES", 0)  # no retry left
+    spec = get_target("h200")
+    prepared = PreparedVariant(Mod, variant_layout(spec, "fp32"), None, [], None, None, None)
+    with pytest.raises(BuildError, match=r"kernel add\w* \(scheduled by SixteenLanes\): .*int32x16"):
+        compile_mod.compile_variant(prepared, spec, tmp_path / "lib.so")
