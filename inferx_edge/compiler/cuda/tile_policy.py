@@ -26,6 +26,17 @@ MAX_J_PADDING = 1.125
 DEEP_STAGE_SMS = (80, 87, 90)
 
 
+#: int8 GEMMs with K below this and at least :data:`SHALLOW_K_MIN_J` output channels take 64-row tiles
+#: where the ladder gives the 128 x 128 default (with deep stages on): a block then runs only a few
+#: reduction steps, and half the rows halve its accumulator tile. Measured per kernel group (H200
+#: tile databases of ResNet-50 / MobileNetV2 at batch 64, scored with ``scripts/tile_survey.py
+#: score``: the 8 groups it changes 546.6 -> 456.1 us of kernel time, 7 faster, one 3 % slower; the
+#: H100 tile survey: ResNeXt-50's 200704 x 256 x 128 group fastest with exactly that tile, 1.42x the
+#: default; ConvNeXt-T's K = 96 and 192 groups fastest with 64-row tiles too)
+SHALLOW_K = 256
+SHALLOW_K_MIN_J = 256
+
+
 def deep_stages_on(target) -> bool:
     """Whether the TVM ``target``'s GPU is one of :data:`DEEP_STAGE_SMS` (``deep_stages`` of :func:`tile_for`)."""
     return sm_version(target) in DEEP_STAGE_SMS
@@ -117,10 +128,15 @@ def tile_for(
     1.54x), as on the 4096^3 GEMM
     (``gpu_int8_matmul_h200_tiles6``); end to end the zoo's int8 ViT-B/16 went from 0.89x to 1.21x
     torch.compile at batch 64 (``zoo_h100_deep_stages``). A K that is not a multiple of 128 (ResNet's
-    576-deep 3x3 convolutions) keeps 64-deep stages: padding the last stage cost 1.5x there."""
+    576-deep 3x3 convolutions) keeps 64-deep stages: padding the last stage cost 1.5x there.
+
+    With ``deep_stages``, ``int8`` GEMMs shallower than :data:`SHALLOW_K` and at least
+    :data:`SHALLOW_K_MIN_J` wide that the ladder gives the 128 x 128 tile take 64 x 128."""
     cfg = _ladder_tile(extents, sm_count, ladder, batch)
+    j, k = extents[1], extents[2] if len(extents) > 2 else 1 << 20
+    if int8 and deep_stages and k < SHALLOW_K and j >= SHALLOW_K_MIN_J and cfg == _stage_depth(TILE_LADDER[0], k):
+        cfg = replace(cfg, frags_i=cfg.frags_i // 2)
     cfg = replace(cfg, acc_pad=8, weight_vector=16 if weights_along_k else 4)
-    k = extents[2] if len(extents) > 2 else 1 << 20
     if int8 and sm_count and k >= 256 and cfg.k_frags == 4:
         if _blocks(cfg, extents[0], extents[1], batch) < sm_count or (deep_stages and k % 128 == 0):
             cfg = replace(cfg, k_frags=8)

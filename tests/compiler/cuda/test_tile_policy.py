@@ -61,6 +61,27 @@ def test_deep_stages_and_three_buffers_on_gpus_with_room_for_them():
     assert tile_for((12608, 3072, 768), None, **deep).k_frags == 4  # no SM count: no rule beyond the shape
 
 
+def test_shallow_wide_int8_gemms_take_64_row_tiles_on_deep_stage_gpus():
+    """K < 256 with >= 256 output channels, where the ladder gives 128 x 128: 64 x 128 (a block runs a
+    few reduction steps; half the accumulator tile). Narrower, deeper, smaller or fp16 GEMMs, and GPUs
+    without deep stages, keep their tile."""
+    from inferx_edge.compiler.cuda import tile_for
+
+    def tile(c):
+        return 16 * c.warps_i * c.frags_i, 16 * c.warps_j * c.frags_j
+
+    deep = {"deep_stages": True, "async_copy": True}
+    assert tile(tile_for((200704, 256, 128), 132, **deep)) == (64, 128)  # ResNeXt-50 stage 1, batch 64
+    assert tile(tile_for((200704, 384, 96), 132, **deep)) == (64, 128)  # ConvNeXt-T's first MLP layer
+    assert tile(tile_for((200704, 384, 16), 132, **deep)) == (64, 128)  # K <= 32: 32-deep stages as well
+    assert tile_for((200704, 384, 16), 132, **deep).k_frags == 2
+    assert tile(tile_for((200704, 256, 256), 132, **deep)) == (128, 128)  # K = 256: not shallow
+    assert tile(tile_for((200704, 128, 64), 132, **deep)) == (128, 128)  # J < 256
+    assert tile(tile_for((200704, 256, 128), 132)) == (128, 128)  # no deep stages
+    assert tile(tile_for((200704, 256, 128), 132, int8=False, **deep)) == (128, 128)
+    assert tile(tile_for((3136, 256, 64), 132, **deep)) == (64, 64)  # batch 1: the ladder's own pick
+
+
 def test_int8_tile_does_not_double_64_output_channels():
     from inferx_edge.compiler.cuda import DEFAULT_TILE, tile_for
 
