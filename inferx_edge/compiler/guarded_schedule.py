@@ -13,6 +13,7 @@ and compiles again with that rule skipped for it (:func:`skip_rules`).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 from inferx_edge.compiler.prim_funcs import unscheduled
@@ -45,19 +46,16 @@ class FallbackLog:
         _local.log = self._prev
 
 
-class skip_rules:  # noqa: N801 - a context manager, used like a function
+@contextlib.contextmanager
+def skip_rules(skipped: dict[str, set[str]]):
     """Within the block, each kernel named in ``skipped`` (kernel name -> rule names) is not offered to
     those rules: the next rule schedules it."""
-
-    def __init__(self, skipped: dict[str, set[str]]) -> None:
-        self.skipped = skipped
-
-    def __enter__(self) -> None:
-        self._prev = getattr(_local, "skip", None)
-        _local.skip = self.skipped
-
-    def __exit__(self, *exc) -> None:
-        _local.skip = self._prev
+    prev = getattr(_local, "skip", None)
+    _local.skip = skipped
+    try:
+        yield
+    finally:
+        _local.skip = prev
 
 
 def _record(kernel: str, rule: str, exc: BaseException) -> None:
