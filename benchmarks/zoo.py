@@ -452,7 +452,10 @@ def markdown(record: dict) -> str:
     rows = [r for r in record["results"] if "error" not in r]
     peer = "torch-compile" if "torch-compile" in record["systems"] else "onnxruntime"
     base = {(r["model"], r["batch"]): r for r in rows if r["system"] == peer}
-    out = [f"# Zoo on {record['target']}{' (build only)' if record['build_only'] else ''}", ""]
+    # the target the code was built for, and the GPU that ran it where that is another kind (h200 code on
+    # an H100 host)
+    ran_on = f" (run on {record['device']})" if record.get("device") else ""
+    out = [f"# Zoo on {record['target']}{ran_on}{' (build only)' if record['build_only'] else ''}", ""]
     if rows:
         out += [
             f"| model | system | batch | img/s | p50 ms | mJ/img | rel. error vs fp32 | img/s vs {peer} | p50 vs {peer} |",

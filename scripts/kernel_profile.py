@@ -32,6 +32,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
+def _device_name(dev) -> str | None:
+    """The GPU's name (``NVIDIA H100 80GB HBM3``), None where the runtime does not say (CPUs)."""
+    try:
+        return str(dev.device_name) if dev.device_name else None
+    except Exception:  # noqa: BLE001 - a device kind without the attribute
+        return None
+
+
 def scheduled_names(mod) -> set[str]:
     """PrimFuncs that already carry a schedule (before the target pipeline: the tuned ones)."""
     import tvm
@@ -292,14 +300,23 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['kernel'][:60]:60s} {r['calls_per_run']:5d} {r['ms_per_run']:9.4f} {r['ms_per_run'] / total:6.1%}  {flags}"
         )
     if args.json:
+        from benchmarks._record import git_commit, gpu_driver, versions
+
+        commit, dirty = git_commit()
         args.json.write_text(
             json.dumps(
                 {
+                    "command": " ".join(sys.argv),
+                    "git_commit": commit,
+                    "git_dirty": dirty,
                     "model": str(args.model),
                     "target": spec.name,
                     "precision": args.precision,
                     "input_shapes": {k: list(v) for k, v in shapes.items()},
                     "device": str(dev),
+                    "device_name": _device_name(dev),
+                    "driver": gpu_driver() if spec.is_cuda else None,
+                    "versions": versions("apache-tvm", "inferx_edge"),
                     "e2e_ms": e2e_ms,
                     "instrumented_sum_ms": total,
                     "sm_clock_mhz": float(np.median(clocks)) if clocks else None,

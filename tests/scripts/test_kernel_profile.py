@@ -26,6 +26,8 @@ def test_kernel_profile_lists_every_kernel_of_the_tuned_build(tmp_path):
     # the committed database for this CPU (if there is one) tunes every conv; else none is tuned
     assert len({k["tuned"] for k in convs}) == 1
     assert rec["instrumented_sum_ms"] > 0 and "end to end" in r.stdout
+    # the record says which code and software it measured
+    assert rec["git_commit"] and rec["versions"]["inferx_edge"] and "kernel_profile.py" in rec["command"]
 
 
 def test_costs_only_names_the_rule_that_scheduled_each_gpu_kernel_without_a_gpu(tmp_path):
