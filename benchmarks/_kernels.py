@@ -11,19 +11,16 @@ def compile_with_rules(func, target: str, rules: list, async_copy: bool = False)
     import tvm
     from tvm.s_tir import dlight as dl
 
-    from inferx_edge.compiler.compile import pass_config, resolve_tvm_target
-    from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.compiler.compile import compile_kernel, resolve_tvm_target
     from inferx_edge.compiler.tvm_ops import tvm_op_fixes
     from inferx_edge.targets import get_target
 
     tvm_op_fixes()
     spec = get_target(target)
     tvm_target = resolve_tvm_target(spec)
-    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
     with tvm_target:
-        mod = dl.ApplyDefaultSchedule(*rules)(mod)
-    with device_compiler(spec, "cubin"), tvm_target, pass_config(async_copy=async_copy):
-        return tvm.compile(mod, target=tvm_target)
+        mod = dl.ApplyDefaultSchedule(*rules)(tvm.IRModule({"main": func}))
+    return compile_kernel(mod["main"], spec, tvm_target, async_copy=async_copy)
 
 
 def check_and_time(lib, dev, inputs: list, outputs: list, refs: list) -> tuple[float, float]:

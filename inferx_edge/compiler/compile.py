@@ -97,6 +97,21 @@ def pass_config(cuda_graph: bool = False, async_copy: bool = False):
     )
 
 
+def compile_kernel(
+    func, spec: TargetSpec, target, cuda_code: str = "cubin", cuda_options=None, async_copy: bool = True
+):
+    """One scheduled CUDA kernel (a PrimFunc) compiled alone for ``spec`` (TVM ``target``) with the
+    device compiler and source patches a build uses, exported as ``main``; cp.async where the
+    schedule asks for it only with ``async_copy``."""
+    import tvm
+
+    from inferx_edge.compiler.cuda import device_compiler
+
+    one = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    with device_compiler(spec, cuda_code, cuda_options), target, pass_config(async_copy=async_copy):
+        return tvm.compile(one, target=target)
+
+
 #: Oldest JetPack whose driver supports a given CUDA version (6.0: CUDA 12.2; 6.1/6.2: 12.6; 7: 13.0).
 _MIN_JETPACK = {"12.0": "6.0", "12.2": "6.0", "12.6": "6.1", "13.0": "7.0"}
 
@@ -291,7 +306,6 @@ def uncompilable_kernels(
     scheduled it, the error)} for those that fail. Empty when none does (the failure is elsewhere)."""
     import tvm
 
-    from inferx_edge.compiler.cuda import device_compiler
     from inferx_edge.compiler.guarded_schedule import FallbackLog, schedule_rule, skip_rules
 
     with FallbackLog(), skip_rules(skipped), target, pass_config(async_copy=True):
@@ -304,10 +318,8 @@ def uncompilable_kernels(
         rule = schedule_rule(func) if isinstance(func, tvm.tirx.PrimFunc) else None
         if rule is None:
             continue
-        one = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
         try:
-            with device_compiler(spec, cuda_code, cuda_options), target, pass_config(async_copy=True):
-                tvm.compile(one, target=target)
+            compile_kernel(func, spec, target, cuda_code, cuda_options)
         except Exception as exc:  # noqa: BLE001 - this kernel's schedule does not compile: the next rule's may
             lines = str(exc).strip().splitlines()
             failed[gv.name_hint] = (rule, f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:300])

@@ -66,10 +66,8 @@ def _compile_candidate(
             os.nice(COMPILE_NICENESS)
         except OSError:  # not permitted here: compile at the normal priority
             pass
-    import tvm
-
-    from inferx_edge.compiler.compile import pass_config
-    from inferx_edge.compiler.cuda import TileConfig, device_compiler, tensor_core_schedule
+    from inferx_edge.compiler.compile import compile_kernel
+    from inferx_edge.compiler.cuda import TileConfig, tensor_core_schedule
     from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
     from inferx_edge.compiler.tvm_ops import tvm_op_fixes
     from inferx_edge.targets import get_target
@@ -80,9 +78,7 @@ def _compile_candidate(
     sch = tensor_core_schedule(func, target, TileConfig.parse(cfg_text))
     if sch is None:
         return None
-    kernel = sch.mod["main"].with_attr("global_symbol", "main")  # exported: callable from the library
-    with device_compiler(get_target(spec_name), "cubin"), target, pass_config(async_copy=True):
-        lib = tvm.compile(tvm.IRModule({"main": kernel}), target=target)
+    lib = compile_kernel(sch.mod["main"], get_target(spec_name), target)  # exported: callable from the library
     return export_candidate(lib, "inferx_tile_", cross_compiler)
 
 
