@@ -1,8 +1,8 @@
-"""fp16 small-reduction kernels of networks (depthwise convolutions, grouped convolutions, pools): 4, 2
-and 1 pixels x 8 channels per thread against one output per thread, in one process on one GPU.
+"""fp16 small-reduction kernels of networks (depthwise convolutions, grouped convolutions, pools): up to
+8, 7, 4, 2 and 1 pixels x 8 channels per thread against one output per thread, in one process on one GPU.
 
     python -m benchmarks.gpu_small_reduction [--models mobilenet_v2,convnext_tiny] [--batches 64,1]
-        [--precision int8]
+        [--precision int8] [--variants "7 pixels x 8 channels,4 pixels x 8 channels"]
 
 Each network (torchvision architecture, seeded random weights) goes through the steps ``build`` takes
 for the precision (quantization plan on random calibration data, NHWC, fp16 casts), is legalized and
@@ -26,6 +26,8 @@ from benchmarks._record import gpu_driver, versions, write_record
 
 #: variant: (channels, pixels along W) per thread, the most a kernel may take
 VARIANTS = {
+    "8 pixels x 8 channels": (8, 8),
+    "7 pixels x 8 channels": (8, 7),
     "4 pixels x 8 channels": (8, 4),
     "2 pixels x 8 channels": (8, 2),
     "8 channels per thread": (8, 1),
@@ -124,14 +126,14 @@ def pixels_taken(func, target: str, channels: int, pixels: int) -> int:
     return row_pixels(block, reds[0].iters, per_thread, pixels, tvm.DataType(str(func.params[-1].dtype)).bits)
 
 
-def time_variants(model_name: str, name: str, func, batch: int, target: str, dev) -> dict:
-    """One kernel compiled, run and timed as each of :data:`VARIANTS`."""
+def time_variants(model_name: str, name: str, func, batch: int, target: str, dev, variants=VARIANTS) -> dict:
+    """One kernel compiled, run and timed as each of ``variants`` (name: (channels, pixels))."""
     import tvm
 
     host = random_args(func)
     row = {"model": model_name, "kernel": name, "batch": batch, "input_shape": list(host[0].shape)}
     outputs = {}
-    for variant, (channels, pixels) in VARIANTS.items():
+    for variant, (channels, pixels) in variants.items():
         lib = compile_kernel(func, target, channels, pixels)
         tensors = [tvm.runtime.tensor(a, dev) for a in host]
         lib["main"](*tensors)
@@ -154,39 +156,54 @@ def main() -> None:
     ap.add_argument("--precision", default="int8", choices=["int8", "fp16", "mixed"])
     ap.add_argument("--target", default="h200")
     ap.add_argument("--name", default=None)
+    ap.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"comma-separated, of: {', '.join(VARIANTS)} (the most pixels a kernel may take; default all)",
+    )
     args = ap.parse_args()
+    unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variant(s) {unknown}; valid: {list(VARIANTS)}")
+    variants = {v: VARIANTS[v] for v in args.variants.split(",")}
     import torch
     import tvm
 
     from benchmarks.gpu_vision import export, make_net
 
     dev = tvm.cuda(0)
-    results = []
+    results: list[dict] = []
+
+    def record():  # rewritten after every kernel: a run cut by a time limit keeps what it measured
+        totals = {
+            f"{m} b{b} {v} us": sum(r[f"{v} us"] for r in results if (r["model"], r["batch"]) == (m, b))
+            for m, b in sorted({(r["model"], r["batch"]) for r in results})
+            for v in variants
+        }
+        return totals, write_record(
+            args.name or f"gpu_small_reduction_{args.target}",
+            {
+                "device": torch.cuda.get_device_name(0),
+                "driver": gpu_driver(),
+                "versions": versions("apache-tvm", "torch", "inferx_edge"),
+                "models": args.models.split(","),
+                "precision": args.precision,
+                "variants": variants,
+                "totals": totals,
+                "results": results,
+            },
+        )
+
     for model_name in args.models.split(","):
         model = Path(tempfile.mkdtemp(prefix="inferx_bench_")) / f"{model_name}.onnx"
         export(make_net(model_name), model)
         for batch in (int(b) for b in args.batches.split(",")):
             for name, func in small_reduction_kernels(model, batch, args.precision, args.target).items():
-                results.append(time_variants(model_name, name, func, batch, args.target, dev))
+                results.append(time_variants(model_name, name, func, batch, args.target, dev, variants))
                 print(json.dumps(results[-1]), flush=True)
-    totals = {
-        f"{m} b{b} {v} us": sum(r[f"{v} us"] for r in results if (r["model"], r["batch"]) == (m, b))
-        for m, b in sorted({(r["model"], r["batch"]) for r in results})
-        for v in VARIANTS
-    }
+                record()
+    totals, path = record()
     print(json.dumps(totals))
-    path = write_record(
-        args.name or f"gpu_small_reduction_{args.target}",
-        {
-            "device": torch.cuda.get_device_name(0),
-            "driver": gpu_driver(),
-            "versions": versions("apache-tvm", "torch", "inferx_edge"),
-            "models": args.models.split(","),
-            "precision": args.precision,
-            "totals": totals,
-            "results": results,
-        },
-    )
     print(f"wrote {path}")
 
 
