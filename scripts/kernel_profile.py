@@ -109,7 +109,7 @@ def unscheduled_kernels(mod, spec, target):
         from tvm.relax.backend.cuda import pipeline as cuda
 
         passes += cuda.library_dispatch_passes(target)
-    passes += fusion_passes()
+    passes += fusion_passes(spec.sm_count)
     with target:
         return tvm.transform.Sequential(passes)(mod)
 

@@ -78,6 +78,37 @@ def _matmul_signature(func) -> tuple[tuple[str, str], list[int]] | None:
     return None if norm is None else (norm[0], norm[1][1:])
 
 
+def is_contraction(func) -> bool:
+    """Whether ``func`` is a GEMM or convolution: a matmul dlight normalizes, or (where a unit axis keeps
+    dlight from normalizing it: a batch-1 1x1 convolution over pooled channels, one row) a kernel whose
+    reduction block sums products of two operands that both move with the reduced axes. A mean or a
+    sum reads one."""
+    if _matmul_signature(func) is not None:
+        return True
+    from tvm import s_tir
+    from tvm.s_tir.dlight.analysis import get_root_block
+    from tvm.s_tir.dlight.gpu.matmul import get_reduction_blocks
+    from tvm.tirx.analysis import undefined_vars
+
+    try:
+        sch = s_tir.Schedule(func)
+        blocks = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
+    except Exception:  # not a kernel dlight's matmul analysis can read
+        return False
+    if not blocks or len(blocks) != 1:
+        return False
+    block = sch.get(blocks[0])
+    reduce = [iv.var for iv in block.iter_vars if iv.iter_type == 2]  # IterVar.CommReduce
+    out = block.writes[0].source
+    operands = {
+        r.source.name
+        for r in block.reads
+        if not r.source.same_as(out)
+        and any(v.same_as(k) for rng in r.region for v in undefined_vars(rng.min) for k in reduce)
+    }
+    return len(operands) >= 2
+
+
 def gemm_batch(func) -> int:
     """The batch extent of a matmul-like kernel (attention's batch x heads, a grouped convolution's
     groups; 1 for a plain GEMM or convolution, or when ``func`` is not one)."""

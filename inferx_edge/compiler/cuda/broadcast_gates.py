@@ -72,7 +72,7 @@ def gate_calls(mod) -> dict:
     import tvm
     from tvm import relax
 
-    from inferx_edge.compiler.cuda.analysis import _matmul_signature
+    from inferx_edge.compiler.cuda.analysis import is_contraction
 
     call_tir = tvm.ir.Op.get("relax.call_tir")
     patterns = {
@@ -81,7 +81,7 @@ def gate_calls(mod) -> dict:
         if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and "op_pattern" in f.attrs
     }
     # GEMMs and convolutions (a reduction pattern alone also covers means and other reductions)
-    gemms = {gv for gv, p in patterns.items() if p == _OUT_EWISE_FUSABLE and _matmul_signature(mod[gv]) is not None}
+    gemms = {gv for gv, p in patterns.items() if p == _OUT_EWISE_FUSABLE and is_contraction(mod[gv])}
     found = {}
     for _gv, func in mod.functions_items():
         if not isinstance(func, relax.Function):

@@ -12,9 +12,11 @@ from inferx_edge.compiler.cuda.rules.window_reduction import window_reduction_ru
 from inferx_edge.compiler.cuda.tile import TileConfig
 
 
-def fusion_passes() -> list:
+def fusion_passes(sm_count: int | None = None) -> list:
     """Legalization and fusion as every CUDA pipeline does them (before any schedule): the kernels
-    these passes make are the ones a build compiles, under the same names. A GEMM's result broadcast
+    these passes make are the ones a build compiles, under the same names (given the same
+    ``sm_count``). Long reductions with few outputs for a GPU of ``sm_count`` SMs become two
+    (:func:`~inferx_edge.compiler.cuda.split_reductions.split_long_reductions`). A GEMM's result broadcast
     over a larger tensor (squeeze-excite gates) is kept out of the GEMM's kernel
     (:func:`~inferx_edge.compiler.cuda.broadcast_gates.split_broadcast_gates`); parameters are renamed
     first so kernel buffers have names the mma.sync codegen can carry
@@ -23,9 +25,11 @@ def fusion_passes() -> list:
 
     from inferx_edge.compiler.cuda.broadcast_gates import split_broadcast_gates
     from inferx_edge.compiler.cuda.kernel_names import lowercase_kernel_names
+    from inferx_edge.compiler.cuda.split_reductions import split_long_reductions
 
     return [
         lowercase_kernel_names(),
+        split_long_reductions(sm_count),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         split_broadcast_gates(),
@@ -54,7 +58,7 @@ def cuda_pipeline(target, tile_config: TileConfig | None = None, sm_count: int |
     # alone on a 2-core host (more inside a build process), through this 5.5 s
     import_tensor_intrinsics()
     legalize = [
-        *fusion_passes(),
+        *fusion_passes(sm_count),
         guarded_default_schedule(
             tensor_core_matmul_rule(tile_config, sm_count),
             dl.gpu.GEMV(),

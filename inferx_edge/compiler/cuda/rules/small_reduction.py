@@ -46,7 +46,7 @@ SMALL_REDUCTION_PIXELS = 4
 NARROW_WINDOW = 16
 NARROW_WINDOW_WIDE_OUTPUT_PIXELS = 2
 
-#: a thread takes fewer pixels where the kernel would have fewer threads than this
+#: the pixels are halved while the kernel would have fewer threads than this
 MIN_SMALL_REDUCTION_THREADS = 32768
 
 _SMALL_REDUCTION_THREADS = 64
@@ -119,7 +119,7 @@ def row_pixels(block, iters, channels: int, pixels: int = SMALL_REDUCTION_PIXELS
     """Pixels along W per thread for a channel-vectorized small reduction with block iterators
     ``iters`` (dlight's, NHWC order: ..., W, C, then the reduction) whose output elements are
     ``out_bits`` wide: up to ``pixels`` (:data:`NARROW_WINDOW_WIDE_OUTPUT_PIXELS` for narrow windows
-    with wide outputs), the most that divides W and leaves the kernel
+    with wide outputs), halved until it divides W and the kernel keeps
     :data:`MIN_SMALL_REDUCTION_THREADS` threads; 1 where the window does not slide along W."""
     spatial = [it for it in iters if it.kind == "S"]
     if len(spatial) < 2 or spatial[-2].var not in sliding_vars(block):
@@ -128,7 +128,7 @@ def row_pixels(block, iters, channels: int, pixels: int = SMALL_REDUCTION_PIXELS
         pixels = min(pixels, NARROW_WINDOW_WIDE_OUTPUT_PIXELS)
     outputs = math.prod(it.dom for it in spatial)
     while pixels > 1 and (spatial[-2].dom % pixels or outputs // (channels * pixels) < MIN_SMALL_REDUCTION_THREADS):
-        pixels -= 1
+        pixels //= 2
     return max(pixels, 1)
 
 
