@@ -10,8 +10,9 @@ is the kernel's own time plus one launch. Each kernel is labelled by what its sc
 cores (wmma/mma), int8 loads, a tuned (database) schedule, and the default-schedule rule that took it.
 The sum of the rows is above the uninstrumented end-to-end time printed first (sync per kernel).
 
-Without a GPU: ``--costs-only`` writes each kernel's FLOPs, compulsory bytes and rule (and counts the
-kernels per rule); ``--check-schedules`` runs every scheduled kernel but tensor-core ones on this CPU
+Without a GPU: ``--costs-only`` writes each kernel's FLOPs, compulsory bytes, rule and launch grid
+(and counts the kernels per rule, and names kernels of fewer thread blocks than the GPU has SMs that
+each move 64 KiB or more: a few SMs walking a large tensor); ``--check-schedules`` runs every scheduled kernel but tensor-core ones on this CPU
 with its thread loops serial against the unscheduled kernel (``compiler/schedule_check.py``; use a
 small batch), and exits 1 when one differs.
 """
@@ -67,8 +68,46 @@ def kernel_traits(mod, tuned: set[str]) -> dict[str, dict]:
             "int8": '"int8"' in text,
             "tuned": gv.name_hint in tuned,
             "rule": schedule_rule(f),
+            **launch_grid(text),
         }
     return out
+
+
+_BINDING = re.compile(r'thread_binding\((?:T\.int(?:32|64)\()?(\d+)\)?, thread="((?:blockIdx|threadIdx)\.[xyz])"')
+
+
+def launch_grid(text: str) -> dict[str, int]:
+    """{"blocks": thread blocks, "threads": threads per block} of a scheduled kernel's TIR text (the
+    largest extent bound to each of blockIdx.x/y/z and threadIdx.x/y/z); {} when nothing is bound."""
+    extents: dict[str, int] = {}
+    for extent, tag in _BINDING.findall(text):
+        extents[tag] = max(extents.get(tag, 1), int(extent))
+    if not extents:
+        return {}
+    blocks = threads = 1
+    for tag, extent in extents.items():
+        if tag.startswith("blockIdx"):
+            blocks *= extent
+        else:
+            threads *= extent
+    return {"blocks": blocks, "threads": threads}
+
+
+#: --costs-only names kernels of fewer thread blocks than the GPU has SMs that each move at least this
+#: many bytes: a few SMs walking a large tensor (a batch-1 squeeze-excite pool ran as 2 such blocks)
+FEW_BLOCKS_BYTES_PER_BLOCK = 64 * 1024
+
+
+def few_block_kernels(kernels: dict[str, dict], sm_count: int | None) -> list[str]:
+    """Kernels (of ``kernels``: costs + traits) with fewer blocks than ``sm_count`` that each move
+    :data:`FEW_BLOCKS_BYTES_PER_BLOCK` or more."""
+    if not sm_count:
+        return []
+    return sorted(
+        name
+        for name, k in kernels.items()
+        if k.get("blocks") and k["blocks"] < sm_count and k["bytes"] / k["blocks"] >= FEW_BLOCKS_BYTES_PER_BLOCK
+    )
 
 
 def kernel_costs(mod) -> dict[str, dict]:
@@ -165,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--costs-only",
         action="store_true",
-        help="write each kernel's FLOPs and compulsory bytes (--json) without compiling or running: no GPU needed",
+        help="write each kernel's FLOPs, compulsory bytes and launch grid (--json) and name kernels of few "
+        "thread blocks, without compiling or running: no GPU needed",
     )
     ap.add_argument(
         "--check-schedules",
@@ -232,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{len(costs)} kernels, {sum(v['flops'] or 0 for v in costs.values()) / 1e9:.2f} GFLOP")
             rules = collections.Counter((traits.get(k) or {}).get("rule") or "-" for k in costs)
             print("schedule rules: " + ", ".join(f"{r} {n}" for r, n in rules.most_common()))
+            for name in few_block_kernels(doc["kernels"], spec.sm_count):
+                k = doc["kernels"][name]
+                print(f"few blocks: {name} ({k['blocks']} blocks of {k['threads']} threads, {k['bytes']} bytes)")
             return 0
         ex = relax.build(mod, target, relax_pipeline=None, exec_mode="bytecode")
     print(f"compiled in {time.perf_counter() - t0:.1f} s; tuning: {tuned}")

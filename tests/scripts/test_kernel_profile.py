@@ -41,3 +41,26 @@ def test_costs_only_names_the_rule_that_scheduled_each_gpu_kernel_without_a_gpu(
     kernels = json.loads(out.read_text())["kernels"]
     assert kernels and all(k["rule"] for k in kernels.values())  # every CUDA kernel went through a rule
     assert "schedule rules: " in r.stdout
+    assert all(k["blocks"] >= 1 and 1 <= k["threads"] <= 1024 for k in kernels.values())  # launch grids
+
+
+def test_few_block_kernels_are_those_a_few_sms_walk():
+    sys.path.insert(0, str(REPO / "scripts"))
+    from kernel_profile import few_block_kernels, launch_grid
+
+    text = (
+        'for b in T.thread_binding(T.int64(2), thread="blockIdx.x"):\n'
+        ' for t in T.thread_binding(16, thread="threadIdx.x"):\n'
+        '  for u in T.thread_binding(T.int64(16), thread="threadIdx.y"):\n'
+        '   for v in T.thread_binding(T.int64(16), thread="threadIdx.y"):'
+    )
+    assert launch_grid(text) == {"blocks": 2, "threads": 256}
+    assert launch_grid("for i in range(4):") == {}
+    kernels = {
+        "pool": {"blocks": 2, "threads": 256, "bytes": 1_600_000},  # 2 SMs walk 1.6 MB
+        "wide": {"blocks": 400, "threads": 256, "bytes": 100_000_000},
+        "tiny": {"blocks": 1, "threads": 32, "bytes": 4_000},
+        "cpu": {"bytes": 1_000_000},  # no grid
+    }
+    assert few_block_kernels(kernels, 132) == ["pool"]
+    assert few_block_kernels(kernels, None) == []
