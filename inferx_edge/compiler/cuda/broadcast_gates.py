@@ -112,6 +112,8 @@ def split_broadcast_gates():
     import tvm
     from tvm import relax
 
+    from inferx_edge.compiler.cuda.relax_functions import mutate_functions
+
     call_tir = tvm.ir.Op.get("relax.call_tir")
 
     @tvm.transform.module_pass(opt_level=0, name="InferxSplitBroadcastGates")
@@ -134,10 +136,6 @@ def split_broadcast_gates():
                     binding = relax.VarBinding(binding.var, value)
                 super().visit_var_binding_(binding)
 
-        rewriter = _Rewriter(mod)
-        for gv, func in list(mod.functions_items()):
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
+        return mutate_functions(_Rewriter(mod))
 
     return _pass

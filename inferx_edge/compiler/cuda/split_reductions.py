@@ -48,6 +48,8 @@ def split_long_reductions(sm_count: int | None):
     import tvm
     from tvm import relax
 
+    from inferx_edge.compiler.cuda.relax_functions import mutate_functions
+
     ops = {tvm.ir.Op.get(name): getattr(relax.op, name.split(".")[1]) for name in _OPS}
 
     def static_shape(expr) -> list[int] | None:
@@ -84,10 +86,6 @@ def split_long_reductions(sm_count: int | None):
     def _pass(mod, _ctx):
         if sm_count is None:
             return mod
-        rewriter = _Rewriter(mod)
-        for gv, func in list(mod.functions_items()):
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
+        return mutate_functions(_Rewriter(mod))
 
     return _pass
