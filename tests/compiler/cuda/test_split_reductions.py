@@ -11,12 +11,13 @@ import pytest
     "shape, axes, sm_count, plan",
     [
         ((1, 112, 112, 32), [1, 2], 132, ([2], [1])),  # batch-1 SE pool: 32 outputs of 12544
-        ((64, 112, 112, 32), [1, 2], 132, ([2], [1])),  # 2048 outputs: under 2 blocks per SM
-        ((64, 112, 112, 32), [1, 2], 16, None),  # ... a 16-SM GPU: 8 blocks per SM already
+        ((64, 112, 112, 32), [1, 2], 132, None),  # a batch axis in front: dlight declined the first kernel
+        ((1, 112, 112, 32), [1, 2], 1, None),  # a 1-SM GPU: 32 outputs are enough
         ((64, 56, 56, 144), [1, 2], 132, None),  # 9216 outputs
         ((1, 28, 28, 240), [1, 2], 132, None),  # 784 elements: short enough
         ((1, 4096, 8), [1], 132, None),  # one axis: nothing to split along
         ((1, 8, 4, 64, 16), [1, 2, 3], 132, ([3], [1, 2])),  # inner suffix of >= 16 elements
+        ((2, 56, 56, 96), [1, 2], 132, None),
         ((1, 112, 112, 32), [1, 2], None, None),  # no GPU size known
     ],
 )
