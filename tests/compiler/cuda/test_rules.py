@@ -80,7 +80,8 @@ def _depthwise(n, hw, c, k, stride, out_dtype="float32", group_width=1):
     [
         ((8, 56, 96, 7, 1), "float32", 4),  # ConvNeXt's 7x7: a row of 10 columns serves 4 pixels
         ((16, 14, 384, 7, 1), "float32", 2),  # W = 14: 4 does not divide it
-        ((8, 7, 768, 7, 1), "float32", 1),  # W = 7
+        ((8, 7, 768, 7, 1), "float32", 1),  # W = 7: a whole row would leave too few threads at batch 8
+        ((64, 7, 768, 7, 1), "float32", 7),  # ... at batch 64 a thread takes the whole 7-pixel row
         ((8, 56, 128, 3, 1, "int8", 4), None, 4),  # ResNeXt's 4-channel groups, int8 out
         ((8, 56, 144, 3, 1), "float32", 2),  # 3x3 with fp32 out: capped at 2
         ((16, 56, 144, 3, 2), "int8", 4),  # 3x3 with int8 out, stride 2

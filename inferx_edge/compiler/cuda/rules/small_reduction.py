@@ -49,6 +49,13 @@ NARROW_WINDOW_WIDE_OUTPUT_PIXELS = 2
 #: the pixels are halved while the kernel would have fewer threads than this
 MIN_SMALL_REDUCTION_THREADS = 32768
 
+#: a row of at most this many pixels that the pixel count does not divide (a 7-wide map) is one
+#: thread's whole, for windows of at least :data:`NARROW_WINDOW` elements, where the kernel keeps
+#: :data:`MIN_SMALL_REDUCTION_THREADS` threads. Measured on an H100 (``gpu_small_reduction_pixels7_h100``):
+#: ConvNeXt-T's 7x7 depthwise conv over 7x7 maps at batch 64, 24.1 us with one pixel per thread, 15.9 us
+#: with 7; over 14x14 maps 7 pixels lost to 2 (34.0 vs 31.9 us), so wider rows keep the halving
+WHOLE_ROW_PIXELS = 7
+
 _SMALL_REDUCTION_THREADS = 64
 
 
@@ -124,10 +131,20 @@ def row_pixels(block, iters, channels: int, pixels: int = SMALL_REDUCTION_PIXELS
     spatial = [it for it in iters if it.kind == "S"]
     if len(spatial) < 2 or spatial[-2].var not in sliding_vars(block):
         return 1
-    if out_bits > 8 and math.prod(it.dom for it in iters if it.kind == "R") < NARROW_WINDOW:
+    reduced = math.prod(it.dom for it in iters if it.kind == "R")
+    if out_bits > 8 and reduced < NARROW_WINDOW:
         pixels = min(pixels, NARROW_WINDOW_WIDE_OUTPUT_PIXELS)
     outputs = math.prod(it.dom for it in spatial)
-    while pixels > 1 and (spatial[-2].dom % pixels or outputs // (channels * pixels) < MIN_SMALL_REDUCTION_THREADS):
+    width = spatial[-2].dom
+    if (
+        width <= WHOLE_ROW_PIXELS
+        and width % pixels
+        and pixels < width
+        and reduced >= NARROW_WINDOW
+        and outputs // (channels * width) >= MIN_SMALL_REDUCTION_THREADS
+    ):
+        return width
+    while pixels > 1 and (width % pixels or outputs // (channels * pixels) < MIN_SMALL_REDUCTION_THREADS):
         pixels //= 2
     return max(pixels, 1)
 
