@@ -112,7 +112,7 @@ def split_broadcast_gates():
     import tvm
     from tvm import relax
 
-    from inferx_edge.compiler.cuda.relax_functions import mutate_functions
+    from inferx_edge.compiler.relax_rewrite import mutate_functions
 
     call_tir = tvm.ir.Op.get("relax.call_tir")
 

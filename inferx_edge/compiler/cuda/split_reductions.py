@@ -55,16 +55,9 @@ def split_long_reductions(sm_count: int | None):
     import tvm
     from tvm import relax
 
-    from inferx_edge.compiler.cuda.relax_functions import mutate_functions
+    from inferx_edge.compiler.relax_rewrite import rewrite_calls, static_shape
 
     ops = {tvm.ir.Op.get(name): getattr(relax.op, name.split(".")[1]) for name in _OPS}
-
-    def static_shape(expr) -> list[int] | None:
-        ty = getattr(expr, "ty", None)
-        dims = getattr(getattr(ty, "shape", None), "values", None)
-        if not isinstance(ty, relax.TensorType) or dims is None:
-            return None
-        return [int(d) for d in dims] if all(isinstance(d, tvm.tirx.IntImm) for d in dims) else None
 
     def rewrite(call):
         op = ops.get(getattr(call, "op", None))
@@ -82,17 +75,8 @@ def split_long_reductions(sm_count: int | None):
         # outer axes precede the inner ones: dropping the inner axes (keepdims off) does not move them
         return op(op(call.args[0], axis=inner, keepdims=keep), axis=outer, keepdims=keep)
 
-    @relax.expr_functor.mutator
-    class _Rewriter(relax.PyExprMutator):
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            new = rewrite(call)
-            return call if new is None else new
-
     @tvm.transform.module_pass(opt_level=0, name="InferxSplitLongReductions")
     def _pass(mod, _ctx):
-        if sm_count is None:
-            return mod
-        return mutate_functions(_Rewriter(mod))
+        return rewrite_calls(mod, rewrite) if sm_count is not None else mod
 
     return _pass

@@ -1,0 +1,90 @@
+"""Relax rewriting shared by the compiler's passes (``compiler.passes``) and the CUDA pipeline's own
+rewrites (``compiler.cuda``, which may not import ``compiler.passes``): every call of a module through a
+callback, a mutator over every function, static shapes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class CallContext:
+    """What :func:`rewrite_calls_in_context` tells its callback about a call.
+
+    Attributes
+    ----------
+    given : the call's arguments as the module wrote them (before rewriting), for :meth:`producer`.
+    bindings : every variable bound so far, to the value the module bound it to.
+    builder : the rewriter's block builder (``emit``, ``call_te``: new bindings and PrimFuncs).
+    """
+
+    given: list
+    bindings: dict
+    builder: Any
+    visit: Any = None  # the rewriter's visit_expr: an original expression as rewritten so far
+
+    def producer(self, arg):
+        """The value the module bound ``arg`` (one of :attr:`given`) to, or None (a parameter, a
+        constant)."""
+        return self.bindings.get(arg)
+
+    def rewritten(self, expr):
+        """``expr`` (e.g. an argument of a :meth:`producer`) as it stands in the rewritten module: a
+        variable whose binding was rewritten has been renamed."""
+        return self.visit(expr)
+
+
+def rewrite_calls_in_context(mod, rewrite):
+    """``mod`` with every Relax call passed through ``rewrite(call, ctx)`` (None: keep it), where
+    ``call`` has its arguments already rewritten and ``ctx`` is a :class:`CallContext`. PrimFuncs the
+    callback makes with ``ctx.builder.call_te`` land in the returned module."""
+    from tvm import relax
+
+    @relax.expr_functor.mutator
+    class _Rewriter(relax.PyExprMutator):
+        def __init__(self, mod):
+            super().__init__(mod)
+            self.bindings = {}
+
+        def visit_var_binding_(self, binding):
+            self.bindings[binding.var] = binding.value
+            super().visit_var_binding_(binding)
+
+        def visit_call_(self, call):
+            given = list(call.args)
+            call = super().visit_call_(call)
+            new = rewrite(call, CallContext(given, self.bindings, self.builder_, self.visit_expr))
+            return call if new is None else new
+
+    return mutate_functions(_Rewriter(mod))
+
+
+def rewrite_calls(mod, rewrite):
+    """``mod`` with every Relax call passed through ``rewrite(call)`` (None: keep it)."""
+    return rewrite_calls_in_context(mod, lambda call, _ctx: rewrite(call))
+
+
+def mutate_functions(rewriter):
+    """The module of ``rewriter`` (a ``relax.PyExprMutator`` built over a module) after it has visited
+    every Relax function of that module; PrimFuncs it added land there too."""
+    from tvm import relax
+
+    for gv, func in list(rewriter.builder_.get().functions_items()):
+        if isinstance(func, relax.Function):
+            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+    return rewriter.builder_.get()
+
+
+def static_shape(expr) -> list[int] | None:
+    """``expr``'s tensor shape when every dimension is a constant, else None."""
+    import tvm
+    from tvm import relax
+
+    ty = getattr(expr, "ty", None)
+    if not isinstance(ty, relax.TensorType) or ty.shape is None or not hasattr(ty.shape, "values"):
+        return None
+    dims = list(ty.shape.values)
+    if any(not isinstance(d, tvm.tirx.IntImm) for d in dims):
+        return None
+    return [int(d) for d in dims]
