@@ -3,6 +3,25 @@ benchmarks compare schedules."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
+
+@contextmanager
+def depthwise_sums(dtype: str):
+    """Within: int8 variants' short float depthwise/grouped sums accumulate in ``dtype`` -- "fp16" (as
+    build does, :data:`~inferx_edge.compiler.passes.fp16_depthwise.HALF_ACCUMULATION_MAX`) or "fp32"."""
+    import importlib
+
+    if dtype not in ("fp16", "fp32"):
+        raise ValueError(f"depthwise sums {dtype!r}; valid: fp16, fp32")
+    module = importlib.import_module("inferx_edge.compiler.passes.fp16_depthwise")
+    default = module.HALF_ACCUMULATION_MAX
+    module.HALF_ACCUMULATION_MAX = default if dtype == "fp16" else 0
+    try:
+        yield
+    finally:
+        module.HALF_ACCUMULATION_MAX = default
+
 
 def compile_with_rules(func, target: str, rules: list, async_copy: bool = False):
     """``func`` scheduled by the first of ``rules`` that takes it and compiled for ``target`` (cubin;

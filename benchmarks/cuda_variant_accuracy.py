@@ -1,8 +1,10 @@
 """INT8 accuracy of the CUDA int8 variant's numerics, on this host's CPU: the real-weight zoo models
 built as a CUDA int8 variant is prepared (NHWC convolutions, OHWI weights, every CUDA rewrite: fp16
-depthwise/grouped operands, fused attention (its plain TE twin), dense weights along K...) but compiled
-for the CPU, against the host's own int8 build and fp32, on the real data of
-:mod:`benchmarks.zoo_accuracy`.
+depthwise/grouped operands and fp16 sums, fused attention (its plain TE twin), dense weights along
+K...) but compiled for the CPU, against the host's own int8 build and fp32, on the real data of
+:mod:`benchmarks.zoo_accuracy`; also with the depthwise/grouped sums in fp32, as they were before
+fp16 sums (the CPU rounds each fp16 multiply and add where the GPU's HFMA2 rounds once: an upper
+bound of the GPU's error).
 
     python -m benchmarks.cuda_variant_accuracy [--models mobilenet_v2,efficientnet_lite0,minilm_l6]
 
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks._kernels import depthwise_sums
 from benchmarks._record import run_models, versions
 
 REAL_WEIGHT_MODELS = "mobilenet_v2,efficientnet_lite0,minilm_l6"
@@ -72,11 +75,16 @@ def measure(name: str, zoo_dir: Path) -> list[dict]:
             VariantLayout("int8", "NHWC", "OHWI", "OHWI", "fused"),
             quantizer(plan, "int8"),
         ),
+        "int8 CUDA variant, fp32 depthwise sums": (
+            VariantLayout("int8", "NHWC", "OHWI", "OHWI", "fused"),
+            quantizer(plan, "int8"),
+        ),
     }
     outs, rows = {}, []
     for label, (layout, quantize) in builds.items():
         t0 = time.time()
-        with emulated_attention():  # the fused attention kernel's plain twin: compiles for this CPU
+        sums = "fp32" if "fp32 depthwise sums" in label else "fp16"
+        with emulated_attention(), depthwise_sums(sums):  # attention: the fused kernel's plain twin
             pv = prepare_variant(imported, layout, quantize=quantize, bake=True)
         outs[label] = _outputs(pv.mod, pv.weight_arrays, samples, inputs)
         print(f"{name} {label}: {len(samples)} samples in {time.time() - t0:.0f} s", flush=True)

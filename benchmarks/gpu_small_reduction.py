@@ -2,7 +2,7 @@
 8, 7, 4, 2 and 1 pixels x 8 channels per thread against one output per thread, in one process on one GPU.
 
     python -m benchmarks.gpu_small_reduction [--models mobilenet_v2,convnext_tiny] [--batches 64,1]
-        [--precision int8] [--variants "7 pixels x 8 channels,4 pixels x 8 channels"]
+        [--precision int8] [--variants "7 pixels x 8 channels,4 pixels x 8 channels"] [--sums fp16,fp32]
 
 Each network (torchvision architecture, seeded random weights) goes through the steps ``build`` takes
 for the precision (quantization plan on random calibration data, NHWC, fp16 casts), is legalized and
@@ -10,7 +10,8 @@ fused; every kernel :func:`~inferx_edge.compiler.cuda.channel_vectorized_reducti
 compiled each way (``small_reduction_rule(channels, pixels=...)``; the pixels a kernel takes are
 :func:`~inferx_edge.compiler.cuda.rules.small_reduction.row_pixels`' choice, recorded), run on the
 same random inputs (outputs compared exactly: each output's accumulation order is the same) and timed
-with TVM's time evaluator. Writes ``results/<name>.json``.
+with TVM's time evaluator; ``--sums fp16,fp32`` times them both as build makes them (short float
+depthwise/grouped sums in fp16) and with those sums in fp32. Writes ``results/<name>.json``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks._kernels import depthwise_sums
 from benchmarks._record import gpu_driver, versions, write_record
 
 #: variant: (channels, pixels along W) per thread, the most a kernel may take
@@ -35,8 +37,10 @@ VARIANTS = {
 }
 
 
-def small_reduction_kernels(model: Path, batch: int, precision: str, target: str) -> dict:
-    """{kernel name: PrimFunc} of the kernels the channel-vectorized schedule takes, as build fuses them."""
+def small_reduction_kernels(model: Path, batch: int, precision: str, target: str, sums: str = "fp16") -> dict:
+    """{kernel name: PrimFunc} of the kernels the channel-vectorized schedule takes, as build fuses them;
+    ``sums="fp32"``: with int8 variants' float depthwise convs accumulating in fp32 (as before
+    :data:`~inferx_edge.compiler.passes.fp16_depthwise.HALF_ACCUMULATION_MAX`), "fp16": as build does."""
     import onnx
     import tvm
     from tvm import relax
@@ -60,7 +64,9 @@ def small_reduction_kernels(model: Path, batch: int, precision: str, target: str
         precision=precision,
         quant=QuantOptions(calib=calib, calib_method="minmax"),
     )
-    mod = relax.get_pipeline("zero")(precision_module(import_model(model, shapes), spec, opts, lambda *a: None))
+    with depthwise_sums(sums):
+        prepared = precision_module(import_model(model, shapes), spec, opts, lambda *a: None)
+    mod = relax.get_pipeline("zero")(prepared)
     tvm_target = resolve_tvm_target(spec)
     with tvm_target:
         return {
@@ -157,6 +163,11 @@ def main() -> None:
     ap.add_argument("--target", default="h200")
     ap.add_argument("--name", default=None)
     ap.add_argument(
+        "--sums",
+        default="fp16",
+        help="comma-separated, of fp16 (as build: short depthwise/grouped sums in fp16), fp32 (summed in fp32)",
+    )
+    ap.add_argument(
         "--variants",
         default=",".join(VARIANTS),
         help=f"comma-separated, of: {', '.join(VARIANTS)} (the most pixels a kernel may take; default all)",
@@ -166,6 +177,9 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown variant(s) {unknown}; valid: {list(VARIANTS)}")
     variants = {v: VARIANTS[v] for v in args.variants.split(",")}
+    sums = args.sums.split(",")
+    if set(sums) - {"fp16", "fp32"}:
+        ap.error(f"--sums: {args.sums!r}; valid: fp16, fp32")
     import torch
     import tvm
 
@@ -176,8 +190,10 @@ def main() -> None:
 
     def record():  # rewritten after every kernel: a run cut by a time limit keeps what it measured
         totals = {
-            f"{m} b{b} {v} us": sum(r[f"{v} us"] for r in results if (r["model"], r["batch"]) == (m, b))
-            for m, b in sorted({(r["model"], r["batch"]) for r in results})
+            f"{m} b{b} {s} sums {v} us": sum(
+                r[f"{v} us"] for r in results if (r["model"], r["batch"], r["sums"]) == (m, b, s)
+            )
+            for m, b, s in sorted({(r["model"], r["batch"], r["sums"]) for r in results})
             for v in variants
         }
         return totals, write_record(
@@ -189,6 +205,7 @@ def main() -> None:
                 "models": args.models.split(","),
                 "precision": args.precision,
                 "variants": variants,
+                "sums": sums,
                 "totals": totals,
                 "results": results,
             },
@@ -198,10 +215,13 @@ def main() -> None:
         model = Path(tempfile.mkdtemp(prefix="inferx_bench_")) / f"{model_name}.onnx"
         export(make_net(model_name), model)
         for batch in (int(b) for b in args.batches.split(",")):
-            for name, func in small_reduction_kernels(model, batch, args.precision, args.target).items():
-                results.append(time_variants(model_name, name, func, batch, args.target, dev, variants))
-                print(json.dumps(results[-1]), flush=True)
-                record()
+            for sum_dtype in sums:
+                kernels = small_reduction_kernels(model, batch, args.precision, args.target, sum_dtype)
+                for name, func in kernels.items():
+                    row = time_variants(model_name, name, func, batch, args.target, dev, variants)
+                    results.append({"sums": sum_dtype, **row})
+                    print(json.dumps(results[-1]), flush=True)
+                    record()
     totals, path = record()
     print(json.dumps(totals))
     print(f"wrote {path}")

@@ -319,20 +319,21 @@ def nhwc_int8_conv(n: int, hw: int, c: int, o: int, k: int):
     return nhwc_conv(n, hw, hw, c, o, k, k // 2, 1)
 
 
-def relu6_depthwise(clip_first: bool):
-    """conv -> (ReLU6 if clip_first) -> depthwise conv, NCHW batch 2; weights as parameters."""
+def relu6_depthwise(clip_first: bool, k: int = 3, groups: int = 16):
+    """conv -> (ReLU6 if clip_first) -> ``k`` x ``k`` depthwise conv (grouped where ``groups`` < 16),
+    NCHW batch 2; weights as parameters."""
     from tvm import relax
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType([2, 8, 10, 10], "float32"))
     w1 = relax.Var("w1", relax.TensorType([16, 8, 1, 1], "float32"))
-    w2 = relax.Var("w2", relax.TensorType([16, 1, 3, 3], "float32"))
+    w2 = relax.Var("w2", relax.TensorType([16, 16 // groups, k, k], "float32"))
     with bb.function("main", [x, w1, w2], attrs={"num_input": 1}):
         with bb.dataflow():
             y = bb.emit(relax.op.nn.conv2d(x, w1))
             if clip_first:
                 y = bb.emit(relax.op.clip(y, 0, 6))
-            out = bb.emit_output(relax.op.nn.conv2d(y, w2, padding=[1, 1, 1, 1], groups=16))
+            out = bb.emit_output(relax.op.nn.conv2d(y, w2, padding=[k // 2] * 4, groups=groups))
         bb.emit_func_output(out)
     return bb.get()
 

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from inferx_edge.compiler.passes._rewrite import rewrite_calls_in_context
+from inferx_edge.compiler.passes._rewrite import rewrite_calls_in_context, static_shape
 
 FP16_MAX = 65504.0
+
+#: float depthwise and grouped convs reducing at most this many elements per output (a 7x7 window over
+#: one channel: 49; 3x3 over four: 36) accumulate in fp16 -- the reductions the small-reduction kernel
+#: unrolls in registers. Measured on ConvNeXt-T's 7x7 depthwise kernel over 56x56x96 maps (sm_90a
+#: SASS per thread of 4 pixels x 8 channels): fp32 accumulation takes 1,568 FFMA and 952 fp16 -> fp32
+#: conversions (HADD2.F32), fp16 takes 784 paired HFMA2 and none; see ``docs/zoo.md``
+HALF_ACCUMULATION_MAX = 64
 
 
 def saturated_fp16(x):
@@ -20,14 +29,26 @@ def saturated_fp16(x):
     return relax.op.astype(relax.op.minimum(relax.op.maximum(x, lo), hi), "float16")
 
 
+def reduced_elements(weight, kernel_layout: str) -> float:
+    """Elements a conv with ``weight`` (laid out as ``kernel_layout``) sums per output: its weight's
+    elements per output channel (inf for a shape not known when compiling)."""
+    dims = static_shape(weight)
+    return math.prod(dims) / dims[kernel_layout.index("O")] if dims else float("inf")
+
+
 def fp16_depthwise(mod):
     """Float depthwise and grouped convs (int8 variants keep them float) read their input and weights
-    as fp16 and accumulate in fp32: the producer's epilogue writes fp16, halving the traffic of the
+    as fp16: the producer's epilogue writes fp16, halving the traffic of the
     widest tensors of inverted-residual networks (6x expanded), and the depthwise kernel takes 8
     channels per thread with 16-byte loads where float32 takes 4. An input clipped into fp16's range
     (ReLU6 and other constant clips) is cast as it is; any other (SiLU, hardswish, a residual stream)
     is saturated first (:func:`saturated_fp16`). fp16's 11-bit precision is far finer than the int8
     layers around it.
+
+    Those reducing at most :data:`HALF_ACCUMULATION_MAX` elements per output also accumulate in fp16
+    (paired HFMA2s instead of fp32 FMAs plus a conversion per operand, as fp16 variants compute every
+    conv) and widen the sum to float32 for the epilogue; longer reductions accumulate in fp32. A sum
+    beyond fp16's range is inf, as an fp16 variant's would be.
 
     A residual stream's cast cannot fuse into its producer (the residual add reads the fp32 value too):
     it is a kernel of its own. Keeping such inputs float32 instead (the conv reading the stream, 4
@@ -61,9 +82,11 @@ def fp16_depthwise(mod):
             return None
         x16 = relax.op.astype(x, "float16") if clipped(ctx.given[0], ctx.bindings) else saturated_fp16(x)
         a = call.attrs
-        return relax.op.nn.conv2d(
+        half_sum = reduced_elements(w, str(a.kernel_layout)) <= HALF_ACCUMULATION_MAX
+        y = relax.op.nn.conv2d(
             x16, saturated_fp16(w), a.strides, a.padding, a.dilation, a.groups, a.data_layout, a.kernel_layout,
-            a.out_layout, "float32",
+            a.out_layout, "float16" if half_sum else "float32",
         )  # fmt: skip
+        return relax.op.astype(y, "float32") if half_sum else y
 
     return rewrite_calls_in_context(mod, rewrite)

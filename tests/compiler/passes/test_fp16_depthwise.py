@@ -27,7 +27,8 @@ def test_float_depthwise_reads_fp16(clip_first):
         if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.nn.conv2d"
     ]
     dtypes = [(str(c.args[0].ty.dtype), str(c.ty.dtype)) for c in convs]
-    assert dtypes == [("float32", "float32"), ("float16", "float32")]
+    assert dtypes == [("float32", "float32"), ("float16", "float16")]  # 9 elements: summed in fp16
+    assert str(rewritten["main"].body.body.ty.dtype) == "float32"  # widened for the epilogue
     saturations = [
         b.value
         for blk in rewritten["main"].body.blocks
@@ -66,3 +67,60 @@ def test_unbounded_depthwise_input_saturates_never_inf():
     vm = relax.VirtualMachine(relax.build(mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
     got = vm["main"](*[tvm.runtime.tensor(a) for a in (x, w1, w2)]).numpy()
     assert np.isfinite(got).all() and got.max() == 65504.0
+
+
+def _conv_dtypes(mod):
+    from tvm import relax
+
+    return [
+        (str(b.value.args[0].ty.dtype), str(b.value.ty.dtype))
+        for blk in mod["main"].body.blocks
+        for b in blk.bindings
+        if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.nn.conv2d"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("k", "groups", "accumulator"),
+    [(7, 16, "float16"), (9, 16, "float32"), (3, 4, "float16"), (3, 2, "float32")],
+)
+def test_short_reductions_accumulate_in_fp16(k, groups, accumulator):
+    """Depthwise and grouped convs summing at most 64 elements per output (7x7: 49; 3x3 over 4
+    channels: 36) accumulate in fp16, longer ones (9x9: 81; 3x3 over 8: 72) in fp32; either way the
+    result is float32 and within fp16 accumulation error of float64 (a relative bound that fp16 sums
+    of these lengths meet, and that a conv reading the wrong weights or window would not)."""
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.passes import clip_to_min_max, convert_layout, fp16_depthwise
+
+    rewritten = fp16_depthwise(convert_layout(relu6_depthwise(True, k, groups), "NHWC"))
+    assert _conv_dtypes(rewritten)[1] == ("float16", accumulator)
+    rng = np.random.default_rng(1)
+    shapes = ((2, 8, 10, 10), (16, 8, 1, 1), (16, 16 // groups, k, k))
+    args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    # float64 reference: the same graph on fp16-rounded operands (what the fp16 reads see)
+    mid = np.clip(np.einsum("nchw,oc->nohw", args[0].astype(np.float64), args[1][:, :, 0, 0]), 0, 6)
+    mid16 = mid.astype(np.float16).astype(np.float64)
+    w16 = args[2].astype(np.float16).astype(np.float64)
+    pad = np.pad(mid16, ((0, 0), (0, 0), (k // 2, k // 2), (k // 2, k // 2)))
+    cin = 16 // groups
+    ref = np.zeros((2, 16, 10, 10))
+    for o in range(16):
+        g = o // (16 // groups)
+        for c in range(cin):
+            for i in range(k):
+                for j in range(k):
+                    ref[:, o] += pad[:, g * cin + c, i : i + 10, j : j + 10] * w16[o, c, i, j]
+    vm = relax.VirtualMachine(relax.build(rewritten, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+    got = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+    assert got.dtype == np.float32
+    scale = np.abs(ref).max()
+    err = np.abs(got - ref).max() / scale
+    assert err < (4e-3 if accumulator == "float16" else 2e-3), err
+    ref32 = np.asarray(
+        relax.VirtualMachine(relax.build(clip_to_min_max(relu6_depthwise(True, k, groups)), "llvm"), tvm.cpu())["main"](
+            *[tvm.runtime.tensor(a) for a in args]
+        ).numpy()
+    )
+    assert np.abs(ref32 - ref).max() / scale < 2e-3  # the reference is the graph's
