@@ -7,7 +7,7 @@
 Each network (torchvision architecture, seeded random weights) goes through the steps ``build`` takes
 for the precision (quantization plan on random calibration data, NHWC, fp16 casts), is legalized and
 fused; every kernel :func:`~inferx_edge.compiler.cuda.channel_vectorized_reduction` schedules is
-compiled each way (``small_reduction_rule(channels, pixels=...)``; the pixels a kernel takes are
+compiled each way (``small_reduction_rule(channels, pixels=..., wide_pixels=...)``, both the variant's; the pixels a kernel takes are
 :func:`~inferx_edge.compiler.cuda.rules.small_reduction.row_pixels`' choice, recorded), run on the
 same random inputs (outputs compared exactly: each output's accumulation order is the same) and timed
 with TVM's time evaluator; ``--sums fp16,fp32`` times them both as build makes them (short float
@@ -26,8 +26,9 @@ import numpy as np
 from benchmarks._kernels import depthwise_sums
 from benchmarks._record import gpu_driver, versions, write_record
 
-#: variant: (channels, pixels along W) per thread, the most a kernel may take
+#: variant: (channels, pixels along W[, pixels for wide windows]) per thread, the most a kernel may take
 VARIANTS = {
+    "as built: 4 pixels or 7 for wide windows": (8, 4, 7),
     "8 pixels x 8 channels": (8, 8),
     "7 pixels x 8 channels": (8, 7),
     "4 pixels x 8 channels": (8, 4),
@@ -96,17 +97,19 @@ def random_args(func, seed: int = 0) -> list[np.ndarray]:
     return out
 
 
-def compile_kernel(func, target: str, channels: int, pixels: int):
+def compile_kernel(func, target: str, channels: int, pixels: int, wide_pixels: int | None = None):
     from tvm.s_tir import dlight as dl
 
     from benchmarks._kernels import compile_with_rules
     from inferx_edge.compiler.cuda import small_reduction_rule
 
-    return compile_with_rules(func, target, [small_reduction_rule(channels, pixels=pixels), dl.gpu.Fallback()])
+    rule = small_reduction_rule(channels, pixels=pixels, wide_pixels=wide_pixels or pixels)
+    return compile_with_rules(func, target, [rule, dl.gpu.Fallback()])
 
 
-def pixels_taken(func, target: str, channels: int, pixels: int) -> int:
-    """The pixels along W per thread the channel-vectorized schedule gives ``func`` (1 when it declines)."""
+def pixels_taken(func, target: str, channels: int, pixels: int, wide_pixels: int | None = None) -> int:
+    """The pixels along W per thread the channel-vectorized schedule gives ``func`` (1 when it declines)
+    with ``pixels`` and ``wide_pixels`` (default: ``pixels``, as :func:`compile_kernel` compiles)."""
     import tvm
     from tvm.s_tir import Schedule
     from tvm.s_tir.dlight.analysis import normalize_prim_func
@@ -129,7 +132,8 @@ def pixels_taken(func, target: str, channels: int, pixels: int) -> int:
     per_thread = thread_channels(block, channels, FP32_SMALL_REDUCTION_CHANNELS)
     if not per_thread or per_thread == 1:
         return 1
-    return row_pixels(block, reds[0].iters, per_thread, pixels, tvm.DataType(str(func.params[-1].dtype)).bits)
+    bits = tvm.DataType(str(func.params[-1].dtype)).bits
+    return row_pixels(block, reds[0].iters, per_thread, pixels, bits, wide_pixels=wide_pixels or pixels)
 
 
 def time_variants(model_name: str, name: str, func, batch: int, target: str, dev, variants=VARIANTS) -> dict:
@@ -139,15 +143,15 @@ def time_variants(model_name: str, name: str, func, batch: int, target: str, dev
     host = random_args(func)
     row = {"model": model_name, "kernel": name, "batch": batch, "input_shape": list(host[0].shape)}
     outputs = {}
-    for variant, (channels, pixels) in variants.items():
-        lib = compile_kernel(func, target, channels, pixels)
+    for variant, (channels, pixels, *wide) in variants.items():
+        lib = compile_kernel(func, target, channels, pixels, *wide)
         tensors = [tvm.runtime.tensor(a, dev) for a in host]
         lib["main"](*tensors)
         outputs[variant] = tensors[-1].numpy()
         # tvm.compile returns an Executable; its runtime module has the time evaluator
         timer = lib.mod.time_evaluator("main", dev, number=20, repeat=5, min_repeat_ms=50)
         row[f"{variant} us"] = float(np.median(timer(*tensors).results)) * 1e6
-        row[f"{variant} pixels"] = pixels_taken(func, target, channels, pixels)
+        row[f"{variant} pixels"] = pixels_taken(func, target, channels, pixels, *wide)
     first = next(iter(outputs.values()))
     row["identical"] = all(np.array_equal(first, o) for o in outputs.values())
     return row

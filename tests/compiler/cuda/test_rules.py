@@ -78,11 +78,16 @@ def _depthwise(n, hw, c, k, stride, out_dtype="float32", group_width=1):
 @pytest.mark.parametrize(
     "shape, out_dtype, pixels",
     [
-        ((8, 56, 96, 7, 1), "float32", 4),  # ConvNeXt's 7x7: a row of 10 columns serves 4 pixels
-        ((16, 14, 384, 7, 1), "float32", 2),  # W = 14: 4 does not divide it
+        ((8, 56, 96, 7, 1), "float32", 7),  # ConvNeXt's 7x7: a row of 13 columns serves 7 pixels
+        ((64, 14, 384, 7, 1), "float32", 7),  # W = 14: 7 divides it
+        (
+            (16, 14, 384, 7, 1),
+            "float32",
+            2,
+        ),  # ... at batch 16 7 pixels would leave too few threads; 4 does not divide W
         ((8, 7, 768, 7, 1), "float32", 1),  # W = 7: a whole row would leave too few threads at batch 8
         ((64, 7, 768, 7, 1), "float32", 7),  # ... at batch 64 a thread takes the whole 7-pixel row
-        ((8, 56, 128, 3, 1, "int8", 4), None, 4),  # ResNeXt's 4-channel groups, int8 out
+        ((8, 56, 128, 3, 1, "int8", 4), None, 7),  # ResNeXt's 4-channel groups (36 elements: wide), int8 out
         ((8, 56, 144, 3, 1), "float32", 2),  # 3x3 with fp32 out: capped at 2
         ((16, 56, 144, 3, 2), "int8", 4),  # 3x3 with int8 out, stride 2
         ((8, 56, 144, 3, 2), "int8", 2),  # ... at batch 8 4 pixels would leave too few threads
@@ -95,7 +100,7 @@ def test_small_reductions_take_pixels_along_w_and_match_the_unscheduled_kernel(s
     from benchmarks.gpu_small_reduction import pixels_taken
     from inferx_edge.compiler.compile import resolve_tvm_target
     from inferx_edge.compiler.cuda import SMALL_REDUCTION_CHANNELS, channel_vectorized_reduction
-    from inferx_edge.compiler.cuda.rules.small_reduction import SMALL_REDUCTION_PIXELS
+    from inferx_edge.compiler.cuda.rules.small_reduction import SMALL_REDUCTION_PIXELS, WIDE_WINDOW_PIXELS
     from inferx_edge.compiler.schedule_check import check_kernel
     from inferx_edge.targets import get_target
 
@@ -108,7 +113,8 @@ def test_small_reductions_take_pixels_along_w_and_match_the_unscheduled_kernel(s
     target = resolve_tvm_target(get_target("h200"))
     with target:
         sch = channel_vectorized_reduction(func, target)
-    assert pixels_taken(func, "h200", SMALL_REDUCTION_CHANNELS, SMALL_REDUCTION_PIXELS) == pixels
+    taken = pixels_taken(func, "h200", SMALL_REDUCTION_CHANNELS, SMALL_REDUCTION_PIXELS, WIDE_WINDOW_PIXELS)
+    assert taken == pixels
     assert sch is not None
     assert check_kernel(func, sch.mod["main"]) == 0.0
 

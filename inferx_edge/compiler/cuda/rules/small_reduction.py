@@ -35,7 +35,7 @@ FP32_SMALL_REDUCTION_CHANNELS = 4
 #: channel-vectorized small reductions sliding along W (depthwise and narrow grouped convolutions,
 #: pooling) give a thread up to this many consecutive pixels along W as well: neighbouring windows share
 #: all but a column, so one row of the padded input in registers serves every pixel's taps on it (a 7x7
-#: window, 4 pixels: 10 loads per row instead of 28). 1: off. Measured per kernel on an H100 at batch 64
+#: window, 4 pixels: 10 loads per row instead of 28; wide windows: :data:`WIDE_WINDOW_PIXELS`). 1: off. Measured per kernel on an H100 at batch 64
 #: (``gpu_small_reduction_pixels_h100.json``): 4 pixels took ConvNeXt-T's 7x7 depthwise kernels from 204
 #: to 121 us (56x56) and ResNeXt-50's 4-channel grouped convs from 114 to 81 us ...
 SMALL_REDUCTION_PIXELS = 4
@@ -53,8 +53,16 @@ MIN_SMALL_REDUCTION_THREADS = 32768
 #: thread's whole, for windows of at least :data:`NARROW_WINDOW` elements, where the kernel keeps
 #: :data:`MIN_SMALL_REDUCTION_THREADS` threads. Measured on an H100 (``gpu_small_reduction_pixels7_h100``):
 #: ConvNeXt-T's 7x7 depthwise conv over 7x7 maps at batch 64, 24.1 us with one pixel per thread, 15.9 us
-#: with 7; over 14x14 maps 7 pixels lost to 2 (34.0 vs 31.9 us), so wider rows keep the halving
+#: with 7; over 14x14 maps, with fp32 sums, 7 pixels lost to 2 (34.0 vs 31.9 us) (see WIDE_WINDOW_PIXELS)
 WHOLE_ROW_PIXELS = 7
+
+#: windows of at least :data:`NARROW_WINDOW` elements over maps whose width this divides take this
+#: many pixels per thread (where the kernel keeps :data:`MIN_SMALL_REDUCTION_THREADS` threads). With fp16
+#: sums (``compiler.passes.fp16_depthwise``), measured on an H100 at batch 64
+#: (``gpu_small_reduction_fp16_sums.json``; 4 -> 7 pixels, outputs identical): ConvNeXt-T's 7x7
+#: depthwise kernels 77.5 -> 73.1 us (56x56 maps), 44.9 -> 39.9 (28x28), 31.0 -> 23.9 (14x14, where
+#: 4 pixels had halved to 2), ResNeXt-50's 3x3 convs over 4 channels per group 53.0 -> 46.3 (56x56)
+WIDE_WINDOW_PIXELS = 7
 
 _SMALL_REDUCTION_THREADS = 64
 
@@ -122,12 +130,20 @@ def thread_channels(block, channels: int, fp32_channels: int) -> int | None:
     )
 
 
-def row_pixels(block, iters, channels: int, pixels: int = SMALL_REDUCTION_PIXELS, out_bits: int = 8) -> int:
+def row_pixels(
+    block,
+    iters,
+    channels: int,
+    pixels: int = SMALL_REDUCTION_PIXELS,
+    out_bits: int = 8,
+    wide_pixels: int = WIDE_WINDOW_PIXELS,
+) -> int:
     """Pixels along W per thread for a channel-vectorized small reduction with block iterators
     ``iters`` (dlight's, NHWC order: ..., W, C, then the reduction) whose output elements are
-    ``out_bits`` wide: up to ``pixels`` (:data:`NARROW_WINDOW_WIDE_OUTPUT_PIXELS` for narrow windows
-    with wide outputs), halved until it divides W and the kernel keeps
-    :data:`MIN_SMALL_REDUCTION_THREADS` threads; 1 where the window does not slide along W."""
+    ``out_bits`` wide: ``wide_pixels`` for windows of at least :data:`NARROW_WINDOW` elements where it
+    is more than ``pixels``, divides W and keeps :data:`MIN_SMALL_REDUCTION_THREADS` threads; else up to
+    ``pixels`` (:data:`NARROW_WINDOW_WIDE_OUTPUT_PIXELS` for narrow windows with wide outputs), halved
+    until it divides W and the kernel keeps those threads; 1 where the window does not slide along W."""
     spatial = [it for it in iters if it.kind == "S"]
     if len(spatial) < 2 or spatial[-2].var not in sliding_vars(block):
         return 1
@@ -136,6 +152,13 @@ def row_pixels(block, iters, channels: int, pixels: int = SMALL_REDUCTION_PIXELS
         pixels = min(pixels, NARROW_WINDOW_WIDE_OUTPUT_PIXELS)
     outputs = math.prod(it.dom for it in spatial)
     width = spatial[-2].dom
+    if (
+        reduced >= NARROW_WINDOW
+        and wide_pixels > pixels
+        and width % wide_pixels == 0
+        and outputs // (channels * wide_pixels) >= MIN_SMALL_REDUCTION_THREADS
+    ):
+        return wide_pixels
     if (
         width <= WHOLE_ROW_PIXELS
         and width % pixels
@@ -155,10 +178,11 @@ def channel_vectorized_reduction(
     channels: int = SMALL_REDUCTION_CHANNELS,
     fp32_channels: int = FP32_SMALL_REDUCTION_CHANNELS,
     pixels: int = SMALL_REDUCTION_PIXELS,
+    wide_pixels: int = WIDE_WINDOW_PIXELS,
 ):
     """Schedule a small fp16 reduction with ``channels`` consecutive innermost outputs per thread (an
     fp32 one with ``fp32_channels``, an int8 one with twice ``channels``; 1: not this schedule) times up
-    to ``pixels`` along W (:func:`row_pixels`), or None when it does not apply (another dtype, channels
+    to ``pixels`` (``wide_pixels`` for wide windows) along W (:func:`row_pixels`), or None when it does not apply (another dtype, channels
     not a multiple, a schedule error).
 
     The input's padding block is not inlined: each thread copies its padded window into registers
@@ -201,7 +225,7 @@ def channel_vectorized_reduction(
         inner = [c_in]
         outer = [*s_loops[:-1], c_out]
         out_bits = tvm.DataType(str(sch.get(rest[-1].block_rv).writes[0].source.dtype)).bits
-        per_row = row_pixels(sch.get(block), red.iters, channels, pixels, out_bits)
+        per_row = row_pixels(sch.get(block), red.iters, channels, pixels, out_bits, wide_pixels)
         if per_row > 1:
             p_out, p_in = sch.split(s_loops[-2], [None, per_row])
             inner = [p_in, c_in]
@@ -247,10 +271,12 @@ def small_reduction_rule(
     channels: int = SMALL_REDUCTION_CHANNELS,
     fp32_channels: int = FP32_SMALL_REDUCTION_CHANNELS,
     pixels: int = SMALL_REDUCTION_PIXELS,
+    wide_pixels: int = WIDE_WINDOW_PIXELS,
 ):
     """A dlight rule for reductions over a few elements per output: :func:`channel_vectorized_reduction`
     for fp16, fp32 and int8 NHWC ones (``channels`` / ``fp32_channels`` per thread, a multiple of 4, int8
-    twice ``channels``; 1: off; up to ``pixels`` along W), else one output per thread."""
+    twice ``channels``; 1: off; up to ``pixels`` along W, ``wide_pixels`` for wide windows), else one
+    output per thread."""
     from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
     class SmallReduction(GPUScheduleRule):
@@ -259,7 +285,7 @@ def small_reduction_rule(
 
             if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
                 return None
-            vectorized = channel_vectorized_reduction(func, target, channels, fp32_channels, pixels)
+            vectorized = channel_vectorized_reduction(func, target, channels, fp32_channels, pixels, wide_pixels)
             if vectorized is not None:
                 return vectorized
             found = _inlined_blocks(self, func, target)
