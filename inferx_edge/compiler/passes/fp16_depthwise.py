@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from inferx_edge.compiler.passes._rewrite import rewrite_calls_in_context, static_shape
+from inferx_edge.compiler.passes._rewrite import rewrite_calls_in_context, static_shape, weight_only, weight_params
 
 FP16_MAX = 65504.0
 
@@ -89,4 +89,86 @@ def fp16_depthwise(mod):
         )  # fmt: skip
         return relax.op.astype(y, "float32") if half_sum else y
 
-    return rewrite_calls_in_context(mod, rewrite)
+    return fp16_layer_norm_inputs(rewrite_calls_in_context(mod, rewrite))
+
+
+def fp16_layer_norm_inputs(mod):
+    """A float32 ``layer_norm`` whose input is used by nothing else and comes from an fp16-summed conv
+    (:func:`fp16_depthwise`) through a widening cast, adds of weights or constants (the bias) and
+    reshapes reads that input as fp16 (saturated to fp16's range) with fp16 scale and shift, and
+    widens its result: the conv's
+    kernel writes fp16 instead of float32 and the LayerNorm kernel reads it (ConvNeXt's depthwise ->
+    LayerNorm: half the bytes of the widest tensors of each block; a reshape to the same shape in
+    between is dropped, as it would end the conv's fused epilogue). Statistics stay float32 (TVM's
+    LayerNorm sums fp16 inputs in float32); the normalised value is rounded to fp16 before the scale,
+    far finer than the int8 quantization that follows it in int8 variants."""
+    import tvm
+    from tvm import relax
+
+    layer_norm, astype, add, reshape = (
+        tvm.ir.Op.get(f"relax.{n}") for n in ("nn.layer_norm", "astype", "add", "reshape")
+    )
+    conv = tvm.ir.Op.get("relax.nn.conv2d")
+    weights = weight_params(mod)
+    uses: dict = {}
+
+    @relax.expr_functor.visitor
+    class _Uses(relax.PyExprVisitor):
+        def visit_var_(self, var):
+            uses[var] = uses.get(var, 0) + 1
+
+        def visit_dataflow_var_(self, var):
+            uses[var] = uses.get(var, 0) + 1
+
+    for _gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            _Uses().visit_expr(func)
+
+    def fixed(expr, ctx) -> bool:  # weight-only, looking through reshapes (their shape operand)
+        value = ctx.bindings.get(expr) if isinstance(expr, relax.Var) else expr
+        if isinstance(value, relax.Call) and value.op == reshape:
+            return fixed(value.args[0], ctx)
+        return weight_only(expr, ctx, weights)
+
+    def half_summed(expr, ctx, depth: int = 0) -> bool:
+        bindings = ctx.bindings
+        if depth > 4:
+            return False
+        value = bindings.get(expr, expr) if isinstance(expr, relax.Var) else expr
+        if isinstance(expr, relax.Var) and uses.get(expr, 0) > 1:
+            return False
+        if not isinstance(value, relax.Call):
+            return False
+        if value.op == reshape:
+            return half_summed(value.args[0], ctx, depth + 1)
+        if value.op == add:  # the bias: a constant or weight-only expression
+            a, b = value.args
+            if fixed(b, ctx):
+                return half_summed(a, ctx, depth + 1)
+            return fixed(a, ctx) and half_summed(b, ctx, depth + 1)
+        if value.op == astype and str(value.ty.dtype) == "float32":
+            inner = value.args[0]
+            inner = bindings.get(inner, inner) if isinstance(inner, relax.Var) else inner
+            return isinstance(inner, relax.Call) and inner.op == conv and str(inner.ty.dtype) == "float16"
+        return False
+
+    def rewrite(call, ctx):
+        if call.op != layer_norm or str(call.ty.dtype) != "float32" or not half_summed(ctx.given[0], ctx):
+            return None
+        _x, gamma, beta = call.args
+        x = ctx.given[0]
+        while True:  # past reshapes that keep the shape: one would end the conv's fused epilogue
+            value = ctx.bindings.get(x)
+            if not (isinstance(value, relax.Call) and value.op == reshape):
+                break
+            if static_shape(value.args[0]) is None or static_shape(value.args[0]) != static_shape(x):
+                break
+            x = value.args[0]
+        a = call.attrs
+        y = relax.op.nn.layer_norm(
+            saturated_fp16(ctx.rewritten(x)), relax.op.astype(gamma, "float16"), relax.op.astype(beta, "float16"), a.axes,
+            a.epsilon, a.center, a.scale,
+        )  # fmt: skip
+        return relax.op.astype(y, "float32")
+
+    return relax.transform.DeadCodeElimination()(rewrite_calls_in_context(mod, rewrite))

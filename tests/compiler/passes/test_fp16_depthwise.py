@@ -124,3 +124,60 @@ def test_short_reductions_accumulate_in_fp16(k, groups, accumulator):
         ).numpy()
     )
     assert np.abs(ref32 - ref).max() / scale < 2e-3  # the reference is the graph's
+
+
+def _depthwise_layer_norm(residual: bool):
+    """NHWC 7x7 depthwise conv + bias -> LayerNorm over channels (ConvNeXt's block start), batch 2;
+    ``residual``: the conv's output is also added to the LayerNorm's output. Weights are parameters."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([2, 14, 14, 32], "float32"))
+    w = relax.Var("w", relax.TensorType([32, 7, 7, 1], "float32"))
+    bias = relax.Var("bias", relax.TensorType([1, 1, 1, 32], "float32"))
+    g = relax.Var("g", relax.TensorType([32], "float32"))
+    b = relax.Var("b", relax.TensorType([32], "float32"))
+    with bb.function("main", [x, w, bias, g, b], attrs={"num_input": 1}):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w, padding=[3] * 4, groups=32, data_layout="NHWC", kernel_layout="OHWI"))
+            y = bb.emit(relax.op.add(y, bias))
+            z = bb.emit(relax.op.nn.layer_norm(y, g, b, [-1]))
+            if residual:
+                z = bb.emit(relax.op.add(z, y))
+            out = bb.emit_output(z)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_layer_norm_reads_an_fp16_summed_conv_as_fp16(residual):
+    """A LayerNorm whose only input is an fp16-summed depthwise conv (+ bias) reads it as fp16 (the
+    conv's kernel then writes fp16); where the conv's output has another use it stays float32. Results
+    within fp16 rounding of the float32 graph."""
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.passes import fp16_depthwise
+
+    mod = _depthwise_layer_norm(residual)
+    rewritten = fp16_depthwise(mod)
+    norms = [
+        b.value
+        for blk in rewritten["main"].body.blocks
+        for b in blk.bindings
+        if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.nn.layer_norm"
+    ]
+    assert [str(n.args[0].ty.dtype) for n in norms] == ["float32" if residual else "float16"]
+    assert str(rewritten["main"].body.body.ty.dtype) == "float32"
+    rng = np.random.default_rng(2)
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((2, 14, 14, 32), (32, 7, 7, 1), (1, 1, 1, 32))]
+    args += [(1 + 0.1 * rng.standard_normal(32)).astype(np.float32), (0.1 * rng.standard_normal(32)).astype(np.float32)]
+
+    def run(m):
+        vm = relax.VirtualMachine(relax.build(m, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+        return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+
+    ref = run(mod)
+    got = run(rewritten)
+    err = np.abs(got - ref).max() / np.abs(ref).max()
+    assert err < 5e-3, err
