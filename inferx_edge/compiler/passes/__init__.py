@@ -27,7 +27,7 @@ from inferx_edge.compiler.passes.pad_int8_conv_channels import pad_int8_conv_cha
 from inferx_edge.compiler.passes.pad_ragged_conv_outputs import PAD_TO, pad_ragged_conv_outputs
 from inferx_edge.compiler.passes.sink_permutes import sink_permutes
 from inferx_edge.compiler.passes.space_to_depth_int8_convs import space_to_depth_int8_convs
-from inferx_edge.compiler.passes.unit_transposes_to_reshapes import unit_transposes_to_reshapes
+from inferx_edge.compiler.passes.unit_transposes_to_reshapes import drop_identity_reshapes, unit_transposes_to_reshapes
 
 
 def to_fp16(mod):
@@ -56,7 +56,8 @@ def convert_layout(mod, layout: str, kernel_layout: str = "OHWI"):
     non-negative first (:func:`nonnegative_axes`: TVM's layout rules for those two fail on them).
     Transposes move below elementwise ops and cancel where they meet their inverse
     (:func:`sink_permutes`: a channels-last block inside an NCHW network), and last, transposes that
-    only move axes of extent 1 become reshapes (:func:`unit_transposes_to_reshapes`).
+    only move axes of extent 1 become reshapes (:func:`unit_transposes_to_reshapes`) and reshapes
+    that keep the shape go (:func:`drop_identity_reshapes`).
     """
     if layout == "NCHW":
         return mod
@@ -67,7 +68,7 @@ def convert_layout(mod, layout: str, kernel_layout: str = "OHWI"):
     mod = relax.transform.DeadCodeElimination()(sink_permutes(mod))
     if layout == "NHWC":
         mod = space_to_depth_int8_convs(pad_int8_conv_channels(mod))
-    return unit_transposes_to_reshapes(mod)
+    return drop_identity_reshapes(unit_transposes_to_reshapes(mod))
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,7 @@ __all__ = [
     "bake_weight_transforms",
     "clip_to_min_max",
     "convert_layout",
+    "drop_identity_reshapes",
     "fp16_activation_matmuls",
     "fp16_depthwise",
     "fp16_matmul_weights_along_k",
