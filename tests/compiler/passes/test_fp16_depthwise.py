@@ -20,14 +20,7 @@ def test_float_depthwise_reads_fp16(clip_first):
 
     mod = convert_layout(relu6_depthwise(clip_first), "NHWC")
     rewritten = fp16_depthwise(mod)
-    convs = [
-        b.value
-        for blk in rewritten["main"].body.blocks
-        for b in blk.bindings
-        if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.nn.conv2d"
-    ]
-    dtypes = [(str(c.args[0].ty.dtype), str(c.ty.dtype)) for c in convs]
-    assert dtypes == [("float32", "float32"), ("float16", "float16")]  # 9 elements: summed in fp16
+    assert _conv_dtypes(rewritten) == [("float32", "float32"), ("float16", "float16")]  # 9 elements: summed in fp16
     assert str(rewritten["main"].body.body.ty.dtype) == "float32"  # widened for the epilogue
     saturations = [
         b.value
@@ -69,15 +62,21 @@ def test_unbounded_depthwise_input_saturates_never_inf():
     assert np.isfinite(got).all() and got.max() == 65504.0
 
 
-def _conv_dtypes(mod):
+def _calls(mod, op: str) -> list:
+    """``main``'s calls of the Relax operator ``op`` (e.g. "relax.nn.conv2d"), in order."""
     from tvm import relax
 
     return [
-        (str(b.value.args[0].ty.dtype), str(b.value.ty.dtype))
+        b.value
         for blk in mod["main"].body.blocks
         for b in blk.bindings
-        if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.nn.conv2d"
+        if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == op
     ]
+
+
+def _conv_dtypes(mod):
+    """(input dtype, accumulator dtype) of each conv of ``main``."""
+    return [(str(c.args[0].ty.dtype), str(c.ty.dtype)) for c in _calls(mod, "relax.nn.conv2d")]
 
 
 @pytest.mark.parametrize(
@@ -161,12 +160,7 @@ def test_layer_norm_reads_an_fp16_summed_conv_as_fp16(residual):
 
     mod = _depthwise_layer_norm(residual)
     rewritten = fp16_depthwise(mod)
-    norms = [
-        b.value
-        for blk in rewritten["main"].body.blocks
-        for b in blk.bindings
-        if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.nn.layer_norm"
-    ]
+    norms = _calls(rewritten, "relax.nn.layer_norm")
     assert [str(n.args[0].ty.dtype) for n in norms] == ["float32" if residual else "float16"]
     assert str(rewritten["main"].body.body.ty.dtype) == "float32"
     rng = np.random.default_rng(2)
