@@ -38,8 +38,8 @@ def reduced_elements(weight, kernel_layout: str) -> float:
 
 def fp16_depthwise(mod):
     """Float depthwise and grouped convs (int8 variants keep them float) read their input and weights
-    as fp16: the producer's epilogue writes fp16, halving the traffic of the
-    widest tensors of inverted-residual networks (6x expanded), and the depthwise kernel takes 8
+    as fp16: the producer's epilogue writes fp16, halving the traffic of the widest tensors of
+    inverted-residual networks (6x expanded), and the depthwise kernel takes 8
     channels per thread with 16-byte loads where float32 takes 4. An input clipped into fp16's range
     (ReLU6 and other constant clips) is cast as it is; any other (SiLU, hardswish, a residual stream)
     is saturated first (:func:`saturated_fp16`). fp16's 11-bit precision is far finer than the int8
@@ -96,10 +96,10 @@ def fp16_layer_norm_inputs(mod):
     """A float32 ``layer_norm`` whose input is used by nothing else and comes from an fp16-summed conv
     (:func:`fp16_depthwise`) through a widening cast, adds of weights or constants (the bias) and
     reshapes reads that input as fp16 (saturated to fp16's range) with fp16 scale and shift, and
-    widens its result: the conv's
-    kernel writes fp16 instead of float32 and the LayerNorm kernel reads it (ConvNeXt's depthwise ->
-    LayerNorm: half the bytes of the widest tensors of each block; a reshape to the same shape in
-    between is dropped, as it would end the conv's fused epilogue). Statistics stay float32 (TVM's
+    widens its result: the conv's kernel writes fp16 instead of float32 and the LayerNorm kernel reads
+    it (ConvNeXt's depthwise -> LayerNorm: half the bytes of the widest tensors of each block; the
+    same-shape reshape its ONNX graph has in between is gone since ``convert_layout``'s
+    ``drop_identity_reshapes``, or it would end the conv's fused epilogue). Statistics stay float32 (TVM's
     LayerNorm sums fp16 inputs in float32); the normalised value is rounded to fp16 before the scale,
     far finer than the int8 quantization that follows it in int8 variants."""
     import tvm
@@ -155,20 +155,12 @@ def fp16_layer_norm_inputs(mod):
     def rewrite(call, ctx):
         if call.op != layer_norm or str(call.ty.dtype) != "float32" or not half_summed(ctx.given[0], ctx):
             return None
-        _x, gamma, beta = call.args
-        x = ctx.given[0]
-        while True:  # past reshapes that keep the shape: one would end the conv's fused epilogue
-            value = ctx.bindings.get(x)
-            if not (isinstance(value, relax.Call) and value.op == reshape):
-                break
-            if static_shape(value.args[0]) is None or static_shape(value.args[0]) != static_shape(x):
-                break
-            x = value.args[0]
+        x, gamma, beta = call.args
         a = call.attrs
         y = relax.op.nn.layer_norm(
-            saturated_fp16(ctx.rewritten(x)), relax.op.astype(gamma, "float16"), relax.op.astype(beta, "float16"), a.axes,
+            saturated_fp16(x), relax.op.astype(gamma, "float16"), relax.op.astype(beta, "float16"), a.axes,
             a.epsilon, a.center, a.scale,
         )  # fmt: skip
         return relax.op.astype(y, "float32")
 
-    return relax.transform.DeadCodeElimination()(rewrite_calls_in_context(mod, rewrite))
+    return rewrite_calls_in_context(mod, rewrite)

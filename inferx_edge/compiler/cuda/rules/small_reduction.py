@@ -35,8 +35,8 @@ FP32_SMALL_REDUCTION_CHANNELS = 4
 #: channel-vectorized small reductions sliding along W (depthwise and narrow grouped convolutions,
 #: pooling) give a thread up to this many consecutive pixels along W as well: neighbouring windows share
 #: all but a column, so one row of the padded input in registers serves every pixel's taps on it (a 7x7
-#: window, 4 pixels: 10 loads per row instead of 28; wide windows: :data:`WIDE_WINDOW_PIXELS`). 1: off. Measured per kernel on an H100 at batch 64
-#: (``gpu_small_reduction_pixels_h100.json``): 4 pixels took ConvNeXt-T's 7x7 depthwise kernels from 204
+#: window, 4 pixels: 10 loads per row instead of 28; wide windows: :data:`WIDE_WINDOW_PIXELS`). 1: off.
+#: Measured per kernel on an H100 at batch 64 (``gpu_small_reduction_pixels_h100.json``): 4 pixels took ConvNeXt-T's 7x7 depthwise kernels from 204
 #: to 121 us (56x56) and ResNeXt-50's 4-channel grouped convs from 114 to 81 us ...
 SMALL_REDUCTION_PIXELS = 4
 
@@ -182,8 +182,8 @@ def channel_vectorized_reduction(
 ):
     """Schedule a small fp16 reduction with ``channels`` consecutive innermost outputs per thread (an
     fp32 one with ``fp32_channels``, an int8 one with twice ``channels``; 1: not this schedule) times up
-    to ``pixels`` (``wide_pixels`` for wide windows) along W (:func:`row_pixels`), or None when it does not apply (another dtype, channels
-    not a multiple, a schedule error).
+    to ``pixels`` (``wide_pixels`` for wide windows) along W (:func:`row_pixels`), or None when it does
+    not apply (another dtype, channels not a multiple, a schedule error).
 
     The input's padding block is not inlined: each thread copies its padded window into registers
     (16-byte loads, the bounds test once per tap), as it does weights and epilogue constants; the
