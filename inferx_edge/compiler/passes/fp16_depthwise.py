@@ -14,7 +14,7 @@ FP16_MAX = 65504.0
 #: one channel: 49; 3x3 over four: 36) accumulate in fp16 -- the reductions the small-reduction kernel
 #: unrolls in registers. Measured on ConvNeXt-T's 7x7 depthwise kernel over 56x56x96 maps (sm_90a
 #: SASS per thread of 4 pixels x 8 channels): fp32 accumulation takes 1,568 FFMA and 952 fp16 -> fp32
-#: conversions (HADD2.F32), fp16 takes 784 paired HFMA2 and none; see ``docs/zoo.md``
+#: conversions (HADD2.F32), fp16 takes 784 paired HFMA2 and 32 (the widened sums); see ``docs/zoo.md``
 HALF_ACCUMULATION_MAX = 64
 
 
