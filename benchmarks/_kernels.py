@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+#: how int8 variants' short float depthwise/grouped sums may accumulate (:func:`depthwise_sums`)
+DEPTHWISE_SUMS = ("fp16", "fp32")
+
 
 @contextmanager
 def depthwise_sums(dtype: str):
@@ -12,8 +15,8 @@ def depthwise_sums(dtype: str):
     build does, :data:`~inferx_edge.compiler.passes.fp16_depthwise.HALF_ACCUMULATION_MAX`) or "fp32"."""
     import importlib
 
-    if dtype not in ("fp16", "fp32"):
-        raise ValueError(f"depthwise sums {dtype!r}; valid: fp16, fp32")
+    if dtype not in DEPTHWISE_SUMS:
+        raise ValueError(f"depthwise sums {dtype!r}; valid: {', '.join(DEPTHWISE_SUMS)}")
     module = importlib.import_module("inferx_edge.compiler.passes.fp16_depthwise")
     default = module.HALF_ACCUMULATION_MAX
     module.HALF_ACCUMULATION_MAX = default if dtype == "fp16" else 0

@@ -67,23 +67,21 @@ def measure(name: str, zoo_dir: Path) -> list[dict]:
         d / "model.onnx", shapes, imported, "int8", QuantOptions(calib=calib, calib_method="mse"), log=lambda *a: None
     )
     host = get_target("x86-cpu")
+    cuda, cuda_fused = (
+        VariantLayout("int8", "NHWC", "OHWI", "OHWI"),
+        VariantLayout("int8", "NHWC", "OHWI", "OHWI", "fused"),
+    )
+    # label: (layout, quantizer, depthwise sums)
     builds = {
-        "fp32": (variant_layout(host, "fp32"), None),
-        "int8 host build": (variant_layout(host, "int8"), quantizer(plan, "int8")),
-        "int8 CUDA variant": (VariantLayout("int8", "NHWC", "OHWI", "OHWI"), quantizer(plan, "int8")),
-        "int8 CUDA variant, fused attention": (
-            VariantLayout("int8", "NHWC", "OHWI", "OHWI", "fused"),
-            quantizer(plan, "int8"),
-        ),
-        "int8 CUDA variant, fp32 depthwise sums": (
-            VariantLayout("int8", "NHWC", "OHWI", "OHWI", "fused"),
-            quantizer(plan, "int8"),
-        ),
+        "fp32": (variant_layout(host, "fp32"), None, "fp16"),
+        "int8 host build": (variant_layout(host, "int8"), quantizer(plan, "int8"), "fp16"),
+        "int8 CUDA variant": (cuda, quantizer(plan, "int8"), "fp16"),
+        "int8 CUDA variant, fused attention": (cuda_fused, quantizer(plan, "int8"), "fp16"),
+        "int8 CUDA variant, fp32 depthwise sums": (cuda_fused, quantizer(plan, "int8"), "fp32"),
     }
     outs, rows = {}, []
-    for label, (layout, quantize) in builds.items():
+    for label, (layout, quantize, sums) in builds.items():
         t0 = time.time()
-        sums = "fp32" if "fp32 depthwise sums" in label else "fp16"
         with emulated_attention(), depthwise_sums(sums):  # attention: the fused kernel's plain twin
             pv = prepare_variant(imported, layout, quantize=quantize, bake=True)
         outs[label] = _outputs(pv.mod, pv.weight_arrays, samples, inputs)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks._kernels import depthwise_sums
+from benchmarks._kernels import DEPTHWISE_SUMS, depthwise_sums
 from benchmarks._record import gpu_driver, versions, write_record
 
 #: variant: (channels, pixels along W[, pixels for wide windows]) per thread, the most a kernel may take
@@ -182,8 +182,8 @@ def main() -> None:
         ap.error(f"unknown variant(s) {unknown}; valid: {list(VARIANTS)}")
     variants = {v: VARIANTS[v] for v in args.variants.split(",")}
     sums = args.sums.split(",")
-    if set(sums) - {"fp16", "fp32"}:
-        ap.error(f"--sums: {args.sums!r}; valid: fp16, fp32")
+    if set(sums) - set(DEPTHWISE_SUMS):
+        ap.error(f"--sums: {args.sums!r}; valid: {', '.join(DEPTHWISE_SUMS)}")
     import torch
     import tvm
 
