@@ -124,20 +124,18 @@ def fp16_layer_norm_inputs(mod):
         if isinstance(func, relax.Function):
             _Uses().visit_expr(func)
 
+    def value_of(expr, ctx):  # what a variable is bound to (a parameter, or an expression: itself)
+        return ctx.bindings.get(expr, expr) if isinstance(expr, relax.Var) else expr
+
     def fixed(expr, ctx) -> bool:  # weight-only, looking through reshapes (their shape operand)
-        value = ctx.bindings.get(expr) if isinstance(expr, relax.Var) else expr
+        value = value_of(expr, ctx)
         if isinstance(value, relax.Call) and value.op == reshape:
             return fixed(value.args[0], ctx)
         return weight_only(expr, ctx, weights)
 
     def half_summed(expr, ctx, depth: int = 0) -> bool:
-        bindings = ctx.bindings
-        if depth > 4:
-            return False
-        value = bindings.get(expr, expr) if isinstance(expr, relax.Var) else expr
-        if isinstance(expr, relax.Var) and uses.get(expr, 0) > 1:
-            return False
-        if not isinstance(value, relax.Call):
+        value = value_of(expr, ctx)
+        if depth > 4 or (isinstance(expr, relax.Var) and uses.get(expr, 0) > 1) or not isinstance(value, relax.Call):
             return False
         if value.op == reshape:
             return half_summed(value.args[0], ctx, depth + 1)
@@ -147,8 +145,7 @@ def fp16_layer_norm_inputs(mod):
                 return half_summed(a, ctx, depth + 1)
             return fixed(a, ctx) and half_summed(b, ctx, depth + 1)
         if value.op == astype and str(value.ty.dtype) == "float32":
-            inner = value.args[0]
-            inner = bindings.get(inner, inner) if isinstance(inner, relax.Var) else inner
+            inner = value_of(value.args[0], ctx)
             return isinstance(inner, relax.Call) and inner.op == conv and str(inner.ty.dtype) == "float16"
         return False
 
