@@ -136,6 +136,27 @@ def kernel_costs(mod) -> dict[str, dict]:
     return out
 
 
+def call_counts(mod) -> dict[str, int]:
+    """How many times the module's Relax functions launch each PrimFunc (``call_tir``): repeated blocks
+    of a network share one kernel."""
+    import tvm
+    from tvm import relax
+
+    counts: collections.Counter = collections.Counter()
+
+    @relax.expr_functor.visitor
+    class _Calls(relax.PyExprVisitor):
+        def visit_call_(self, call):
+            if isinstance(call.args[0] if call.args else None, tvm.ir.GlobalVar):
+                counts[call.args[0].name_hint] += 1
+            super().visit_call_(call)
+
+    for _gv, f in mod.functions_items():
+        if isinstance(f, relax.Function):
+            _Calls().visit_expr(f)
+    return dict(counts)
+
+
 def unscheduled_kernels(mod, spec, target):
     """The module fused as the target pipeline fuses it, before any schedule: the kernels carry their
     names but no tensor-core intrinsics yet, so their FLOPs can be counted from the loop nests."""
@@ -258,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.check_schedules:
             return check_schedules(plain, mod, args.kernels)
         costs = kernel_costs(plain)
+        for name, n in call_counts(plain).items():
+            if name in costs:
+                costs[name]["calls"] = n
         traits = kernel_traits(mod, tuned_names)
         if args.costs_only:
             doc = {
@@ -269,7 +293,12 @@ def main(argv: list[str] | None = None) -> int:
             }
             if args.json:
                 args.json.write_text(json.dumps(doc, indent=1) + "\n")
-            print(f"{len(costs)} kernels, {sum(v['flops'] or 0 for v in costs.values()) / 1e9:.2f} GFLOP")
+            launches = sum(v.get("calls", 0) for v in costs.values())
+            moved = sum(v["bytes"] * v.get("calls", 0) for v in costs.values())
+            print(
+                f"{len(costs)} kernels, {sum(v['flops'] or 0 for v in costs.values()) / 1e9:.2f} GFLOP; "
+                f"per call: {launches} launches, {moved / 1e6:.0f} MB compulsory traffic"
+            )
             rules = collections.Counter((traits.get(k) or {}).get("rule") or "-" for k in costs)
             print("schedule rules: " + ", ".join(f"{r} {n}" for r, n in rules.most_common()))
             for name in few_block_kernels(doc["kernels"], spec.sm_count):

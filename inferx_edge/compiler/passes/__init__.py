@@ -17,6 +17,7 @@ from inferx_edge.compiler.passes.clip_to_min_max import clip_to_min_max
 from inferx_edge.compiler.passes.fp16_activation_matmuls import fp16_activation_matmuls
 from inferx_edge.compiler.passes.fp16_depthwise import FP16_MAX, fp16_depthwise
 from inferx_edge.compiler.passes.fp16_matmul_weights_along_k import fp16_matmul_weights_along_k
+from inferx_edge.compiler.passes.fp16_shared_inputs import fp16_shared_inputs
 from inferx_edge.compiler.passes.fused_attention import fused_attention
 from inferx_edge.compiler.passes.grouped_conv_gemm import grouped_conv_gemm
 from inferx_edge.compiler.passes.grouped_conv_hwio import grouped_conv_hwio
@@ -120,6 +121,8 @@ PASSES: tuple[Pass, ...] = (
     ),
     # CUDA int8/mixed: their float depthwise convs
     Pass("fp16_depthwise", lambda v: v.conv == "NHWC" and v.quantized, lambda mod, v: fp16_depthwise(mod)),
+    # CUDA int8/mixed: a value those read in fp16 is read in fp16 by its other readers too (a residual stream)
+    Pass("fp16_shared_inputs", lambda v: v.conv == "NHWC" and v.quantized, lambda mod, v: fp16_shared_inputs(mod)),
 )
 
 __all__ = [
@@ -135,6 +138,7 @@ __all__ = [
     "fp16_activation_matmuls",
     "fp16_depthwise",
     "fp16_matmul_weights_along_k",
+    "fp16_shared_inputs",
     "fused_attention",
     "grouped_conv_gemm",
     "grouped_conv_hwio",

@@ -74,6 +74,27 @@ def weight_only(expr, ctx: CallContext, weights: set) -> bool:
     return isinstance(value, relax.Call) and bool(value.args) and all(weight_only(a, ctx, weights) for a in value.args)
 
 
+def use_counts(mod) -> dict:
+    """How many times each variable of ``mod``'s Relax functions is read (a variable never read is
+    absent)."""
+    from tvm import relax
+
+    uses: dict = {}
+
+    @relax.expr_functor.visitor
+    class _Uses(relax.PyExprVisitor):
+        def visit_var_(self, var):
+            uses[var] = uses.get(var, 0) + 1
+
+        def visit_dataflow_var_(self, var):
+            uses[var] = uses.get(var, 0) + 1
+
+    for _gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            _Uses().visit_expr(func)
+    return uses
+
+
 def weight_params(mod) -> set:
     """``main``'s weight parameters (those after its ``num_input`` inputs); none without that attribute."""
     main = mod["main"]

@@ -6,7 +6,13 @@ import math
 
 import numpy as np
 
-from inferx_edge.compiler.passes._rewrite import rewrite_calls_in_context, static_shape, weight_only, weight_params
+from inferx_edge.compiler.passes._rewrite import (
+    rewrite_calls_in_context,
+    static_shape,
+    use_counts,
+    weight_only,
+    weight_params,
+)
 
 FP16_MAX = 65504.0
 
@@ -110,19 +116,7 @@ def fp16_layer_norm_inputs(mod):
     )
     conv = tvm.ir.Op.get("relax.nn.conv2d")
     weights = weight_params(mod)
-    uses: dict = {}
-
-    @relax.expr_functor.visitor
-    class _Uses(relax.PyExprVisitor):
-        def visit_var_(self, var):
-            uses[var] = uses.get(var, 0) + 1
-
-        def visit_dataflow_var_(self, var):
-            uses[var] = uses.get(var, 0) + 1
-
-    for _gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            _Uses().visit_expr(func)
+    uses = use_counts(mod)
 
     def value_of(expr, ctx):  # what a variable is bound to (a parameter, or an expression: itself)
         return ctx.bindings.get(expr, expr) if isinstance(expr, relax.Var) else expr
