@@ -56,11 +56,12 @@ def fp16_depthwise(mod):
     conv) and widen the sum to float32 for the epilogue; longer reductions accumulate in fp32. A sum
     beyond fp16's range is inf, as an fp16 variant's would be.
 
-    A residual stream's cast cannot fuse into its producer (the residual add reads the fp32 value too):
-    it is a kernel of its own. Keeping such inputs float32 instead (the conv reading the stream, 4
-    channels per thread) was measured: 1.16x on ConvNeXt-T's four depthwise stages alone
-    (``gpu_depthwise_input_h100.json``), no change on the whole network at batch 64 or 1 on the same
-    H100 (``zoo_h100_convnext_fp{16,32}_dw_input``): not taken."""
+    A residual stream's cast cannot fuse into its producer while the residual add reads the float32
+    value too: :func:`~.fp16_shared_inputs.fp16_shared_inputs` (the next pass) makes the add read the
+    fp16 copy. Keeping such inputs float32 instead (the conv reading the stream, 4 channels per thread)
+    was measured: 1.16x on ConvNeXt-T's four depthwise stages alone (``gpu_depthwise_input_h100.json``),
+    no change on the whole network at batch 64 or 1 on the same H100
+    (``zoo_h100_convnext_fp{16,32}_dw_input``): not taken."""
     import tvm
     from tvm import relax
 
