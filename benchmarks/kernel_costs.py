@@ -41,8 +41,9 @@ def costs(model_dir: Path, batch: int, precision: str, target: str) -> dict:
         out = Path(tmp) / "costs.json"
         proc = subprocess.run([*cmd, "--json", str(out)], capture_output=True, text=True, cwd=ROOT)
         if proc.returncode != 0 or not out.exists():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise RuntimeError(f"kernel_profile failed on {model_dir.name}: {tail[0]}")
+            lines = (proc.stderr or proc.stdout).strip().splitlines() or ["no output"]
+            errors = [ln for ln in lines if "Error" in ln]  # the exception's line, not a trailing warning
+            raise RuntimeError(f"kernel_profile failed on {model_dir.name}: {(errors or lines)[-1]}")
         return json.loads(out.read_text())
 
 

@@ -64,14 +64,34 @@ def nt_matmul(a, b_jk, acc_dtype: str):
 
 def weight_only(expr, ctx: CallContext, weights: set) -> bool:
     """Whether ``expr`` depends on nothing but ``weights`` (a function's weight parameters) and
-    constants, through the bindings ``ctx`` knows."""
-    import tvm
+    constants, through the bindings ``ctx`` knows. Shapes, scalars and dtypes written into a call
+    (``reshape``'s target shape) are constants; a call of no arguments is not weight-only.
+
+    Iterative, stopping at the first input: an activation's chain of bindings runs back through the
+    whole network, deeper than Python's recursion limit."""
     from tvm import relax
 
-    if isinstance(expr, tvm.ir.expr.Constant) or expr in weights:
-        return True
-    value = ctx.bindings.get(expr) if isinstance(expr, relax.Var) else None
-    return isinstance(value, relax.Call) and bool(value.args) and all(weight_only(a, ctx, weights) for a in value.args)
+    stack, seen = [expr], set()
+    while stack:
+        e = stack.pop()
+        if isinstance(e, relax.Var):
+            if e in weights or e in seen:
+                continue  # a variable seen before is weight-only so far: the walk stops at the first that is not
+            seen.add(e)
+            value = ctx.bindings.get(e)
+            if value is None:
+                return False  # an input
+            stack.append(value)
+        elif isinstance(e, relax.Call):
+            if not e.args:
+                return False
+            stack.extend(e.args)
+        elif isinstance(e, relax.Tuple):
+            stack.extend(e.fields)
+        elif isinstance(e, relax.TupleGetItem):
+            stack.append(e.tuple_value)
+        # anything else (constants, shapes, scalars, dtypes, a call's callee) is weight-only
+    return True
 
 
 def use_counts(mod) -> dict:

@@ -122,12 +122,6 @@ def fp16_layer_norm_inputs(mod):
     def value_of(expr, ctx):  # what a variable is bound to (a parameter, or an expression: itself)
         return ctx.bindings.get(expr, expr) if isinstance(expr, relax.Var) else expr
 
-    def fixed(expr, ctx) -> bool:  # weight-only, looking through reshapes (their shape operand)
-        value = value_of(expr, ctx)
-        if isinstance(value, relax.Call) and value.op == reshape:
-            return fixed(value.args[0], ctx)
-        return weight_only(expr, ctx, weights)
-
     def half_summed(expr, ctx, depth: int = 0) -> bool:
         value = value_of(expr, ctx)
         if depth > 4 or (isinstance(expr, relax.Var) and uses.get(expr, 0) > 1) or not isinstance(value, relax.Call):
@@ -136,9 +130,9 @@ def fp16_layer_norm_inputs(mod):
             return half_summed(value.args[0], ctx, depth + 1)
         if value.op == add:  # the bias: a constant or weight-only expression
             a, b = value.args
-            if fixed(b, ctx):
+            if weight_only(b, ctx, weights):
                 return half_summed(a, ctx, depth + 1)
-            return fixed(a, ctx) and half_summed(b, ctx, depth + 1)
+            return weight_only(a, ctx, weights) and half_summed(b, ctx, depth + 1)
         if value.op == astype and str(value.ty.dtype) == "float32":
             inner = value_of(value.args[0], ctx)
             return isinstance(inner, relax.Call) and inner.op == conv and str(inner.ty.dtype) == "float16"

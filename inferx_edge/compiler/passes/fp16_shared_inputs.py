@@ -22,8 +22,8 @@ def fp16_shared_inputs(mod):
     significant bits; int8 layers around it keep 8). A value beyond fp16's range is saturated for every
     reader, never inf.
 
-    int8 variants (after :func:`~.fp16_depthwise.fp16_depthwise`, which writes the saturations); a
-    value returned by the function keeps its float32 copy for that return.
+    int8 variants (after :func:`~.fp16_depthwise.fp16_depthwise`, which writes the saturations); values
+    of dataflow blocks only. A value the function returns keeps its float32 copy for that return.
     """
     import tvm
     from tvm import relax
@@ -58,7 +58,9 @@ def fp16_shared_inputs(mod):
                 v = bound_of(self.bindings.get(inner_var), op_in) if inner_var is not None else None
                 if v is None or uses.get(inner_var) != 1 or uses.get(outer_var) != 1:
                     continue
-                if isinstance(self.bindings.get(v), relax.Call) and str(v.ty.dtype) == "float32" and uses[v] > 1:
+                # a dataflow variable: all its readers are in this block, where the copy is emitted
+                produced = isinstance(v, relax.DataflowVar) and isinstance(self.bindings.get(v), relax.Call)
+                if produced and str(v.ty.dtype) == "float32" and uses[v] > 1:
                     self.found[v] = outer_var
 
     saturated: dict = {}  # v -> the variable its saturation chain's cast reads
