@@ -136,27 +136,6 @@ def kernel_costs(mod) -> dict[str, dict]:
     return out
 
 
-def call_counts(mod) -> dict[str, int]:
-    """How many times the module's Relax functions launch each PrimFunc (``call_tir``): repeated blocks
-    of a network share one kernel."""
-    import tvm
-    from tvm import relax
-
-    counts: collections.Counter = collections.Counter()
-
-    @relax.expr_functor.visitor
-    class _Calls(relax.PyExprVisitor):
-        def visit_call_(self, call):
-            if isinstance(call.args[0] if call.args else None, tvm.ir.GlobalVar):
-                counts[call.args[0].name_hint] += 1
-            super().visit_call_(call)
-
-    for _gv, f in mod.functions_items():
-        if isinstance(f, relax.Function):
-            _Calls().visit_expr(f)
-    return dict(counts)
-
-
 def unscheduled_kernels(mod, spec, target):
     """The module fused as the target pipeline fuses it, before any schedule: the kernels carry their
     names but no tensor-core intrinsics yet, so their FLOPs can be counted from the loop nests."""
@@ -279,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.check_schedules:
             return check_schedules(plain, mod, args.kernels)
         costs = kernel_costs(plain)
+        from inferx_edge.compiler.relax_rewrite import call_counts
+
         for name, n in call_counts(plain).items():
             if name in costs:
                 costs[name]["calls"] = n

@@ -1,6 +1,6 @@
 """Relax rewriting shared by the compiler's passes (``compiler.passes``) and the CUDA pipeline's own
 rewrites (``compiler.cuda``, which may not import ``compiler.passes``): every call of a module through a
-callback, a mutator over every function, static shapes."""
+callback, a mutator over every function, static shapes, kernel launches per call."""
 
 from __future__ import annotations
 
@@ -74,6 +74,29 @@ def mutate_functions(rewriter):
         if isinstance(func, relax.Function):
             rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
     return rewriter.builder_.get()
+
+
+def call_counts(mod) -> dict[str, int]:
+    """How many times ``mod``'s Relax functions call each of its functions (``call_tir`` of a PrimFunc:
+    a kernel launch); repeated blocks of a network share one kernel."""
+    import collections
+
+    import tvm
+    from tvm import relax
+
+    counts: collections.Counter = collections.Counter()
+
+    @relax.expr_functor.visitor
+    class _Calls(relax.PyExprVisitor):
+        def visit_call_(self, call):
+            if call.args and isinstance(call.args[0], tvm.ir.GlobalVar):
+                counts[call.args[0].name_hint] += 1
+            super().visit_call_(call)
+
+    for _gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            _Calls().visit_expr(func)
+    return dict(counts)
 
 
 def static_shape(expr) -> list[int] | None:

@@ -42,6 +42,26 @@ def test_costs_only_names_the_rule_that_scheduled_each_gpu_kernel_without_a_gpu(
     assert kernels and all(k["rule"] for k in kernels.values())  # every CUDA kernel went through a rule
     assert "schedule rules: " in r.stdout
     assert all(k["blocks"] >= 1 and 1 <= k["threads"] <= 1024 for k in kernels.values())  # launch grids
+    assert all(k["calls"] >= 1 for k in kernels.values())  # launches per call: every kernel runs
+    launches, moved = sum(k["calls"] for k in kernels.values()), sum(k["calls"] * k["bytes"] for k in kernels.values())
+    assert f"per call: {launches} launches, {moved / 1e6:.0f} MB" in r.stdout
+
+
+def test_call_counts_counts_each_launch_of_a_shared_kernel():
+    """Two identical adds share one PrimFunc after legalization: it is launched twice per call."""
+    from tvm import relax
+
+    from inferx_edge.compiler.relax_rewrite import call_counts
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([4], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.add(x, x))
+            z = bb.emit(relax.op.add(y, y))
+            out = bb.emit_output(relax.op.multiply(z, z))
+        bb.emit_func_output(out)
+    assert call_counts(relax.transform.LegalizeOps()(bb.get())) == {"add": 2, "multiply": 1}
 
 
 def test_few_block_kernels_are_those_a_few_sms_walk():
