@@ -89,12 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--note", default="")
     args = ap.parse_args(argv)
     before = json.loads(args.before.read_text()) if args.before else None
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    for model in models:  # all checked before the first (slow) profile
+        if not (args.zoo_dir / model / "model.onnx").exists():
+            ap.error(f"no exported model in {args.zoo_dir / model} (python -m benchmarks.zoo_export --models {model})")
     rows = {}
-    for model in [m.strip() for m in args.models.split(",") if m.strip()]:
-        d = args.zoo_dir / model
-        if not (d / "model.onnx").exists():
-            ap.error(f"no exported model in {d} (python -m benchmarks.zoo_export --models {model})")
-        row = summary(costs(d, args.batch, args.precision, args.target))
+    for model in models:
+        row = summary(costs(args.zoo_dir / model, args.batch, args.precision, args.target))
         print(f"{model}: {row['kernels']} kernels, {row['launches']} launches, {row['traffic_MB']} MB per call")
         if before and model in before["models"]:
             row["vs_before"] = compare(row, before["models"][model])
