@@ -4,7 +4,7 @@ consumers too: its producer writes only the fp16 copy."""
 from __future__ import annotations
 
 from inferx_edge.compiler.passes._rewrite import rewrite_calls_in_context, use_counts
-from inferx_edge.compiler.passes.fp16_depthwise import FP16_MAX
+from inferx_edge.compiler.passes.fp16_depthwise import FP16_MAX, saturated_fp16
 
 
 def fp16_shared_inputs(mod):
@@ -74,11 +74,9 @@ def fp16_shared_inputs(mod):
     cast_reads = {outer: v for v, outer in saturated.items()}
     fp16_copy: dict = {}  # v -> its fp16 copy in the rewritten module
 
-    def copy_of(v, ctx):
+    def copy_of(v, ctx):  # the builder binds the saturation's three steps one by one
         if v not in fp16_copy:
-            emit, lo, hi = ctx.builder.emit, relax.const(-FP16_MAX, "float32"), relax.const(FP16_MAX, "float32")
-            x = ctx.rewritten(v)
-            fp16_copy[v] = emit(relax.op.astype(emit(relax.op.minimum(emit(relax.op.maximum(x, lo)), hi)), "float16"))
+            fp16_copy[v] = ctx.builder.emit(saturated_fp16(ctx.rewritten(v)))
         return fp16_copy[v]
 
     def rewrite(call, ctx):
