@@ -15,6 +15,7 @@ from typing import Any
 from inferx_edge.compiler.passes.bake_weight_transforms import MAX_BAKED_GROWTH, bake_weight_transforms
 from inferx_edge.compiler.passes.clip_to_min_max import clip_to_min_max
 from inferx_edge.compiler.passes.fp16_activation_matmuls import fp16_activation_matmuls
+from inferx_edge.compiler.passes.fp16_concat_inputs import fp16_concat_inputs
 from inferx_edge.compiler.passes.fp16_depthwise import FP16_MAX, fp16_depthwise
 from inferx_edge.compiler.passes.fp16_matmul_weights_along_k import fp16_matmul_weights_along_k
 from inferx_edge.compiler.passes.fp16_shared_inputs import fp16_shared_inputs
@@ -123,6 +124,8 @@ PASSES: tuple[Pass, ...] = (
     Pass("fp16_depthwise", lambda v: v.conv == "NHWC" and v.quantized, lambda mod, v: fp16_depthwise(mod)),
     # CUDA int8/mixed: a value those read in fp16 is read in fp16 by its other readers too (a residual stream)
     Pass("fp16_shared_inputs", lambda v: v.conv == "NHWC" and v.quantized, lambda mod, v: fp16_shared_inputs(mod)),
+    # CUDA int8/mixed: values read only by concats (dense blocks re-read every earlier map) stored in fp16
+    Pass("fp16_concat_inputs", lambda v: v.conv == "NHWC" and v.quantized, lambda mod, v: fp16_concat_inputs(mod)),
 )
 
 __all__ = [
@@ -136,6 +139,7 @@ __all__ = [
     "convert_layout",
     "drop_identity_reshapes",
     "fp16_activation_matmuls",
+    "fp16_concat_inputs",
     "fp16_depthwise",
     "fp16_matmul_weights_along_k",
     "fp16_shared_inputs",
