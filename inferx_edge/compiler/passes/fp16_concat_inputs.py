@@ -8,8 +8,9 @@ from inferx_edge.compiler.passes.fp16_depthwise import saturated_fp16
 
 def fp16_concat_inputs(mod):
     """Every float32 value ``v`` (bound to a call in a dataflow block) whose every reader is a ``concat``
-    is written as its fp16 copy (:func:`~.fp16_depthwise.saturated_fp16`), and each of those concats
-    reads ``astype(copy, float32)`` in its place.
+    is written as its fp16 copy (:func:`~.fp16_depthwise.saturated_fp16`); each of those concats joins
+    the fp16 copies (and its other inputs, saturated to fp16 in its own kernel) and is widened to
+    float32 after.
 
     A concat is a copy: its kernel (fused with what follows it, in int8 variants the BatchNorm, ReLU and
     int8 quantization of the next layer) reads each input once. A dense block concatenates every earlier
@@ -20,8 +21,9 @@ def fp16_concat_inputs(mod):
     concatenation; a value beyond fp16's range is saturated, never inf.
 
     Left as they are: a value with any other reader (it keeps its float32 copy for that reader, so the
-    fp16 copy would be an extra write), values already widened from fp16 (read as they are), and the
-    inputs of a concat the function returns (its result keeps full float32 precision).
+    fp16 copy would be an extra write; a concat that reads it with others rounds it to fp16), values
+    already widened from fp16 (read as they are), and the inputs of a concat the function returns (its
+    result keeps full float32 precision).
     """
     import tvm
     from tvm import relax
@@ -76,11 +78,15 @@ def fp16_concat_inputs(mod):
         given = ctx.given[0].fields
         if not any(isinstance(g, relax.Var) and g in chosen for g in given):
             return None
+        # concatenated in fp16 and widened after: the widening fuses forward into the concat's kernel
+        # (a copy widened per field could fuse back into a single-reader producer, which would then
+        # write float32 again); a field with other readers is saturated here, in the concat's kernel
         fields = [
-            relax.op.astype(copy_of(g, ctx), "float32") if isinstance(g, relax.Var) and g in chosen else f
+            copy_of(g, ctx) if isinstance(g, relax.Var) and g in chosen else saturated_fp16(f)
             for g, f in zip(given, call.args[0].fields, strict=True)
         ]
-        return relax.Call(call.op, [relax.Tuple(fields), *call.args[1:]], call.attrs, call.ty_args)
+        joined = ctx.builder.emit(relax.op.concat(relax.Tuple(fields), axis=call.attrs.axis))
+        return relax.op.astype(joined, "float32")
 
     return relax.transform.CanonicalizeBindings()(
         relax.transform.DeadCodeElimination()(rewrite_calls_in_context(mod, rewrite))
