@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     prepared = prepare_variant(
         imported, variant_layout(spec, args.precision), quantize=quantize, target=target, tuning_dir=tuning_dir,
-        bake=True, log=print,
+        bake=True, log=print, sm_count=spec.sm_count,
     )  # fmt: skip
     mod, tuned, weights = prepared.mod, prepared.tuning, prepared.weight_arrays
     imported = prepared.model

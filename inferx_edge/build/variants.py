@@ -97,7 +97,7 @@ def compile_one(opts: BuildOptions, spec: TargetSpec, job: VariantJob, plan, *, 
         log(f"      note: {note}")
     prepared = prepare_variant(
         imported, layout, quantize=quantizer(plan, job.precision) if plan else None, target=target,
-        tuning_dir=tuning_dir, bake=True, log=log,
+        tuning_dir=tuning_dir, bake=True, log=log, sm_count=spec.sm_count,
     )  # fmt: skip
     quant_report = prepared.quantization
     if quant_report:

@@ -125,11 +125,13 @@ def prepare_variant(
     tuning_dir: Path | None = None,
     bake: bool = False,
     log=None,
+    sm_count: int | None = None,
 ) -> PreparedVariant:
     """The Relax module a variant compiles: the int8 rewrite for int8/mixed (``quantize``), then the
     rewrites of :data:`~inferx_edge.compiler.passes.PASSES` for its layout, weight-only work moved to
     build time (:func:`~inferx_edge.compiler.passes.bake_weight_transforms`; arrays computed only with
-    ``bake``), and tuned schedules from ``tuning_dir`` (needs ``target``).
+    ``bake``), and tuned schedules from ``tuning_dir`` (needs ``target``; for CUDA also ``sm_count``,
+    the target's SMs, so the tuned module is fused as the CUDA pipeline fuses an untuned one).
     """
     from inferx_edge.compiler.passes import PASSES, bake_weight_transforms
     from inferx_edge.compiler.tvm_ops import tvm_op_fixes
@@ -159,6 +161,6 @@ def prepare_variant(
     if tuning_dir is not None:
         from inferx_edge.compiler.tuning import apply_tuning
 
-        mod, n_tuned, n_tiled, n_total = apply_tuning(mod, target, tuning_dir)
+        mod, n_tuned, n_tiled, n_total = apply_tuning(mod, target, tuning_dir, sm_count)
         tuned = {"database": str(tuning_dir), "kernels_tuned": n_tuned, "tiles": n_tiled, "kernels": n_total}
     return PreparedVariant(mod, layout, tuned, names, arrays, report, imported)

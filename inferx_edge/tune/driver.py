@@ -1,8 +1,8 @@
 """``tune``: MetaSchedule over every task of a model, resumable, with progress and a wall-clock limit.
 
-Steps: import the model -> legalize + fuse (Relax "zero" pipeline) -> extract tasks -> lock and repair
-the database -> subtract the trials it already holds -> tune with the gradient task scheduler (budget
-goes where the FLOP-weighted expected gain is) -> summary.
+Steps: import the model -> legalize + fuse as ``build`` does (``compiler.tuning.legalized_and_fused``)
+-> extract tasks -> lock and repair the database -> subtract the trials it already holds -> tune with
+the gradient task scheduler (budget goes where the FLOP-weighted expected gain is) -> summary.
 """
 
 from __future__ import annotations
@@ -133,8 +133,8 @@ def cost_model_name() -> str:
 def _tuning_inputs(opts: TuneOptions, log):
     """What both searches start from: the target, the RPC settings (None: this machine, checked to be
     able to measure), the model's database directory, and the module ``build`` compiles, legalized and
-    fused."""
-    from tvm import relax
+    fused as ``build`` fuses it."""
+    from inferx_edge.compiler.tuning import legalized_and_fused
 
     spec = get_target(opts.target)
     rpc = opts.rpc or rpc_from_config(spec.name, opts.config)
@@ -148,7 +148,8 @@ def _tuning_inputs(opts: TuneOptions, log):
     log(f"[1/4] importing {opts.model}")
     imported = import_model(opts.model, opts.input_shapes)
     work_dir = tdb.model_database_dir(spec, imported, opts.precision, opts.root)
-    return spec, rpc, work_dir, relax.get_pipeline("zero")(precision_module(imported, spec, opts, log))
+    prepared = precision_module(imported, spec, opts, log)
+    return spec, rpc, work_dir, legalized_and_fused(prepared, spec.is_cuda, spec.sm_count)
 
 
 def tune_tiles(opts: TuneOptions, log=print):
