@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferx_edge.compiler.passes.bake_weight_transforms import MAX_BAKED_GROWTH, bake_weight_transforms
+from inferx_edge.compiler.passes.batch_norm_scale_shift import batch_norm_scale_shift
 from inferx_edge.compiler.passes.clip_to_min_max import clip_to_min_max
 from inferx_edge.compiler.passes.fp16_activation_matmuls import fp16_activation_matmuls
 from inferx_edge.compiler.passes.fp16_concat_inputs import fp16_concat_inputs
@@ -86,6 +87,8 @@ class Pass:
 PASSES: tuple[Pass, ...] = (
     Pass("to_fp16", lambda v: v.precision == "fp16", lambda mod, v: to_fp16(mod)),
     Pass("convert_layout", lambda v: v.conv != "NCHW", lambda mod, v: convert_layout(mod, v.conv, v.kernel)),
+    # every variant: inference BatchNorms left standalone (pre-activation) as x * a + b, a and b baked
+    Pass("batch_norm_scale_shift", lambda v: True, lambda mod, v: batch_norm_scale_shift(mod)),
     # CUDA int8/mixed: dense layers read their int8 weights along K (16-byte tensor-core tile loads)
     Pass(
         "int8_matmul_weights_along_k",
@@ -135,6 +138,7 @@ __all__ = [
     "PASSES",
     "Pass",
     "bake_weight_transforms",
+    "batch_norm_scale_shift",
     "clip_to_min_max",
     "convert_layout",
     "drop_identity_reshapes",
