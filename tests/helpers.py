@@ -142,6 +142,16 @@ def main_ops(mod) -> list[str]:
     return [b.value.op.name for blk in mod["main"].body.blocks for b in blk.bindings if hasattr(b.value, "op")]
 
 
+def main_bindings(mod) -> dict:
+    """``mod``'s main: each bound variable -> its value."""
+    return {b.var: b.value for blk in mod["main"].body.blocks for b in blk.bindings}
+
+
+def op_of(value) -> str:
+    """The operator name of a bound value ("" for anything but an operator call)."""
+    return getattr(getattr(value, "op", None), "name", "")
+
+
 def int8_matmul_module(m: int, j: int | None = None, k: int | None = None):
     """x[m, k] @ w[j, k]^T as int8 -> int32, scaled to float (square m x m x m by default); the
     transposed weight reaches the GEMM kernel as [K, J], like an ONNX Gemm's classifier weight."""

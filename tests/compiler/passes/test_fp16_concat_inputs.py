@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from tests.helpers import main_bindings, op_of
+
 
 def _dense_block(returned_concat: bool = False, extra_reader: bool = False):
     """DenseNet-shaped, NHWC, batch 2: ``x`` -> conv ``a``; concat(x0, a) -> conv ``b``; concat(x0, a, b)
-    (``x0`` = relu(x), read by conv ``a`` too; ``a`` read by both concats). ``returned_concat``: the last concat is returned as
-    it is, else it goes through a 1x1 conv first. ``extra_reader``: ``a`` is also read by an add."""
+    (``x0`` = relu(x), read by conv ``a`` too; ``a`` read by both concats). ``returned_concat``: the last
+    concat is returned as it is, else it goes through a 1x1 conv first. ``extra_reader``: ``a`` is also
+    read by an add."""
     from tvm import relax
 
     bb = relax.BlockBuilder()
@@ -30,19 +33,9 @@ def _dense_block(returned_concat: bool = False, extra_reader: bool = False):
                 out = bb.emit_output(c2)
             else:
                 c2 = bb.emit(c2)
-                out = bb.emit_output(
-                    relax.op.nn.conv2d(c2, wc, data_layout="NHWC", kernel_layout="OHWI")
-                )
+                out = bb.emit_output(relax.op.nn.conv2d(c2, wc, data_layout="NHWC", kernel_layout="OHWI"))
         bb.emit_func_output(out)
     return bb.get()
-
-
-def _bindings(mod) -> dict:
-    return {b.var: b.value for blk in mod["main"].body.blocks for b in blk.bindings}
-
-
-def _op(value) -> str:
-    return getattr(getattr(value, "op", None), "name", "")
 
 
 def _concat_fields(mod) -> list[tuple[str, list[str]]]:
@@ -51,7 +44,7 @@ def _concat_fields(mod) -> list[tuple[str, list[str]]]:
     for this concat) or the field's dtype where it is read as it is."""
     from tvm import relax
 
-    b = _bindings(mod)
+    b = main_bindings(mod)
     readers: dict = {}
     for val in b.values():
         for a in getattr(val, "args", ()):
@@ -60,15 +53,13 @@ def _concat_fields(mod) -> list[tuple[str, list[str]]]:
                     readers[x] = readers.get(x, 0) + 1
     out = []
     for val in b.values():
-        if _op(val) != "relax.concat":
+        if op_of(val) != "relax.concat":
             continue
         fields = []
         for f in val.args[0].fields:
             src = b.get(f)
-            if _op(src) == "relax.astype" and str(f.ty.dtype) == "float16":
-                v = b[b[src.args[0]].args[0]].args[
-                    0
-                ]  # astype(minimum(maximum(v, lo), hi))
+            if op_of(src) == "relax.astype" and str(f.ty.dtype) == "float16":
+                v = b[b[src.args[0]].args[0]].args[0]  # astype(minimum(maximum(v, lo), hi))
                 fields.append("copy" if readers.get(v) == 1 else "rounded")
             else:
                 fields.append(str(f.ty.dtype))
@@ -80,9 +71,7 @@ def _run(mod, args):
     import tvm
     from tvm import relax
 
-    vm = relax.VirtualMachine(
-        relax.build(mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu()
-    )
+    vm = relax.VirtualMachine(relax.build(mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
     return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
 
 
@@ -90,9 +79,7 @@ def _args(seed: int = 0):
     rng = np.random.default_rng(seed)
     shapes = ((2, 8, 8, 16), (8, 3, 3, 16), (8, 3, 3, 24), (4, 1, 1, 32))
     return [
-        (rng.standard_normal(s) / (np.sqrt(np.prod(s[1:])) if i else 1)).astype(
-            np.float32
-        )
+        (rng.standard_normal(s) / (np.sqrt(np.prod(s[1:])) if i else 1)).astype(np.float32)
         for i, s in enumerate(shapes)
     ]
 
@@ -109,18 +96,15 @@ def test_concat_inputs_are_read_from_fp16_copies():
         ("float16", ["rounded", "copy"]),
         ("float16", ["rounded", "copy", "copy"]),
     ]
-    b = _bindings(rewritten)
-    convs = [v for v, val in b.items() if _op(val) == "relax.nn.conv2d"][:2]
+    b = main_bindings(rewritten)
+    convs = [v for v, val in b.items() if op_of(val) == "relax.nn.conv2d"][:2]
     for conv in convs:
         readers = [
             val
             for val in b.values()
-            if any(
-                getattr(a, "same_as", lambda _: False)(conv)
-                for a in getattr(val, "args", ())
-            )
+            if any(getattr(a, "same_as", lambda _: False)(conv) for a in getattr(val, "args", ()))
         ]
-        assert [_op(r) for r in readers] == ["relax.maximum"]
+        assert [op_of(r) for r in readers] == ["relax.maximum"]
     args = _args()
     ref, got = _run(mod, args), _run(rewritten, args)
     assert np.abs(got - ref).max() / np.abs(ref).max() < 2e-3
@@ -158,8 +142,6 @@ def test_variant_pipeline_runs_the_pass_for_cuda_int8_only():
 
     step = next(p for p in PASSES if p.name == "fp16_concat_inputs")
     cuda, cpu = get_target("h200"), get_target("x86-cpu")
-    assert step.applies(variant_layout(cuda, "int8")) and step.applies(
-        variant_layout(cuda, "mixed")
-    )
+    assert step.applies(variant_layout(cuda, "int8")) and step.applies(variant_layout(cuda, "mixed"))
     assert not any(step.applies(variant_layout(cuda, p)) for p in ("fp16", "fp32"))
     assert not step.applies(variant_layout(cpu, "int8"))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.helpers import main_bindings, op_of
+
 
 def _residual_block(stream_is_output: bool = False):
     """ConvNeXt-shaped, NHWC, batch 2: a 1x1 conv makes the stream ``v``; 7x7 depthwise conv -> 1x1 conv
@@ -26,14 +28,6 @@ def _residual_block(stream_is_output: bool = False):
             out = bb.emit_output(relax.Tuple([y, v]) if stream_is_output else y)
         bb.emit_func_output(out)
     return bb.get()
-
-
-def _bindings(mod) -> dict:
-    return {b.var: b.value for blk in mod["main"].body.blocks for b in blk.bindings}
-
-
-def _op(value) -> str:
-    return getattr(getattr(value, "op", None), "name", "")
 
 
 def _run(mod, args):
@@ -62,16 +56,16 @@ def test_residual_add_reads_the_depthwise_convs_fp16_copy(stream_is_output):
 
     mod = fp16_depthwise(_residual_block(stream_is_output))
     rewritten = fp16_shared_inputs(mod)
-    b = _bindings(rewritten)
-    stream = next(v for v, val in b.items() if _op(val) == "relax.nn.conv2d" and val.attrs.groups == 1)
+    b = main_bindings(rewritten)
+    stream = next(v for v, val in b.items() if op_of(val) == "relax.nn.conv2d" and val.attrs.groups == 1)
     readers = [
         val
         for val in b.values()
         if any(getattr(a, "same_as", lambda _: False)(stream) for a in getattr(val, "args", ()))
     ]
-    assert [_op(r) for r in readers] == ["relax.maximum"]  # the saturation alone: it fuses into the conv
-    add = next(val for val in b.values() if _op(val) == "relax.add")
-    widened = [b[a] for a in add.args if _op(b.get(a)) == "relax.astype"]
+    assert [op_of(r) for r in readers] == ["relax.maximum"]  # the saturation alone: it fuses into the conv
+    add = next(val for val in b.values() if op_of(val) == "relax.add")
+    widened = [b[a] for a in add.args if op_of(b.get(a)) == "relax.astype"]
     assert len(widened) == 1 and str(widened[0].args[0].ty.dtype) == "float16"
     assert str(widened[0].ty.dtype) == "float32"
     args = _args()
