@@ -14,6 +14,10 @@ def batch_norm_scale_shift(mod):
     build time, and the kernel does one multiply-add. A BatchNorm that follows a convolution is usually
     folded into it by the exporter; those left are the pre-activation ones (DenseNet's, after each
     concatenation). The batch statistics the op also returns are its ``mean`` and ``var`` as given.
+
+    In fp16 variants ``a``, ``b`` and the multiply-add are float32 (the input widened in registers, the
+    result rounded once): folded into ``b``, the mean cancels against ``x * a``, which in fp16 loses
+    the bits that ``x - mean`` keeps when the mean is large against the spread.
     """
     import tvm
     from tvm import relax
@@ -26,13 +30,14 @@ def batch_norm_scale_shift(mod):
         if call.op != batch_norm or bool(getattr(call.attrs, "training", False)):
             return None
         x, gamma, beta, mean, var = call.args
-        ndim = getattr(x.ty, "ndim", -1)
-        if ndim is None or ndim < 1:
+        ndim, dtype = getattr(x.ty, "ndim", -1), str(getattr(x.ty, "dtype", ""))
+        if ndim is None or ndim < 1 or dtype not in ("float32", "float16"):
             return None
         axis = int(call.attrs.axis) % ndim
-        dtype = str(x.ty.dtype)
         emit = ctx.builder.emit
-        scale = emit(relax.op.rsqrt(relax.op.add(var, relax.const(float(call.attrs.epsilon), dtype))))
+        if dtype == "float16":  # a and b in fp32: b = beta - mean * a cancels where |mean| >> std
+            x, gamma, beta, mean, var = (emit(relax.op.astype(a, "float32")) for a in (x, gamma, beta, mean, var))
+        scale = emit(relax.op.rsqrt(relax.op.add(var, relax.const(float(call.attrs.epsilon), "float32"))))
         if call.attrs.scale:
             scale = emit(relax.op.multiply(gamma, scale))
         shift = emit(relax.op.negative(relax.op.multiply(mean, scale)))
@@ -41,7 +46,8 @@ def batch_norm_scale_shift(mod):
         along = [1] * ndim
         along[axis] = -1
         y = emit(relax.op.multiply(x, emit(relax.op.reshape(scale, along))))
-        return relax.Tuple([emit(relax.op.add(y, emit(relax.op.reshape(shift, along)))), mean, var])
+        y = emit(relax.op.add(y, emit(relax.op.reshape(shift, along))))
+        return relax.Tuple([emit(relax.op.astype(y, dtype)) if dtype == "float16" else y, *call.args[3:]])
 
     rewritten = rewrite_calls_in_context(mod, rewrite)
     # the op's tuple is read only through [0]: canonicalized to the sum, then the tuple is dead

@@ -84,3 +84,32 @@ def test_training_batch_norm_is_left_alone():
 
     mod = _bn_block(3, training=True)
     assert "relax.nn.batch_norm" in _ops(batch_norm_scale_shift(mod))
+
+
+def test_fp16_batch_norm_folds_in_float32():
+    """fp16 input with a mean far larger than its spread (x ~ 300 +- 0.5): folded in fp16, ``x * a``
+    and ``b = beta - mean * a`` would cancel to a few bits; computed in float32 and rounded once, the
+    result is within fp16 rounding of float64."""
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.passes import bake_weight_transforms, batch_norm_scale_shift
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([2, 6, 5, 4], "float16"))
+    params = [relax.Var(n, relax.TensorType([4], "float16")) for n in ("gamma", "beta", "mean", "var")]
+    with bb.function("main", [x, *params], attrs={"num_input": 1}):
+        with bb.dataflow():
+            t = bb.emit(relax.op.nn.batch_norm(x, *params, axis=3, epsilon=1e-3, training=False))
+            out = bb.emit_output(relax.TupleGetItem(t, 0))
+        bb.emit_func_output(out)
+    rng = np.random.default_rng(2)
+    xs = (300 + rng.uniform(-0.5, 0.5, (2, 6, 5, 4))).astype(np.float16)
+    gamma, beta = (rng.standard_normal(4).astype(np.float16) for _ in range(2))
+    mean, var = np.full(4, 300, np.float16), np.full(4, 0.1, np.float16)
+    baked, _names, weights = bake_weight_transforms(batch_norm_scale_shift(bb.get()), [gamma, beta, mean, var])
+    vm = relax.VirtualMachine(relax.build(baked, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+    got = vm["main"](*[tvm.runtime.tensor(a) for a in (xs, *weights)]).numpy()
+    assert got.dtype == np.float16
+    want = (xs.astype(np.float64) - 300) / np.sqrt(var.astype(np.float64) + 1e-3) * gamma + beta
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3, atol=2e-3)
