@@ -24,13 +24,14 @@ def fusion_passes(sm_count: int | None = None) -> list:
     from tvm import relax
 
     from inferx_edge.compiler.cuda.broadcast_gates import split_broadcast_gates
+    from inferx_edge.compiler.cuda.concat import legalize_concat
     from inferx_edge.compiler.cuda.kernel_names import lowercase_kernel_names
     from inferx_edge.compiler.cuda.split_reductions import split_long_reductions
 
     return [
         lowercase_kernel_names(),
         split_long_reductions(sm_count),
-        relax.transform.LegalizeOps(),
+        relax.transform.LegalizeOps({"relax.concat": legalize_concat}),
         relax.transform.AnnotateTIROpPattern(),
         split_broadcast_gates(),
         relax.transform.FoldConstant(),

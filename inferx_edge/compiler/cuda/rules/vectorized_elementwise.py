@@ -34,7 +34,11 @@ def vectorized_elementwise_rule():
             if extents[-1] % _VECTOR or total % (256 * _VECTOR) or total < MIN_VECTORIZED_ELEMENTS:
                 return None
             block = infos[0].block_rv
-            bx, tx, vec = sch.split(sch.fuse(*sch.get_loops(block)), factors=[None, 256, _VECTOR])
+            *outer, inner = sch.get_loops(block)
+            # the innermost axis split for the lanes (not the fused index): its index stays
+            # ``4 * io + lane``, so conditions on it (which input of a concatenation) are per vector
+            io, vec = sch.split(inner, factors=[None, _VECTOR])
+            bx, tx = sch.split(sch.fuse(*outer, io), factors=[None, 256])
             sch.bind(bx, "blockIdx.x")
             sch.bind(tx, "threadIdx.x")
             sch.vectorize(vec)
