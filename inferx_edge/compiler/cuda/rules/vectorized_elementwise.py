@@ -34,11 +34,15 @@ def vectorized_elementwise_rule():
             if extents[-1] % _VECTOR or total % (256 * _VECTOR) or total < MIN_VECTORIZED_ELEMENTS:
                 return None
             block = infos[0].block_rv
-            *outer, inner = sch.get_loops(block)
-            # the innermost axis split for the lanes (not the fused index): its index stays
-            # ``4 * io + lane``, so conditions on it (which input of a concatenation) are per vector
-            io, vec = sch.split(inner, factors=[None, _VECTOR])
-            bx, tx = sch.split(sch.fuse(*outer, io), factors=[None, 256])
+            if "if_then_else" in str(sch.get(block).body):
+                # picks between inputs (a concatenation, a padding): the innermost axis split for the
+                # lanes, so its index stays ``4 * io + lane`` and a test on it (``< start``, a multiple
+                # of 4) holds for the whole vector
+                *outer, inner = sch.get_loops(block)
+                io, vec = sch.split(inner, factors=[None, _VECTOR])
+                bx, tx = sch.split(sch.fuse(*outer, io), factors=[None, 256])
+            else:  # the flat index: the fewest index computations
+                bx, tx, vec = sch.split(sch.fuse(*sch.get_loops(block)), factors=[None, 256, _VECTOR])
             sch.bind(bx, "blockIdx.x")
             sch.bind(tx, "threadIdx.x")
             sch.vectorize(vec)
