@@ -33,6 +33,7 @@ def _concat_module(shapes, axis, dtype="float32", epilogue=None):
         ([(1, 4, 4, 32)] + [(1, 4, 4, 8)] * 9, 3),  # a dense block: one wide input, many narrow
         ([(1, 2, 2, 1), (1, 2, 2, 64), (1, 2, 2, 3)], 3),  # a narrow first input
         ([(3, 3)], 1),
+        ([(2, 0, 4), (2, 3, 4), (2, 0, 4), (2, 2, 4)], 1),  # empty inputs are never read
     ],
 )
 def test_concat_compute_matches_numpy(shapes, axis):
