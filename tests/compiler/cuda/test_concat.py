@@ -50,21 +50,27 @@ def test_concat_compute_matches_numpy(shapes, axis):
     np.testing.assert_array_equal(got, np.concatenate(arrays, axis))
 
 
+def _depths(expr, depth: int = 0) -> dict[str, int]:
+    """Per input of a concatenation's element expression: how many tests pick it."""
+    if expr.op.name.endswith("if_then_else"):
+        return _depths(expr.args[1], depth + 1) | _depths(expr.args[2], depth + 1)
+    return {expr.args[0].op.name: depth}  # a tensor read
+
+
 def test_search_tree_splits_by_size():
-    """The first test separates a wide first input from the many narrow ones; no path is longer than
-    about log2 of the inputs."""
+    """A dense block's concatenation (one 256-wide input, 24 of 32): the wide input is picked after two
+    tests, every narrow one after five (TVM's chain: up to 24)."""
     from tvm import te
 
     from inferx_edge.compiler.cuda.concat import concat_compute
 
-    xs = [te.placeholder((2, 256), "float16", "x0")] + [
-        te.placeholder((2, 32), "float16", f"x{i}") for i in range(1, 25)
-    ]
-    body = str(concat_compute(xs, 1).op.body[0])
-    assert body.index("< 256") < body.index("< 288")
-    depth = max(len(re.findall(r"if_then_else", line)) for line in body.splitlines())
-    assert body.count("if_then_else") == 24  # one test per boundary
-    assert depth <= 24
+    xs = [te.placeholder((2, 256), "float16", "x0")]
+    xs += [te.placeholder((2, 32), "float16", f"x{i}") for i in range(1, 25)]
+    depths = _depths(concat_compute(xs, 1).op.body[0])
+    assert depths == {"x0": 2} | {f"x{i}": 5 for i in range(1, 25)}
+    # equal widths: a balanced tree
+    depths = _depths(concat_compute([te.placeholder((4, 8), "float32", f"y{i}") for i in range(8)], 1).op.body[0])
+    assert set(depths.values()) == {3}
 
 
 @needs_nvrtc
