@@ -383,3 +383,16 @@ def test_deep_unpadded_int8_gemms_get_the_three_buffer_pipeline_by_default(targe
     shallow = kernel_source(target, int8_matmul_module(256, 256, 512))
     assert "cp.async.cg.shared.global" in deep and "cp.async.commit_group" in deep
     assert "cp.async" not in shallow
+
+
+@needs_nvrtc
+@pytest.mark.parametrize(("channels", "load"), [(232, "int2"), (116, "int"), (58, "char2"), (256, "int4")])
+def test_loads_along_k_shrink_to_a_divisor_of_k(channels, load):
+    """A 1x1 int8 conv over ``channels`` (ShuffleNetV2's 232, 116, 58): 16-byte weight loads along K
+    could run past a row's end, which made TVM load the tile byte by byte; the vector shrinks to the
+    largest power of two dividing K instead, and nothing is left serial."""
+    from benchmarks.cuda_vector_census import SCALARIZED
+
+    kernel = kernel_source("h200", int8_conv1x1([64, 28, 28, channels], 128, lambda y: y)).split("__global__")[-1]
+    assert not SCALARIZED.search(kernel)
+    assert set(re.findall(r"= \*\((\w+)\*\)\(w_ptr", kernel)) == {load}
