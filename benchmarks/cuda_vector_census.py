@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks._record import versions, write_record
+from benchmarks._record import RESULTS, versions, write_record
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,9 +63,16 @@ def build_sources(model: str, target: str, precision: str, batch: int, zoo_dir: 
         dump = Path(tmp) / "cuda"
         dump.mkdir()
         cmd = [sys.executable, "-m", "benchmarks.zoo", "--target", target, "--build-only", "--precisions", precision]
-        cmd += ["--batches", str(batch), "--models", model, "--zoo-dir", str(zoo_dir), "--out", tmp, "--name", "census"]
+        # the zoo benchmark also writes its (build-only) record into benchmarks/results/: a throwaway name,
+        # removed after
+        name = f"_vector_census_{os.getpid()}"
+        cmd += ["--batches", str(batch), "--models", model, "--zoo-dir", str(zoo_dir), "--out", tmp, "--name", name]
         env = {**os.environ, "INFERX_DUMP_CUDA": str(dump)}
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+        finally:
+            for suffix in (".json", ".md"):
+                (RESULTS / f"{name}{suffix}").unlink(missing_ok=True)
         sources = [p.read_text() for p in sorted(dump.glob("*.cu"))]
         if proc.returncode != 0 or not sources:
             lines = (proc.stderr or proc.stdout).strip().splitlines() or ["no output"]
