@@ -116,19 +116,11 @@ def _as_gemm(sch, main_block, func, g: _Gemm):
     weight_vector = cfg.weight_vector if wide_weights else min(4, cfg.weight_vector)
     widths = (min(cfg.vector, cfg.padded_vector) if pad_a else cfg.vector, min(cfg.vector, weight_vector))
     vectors = tuple(max(1, w // g.item) for w in widths)  # elements per load
-    # a vector along K that can run past the end of a row (K not a multiple of it: a 1x1 conv over
-    # 232 channels with 16-wide loads) makes TVM's vectorizer load the whole tile one element at a
-    # time; the largest power of two dividing K keeps it a vector (and aligned: such rows are K long).
-    # A runs along K; B where the weights do
-    if isinstance(extents[3], tirx.expr.IntImm):
-        depth = int(extents[3].value)
-
-        def along_k(v):
-            while v > 1 and depth % v:
-                v //= 2
-            return v
-
-        vectors = (along_k(vectors[0]), along_k(vectors[1]) if wide_weights else vectors[1])
+    # a vector along K that can run past a row's end (K not a multiple of it: 1x1 convs over 232
+    # channels) made TVM load the tile element by element: capped at K's largest power-of-two divisor
+    if isinstance(extents[3], tirx.expr.IntImm):  # A always, B where the weights run along K
+        k_pow2 = max(1, int(extents[3].value) & -int(extents[3].value))
+        vectors = (min(vectors[0], k_pow2), min(vectors[1], k_pow2) if wide_weights else vectors[1])
     sch.pad_einsum(main_block, tile)
     return main_block, vectors
 
