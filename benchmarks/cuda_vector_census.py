@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks._record import RESULTS, versions, write_record
+from benchmarks.kernel_costs import exported_models
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,10 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--zoo-dir", type=Path, default=Path.home() / ".cache" / "inferx_edge" / "zoo")
     ap.add_argument("--name", required=True, help="record name (benchmarks/results/<name>.json)")
     args = ap.parse_args(argv)
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    for model in models:  # all checked before the first (slow) build
-        if not (args.zoo_dir / model / "model.onnx").exists():
-            ap.error(f"no exported model in {args.zoo_dir / model} (python -m benchmarks.zoo_export --models {model})")
+    models = exported_models(ap, args.models, args.zoo_dir)
     rows = {}
     for model in models:
         rows[model] = row = census(build_sources(model, args.target, args.precision, args.batch, args.zoo_dir))

@@ -77,6 +77,16 @@ def compare(after: dict, before: dict) -> dict:
     }
 
 
+def exported_models(ap: argparse.ArgumentParser, names: str, zoo_dir: Path) -> list[str]:
+    """The comma-separated zoo model ``names``, each checked to be exported in ``zoo_dir`` before any
+    slow work (``ap.error`` naming the first missing one and the command that exports it)."""
+    models = [m.strip() for m in names.split(",") if m.strip()]
+    for model in models:
+        if not (zoo_dir / model / "model.onnx").exists():
+            ap.error(f"no exported model in {zoo_dir / model} (python -m benchmarks.zoo_export --models {model})")
+    return models
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", required=True, help="comma-separated zoo model names")
@@ -89,10 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--note", default="")
     args = ap.parse_args(argv)
     before = json.loads(args.before.read_text()) if args.before else None
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    for model in models:  # all checked before the first (slow) profile
-        if not (args.zoo_dir / model / "model.onnx").exists():
-            ap.error(f"no exported model in {args.zoo_dir / model} (python -m benchmarks.zoo_export --models {model})")
+    models = exported_models(ap, args.models, args.zoo_dir)
     rows = {}
     for model in models:
         row = summary(costs(args.zoo_dir / model, args.batch, args.precision, args.target))
