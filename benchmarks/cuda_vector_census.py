@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks._record import RESULTS, versions, write_record
-from benchmarks.kernel_costs import exported_models
+from benchmarks.kernel_costs import add_variant_args, exported_models
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +35,7 @@ def kernels(source: str) -> dict[str, str]:
     """Kernel name -> body of every ``__global__`` definition in a CUDA source (declarations skipped)."""
     out = {}
     for part in source.split('extern "C" __global__ ')[1:]:
-        head, _, rest = part.partition("\n")
+        head = part.partition("\n")[0]
         name = re.search(r"void (?:__launch_bounds__\(\d+\) )?(\w+)\(", head)
         if name and not head.rstrip().endswith(";"):
             out[name.group(1)] = part
@@ -83,12 +83,7 @@ def build_sources(model: str, target: str, precision: str, batch: int, zoo_dir: 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", required=True, help="comma-separated zoo model names")
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--precision", default="int8", choices=["fp32", "fp16", "int8", "mixed"])
-    ap.add_argument("--target", default="h200", help="a CUDA target (h200, a100, jetson-orin)")
-    ap.add_argument("--zoo-dir", type=Path, default=Path.home() / ".cache" / "inferx_edge" / "zoo")
-    ap.add_argument("--name", required=True, help="record name (benchmarks/results/<name>.json)")
+    add_variant_args(ap)
     args = ap.parse_args(argv)
     models = exported_models(ap, args.models, args.zoo_dir)
     rows = {}

@@ -77,6 +77,17 @@ def compare(after: dict, before: dict) -> dict:
     }
 
 
+def add_variant_args(ap: argparse.ArgumentParser) -> None:
+    """The options every no-GPU zoo script takes: which exported models, which variant of them (batch,
+    precision, target) and the record's name."""
+    ap.add_argument("--models", required=True, help="comma-separated zoo model names")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--precision", default="int8", choices=["fp32", "fp16", "int8", "mixed"])
+    ap.add_argument("--target", default="h200", help="a CUDA target (h200, a100, jetson-orin)")
+    ap.add_argument("--zoo-dir", type=Path, default=Path.home() / ".cache" / "inferx_edge" / "zoo")
+    ap.add_argument("--name", required=True, help="record name (benchmarks/results/<name>.json)")
+
+
 def exported_models(ap: argparse.ArgumentParser, names: str, zoo_dir: Path) -> list[str]:
     """The comma-separated zoo model ``names``, each checked to be exported in ``zoo_dir`` before any
     slow work (``ap.error`` naming the first missing one and the command that exports it)."""
@@ -89,13 +100,8 @@ def exported_models(ap: argparse.ArgumentParser, names: str, zoo_dir: Path) -> l
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", required=True, help="comma-separated zoo model names")
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--precision", default="int8", choices=["fp32", "fp16", "int8", "mixed"])
-    ap.add_argument("--target", default="h200")
-    ap.add_argument("--zoo-dir", type=Path, default=Path.home() / ".cache" / "inferx_edge" / "zoo")
+    add_variant_args(ap)
     ap.add_argument("--before", type=Path, help="this script's record from another commit, to compare with")
-    ap.add_argument("--name", required=True, help="record name (benchmarks/results/<name>.json)")
     ap.add_argument("--note", default="")
     args = ap.parse_args(argv)
     before = json.loads(args.before.read_text()) if args.before else None
