@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, replace
 
 from inferx_edge.compiler.cuda.analysis import _TENSOR_CORE_DTYPES, _innermost_is_reduction
+from inferx_edge.compiler.cuda.lane_indices import copy_loops, simplify_lane_indices
 from inferx_edge.compiler.cuda.tile import _PIPELINE_LEAD, DEFAULT_TILE, PIPELINES, TileConfig
 from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
 
@@ -161,12 +162,11 @@ def _stage_operands(sch, block_outer, k0, k1, thread_idy, vectors, g: _Gemm):
 
     def fetch_to_shared(block, idx):
         block_read = sch.cache_read(block, idx, operand_scope)
-        sch.compute_at(block_read, k0)
-        fused = sch.fuse(*sch.get_loops(block_read)[-2:])
-        _, f_1, f_2, f_3 = sch.split(fused, factors=[None, g.num_ty, g.warp_size, vectors[idx]])
+        row, col, lane = copy_loops(sch, block_read, vectors[idx], k0)  # the lane apart: see lane_indices
+        _, f_1, f_2 = sch.split(sch.fuse(row, col), factors=[None, g.num_ty, g.warp_size])
         sch.bind(f_2, "threadIdx.x")
         sch.bind(f_1, "threadIdx.y")
-        sch.vectorize(f_3)
+        sch.vectorize(lane)
         # rows 16 bytes past a multiple of 32 elements: the 8 rows an ldmatrix reads fall in distinct banks
         sch.storage_align(block_read, 0, axis=-2, factor=32, offset=16 // g.item)
         if not cfg.pipeline:
@@ -174,16 +174,14 @@ def _stage_operands(sch, block_outer, k0, k1, thread_idy, vectors, g: _Gemm):
         sch.annotate(block_read, "double_buffer_scope", 0)
         return block_read
 
-    a_g2s = fetch_to_shared(block_outer, 0)
-    b_g2s = fetch_to_shared(block_outer, 1)
-    auto_inline_producers(sch, a_g2s)
-    auto_inline_producers(sch, b_g2s)
+    for fetch in (fetch_to_shared(block_outer, 0), fetch_to_shared(block_outer, 1)):
+        auto_inline_producers(sch, fetch)
+        simplify_lane_indices(sch, fetch)
     # registers: wmma fragments, or mma's per-thread "warp" buffers in the ldmatrix/mma.sync layout
     reg_a, reg_b, reg_c = ("warp",) * 3 if g.mma else ("wmma.matrix_a", "wmma.matrix_b", "wmma.accumulator")
-    a_mat = sch.cache_read(block_outer, 0, reg_a)
-    b_mat = sch.cache_read(block_outer, 1, reg_b)
-    sch.compute_at(a_mat, k1)
-    sch.compute_at(b_mat, k1)
+    a_mat, b_mat = (sch.cache_read(block_outer, i, scope) for i, scope in ((0, reg_a), (1, reg_b)))
+    for mat in (a_mat, b_mat):
+        sch.compute_at(mat, k1)
     acc_shared = sch.cache_write(block_outer, 0, "shared.dyn")
     sch.storage_align(acc_shared, 0, -2, 16, 4)
     store = sch.cache_write(block_outer, 0, reg_c)
