@@ -81,6 +81,7 @@ class _Gemm:
     num_ty: int  # warps per block
     warp_size: int = 32
     micro: int = 16
+    out_lanes: int = 4  # outputs per epilogue vector: 4, or the largest power of two dividing J below it
 
 
 def _as_gemm(sch, main_block, func, g: _Gemm):
@@ -122,6 +123,8 @@ def _as_gemm(sch, main_block, func, g: _Gemm):
     if isinstance(extents[3], tirx.expr.IntImm):  # A always, B where the weights run along K
         k_pow2 = max(1, int(extents[3].value) & -int(extents[3].value))
         vectors = (min(vectors[0], k_pow2), min(vectors[1], k_pow2) if wide_weights else vectors[1])
+    if isinstance(extents[2], tirx.expr.IntImm):  # likewise the epilogue's stores along J (58 channels: 2)
+        g.out_lanes = min(4, int(extents[2].value) & -int(extents[2].value))
     sch.pad_einsum(main_block, tile)
     return main_block, vectors
 
@@ -270,8 +273,8 @@ def _annotate_pipelines(sch, k0, k1, g: _Gemm) -> None:
 
 
 def _schedule_epilogue(sch, acc_shared, store_name, g: _Gemm) -> None:
-    """The accumulator tile's padding, and the fused epilogue read from shared memory 4 outputs per
-    thread, :data:`EPILOGUE_UNROLL` steps issued together."""
+    """The accumulator tile's padding, and the fused epilogue read from shared memory ``g.out_lanes``
+    outputs per thread, :data:`EPILOGUE_UNROLL` steps issued together."""
     from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain
 
     cfg = g.cfg
@@ -279,13 +282,12 @@ def _schedule_epilogue(sch, acc_shared, store_name, g: _Gemm) -> None:
         sch.storage_align(sch.get_sblock(store_name + "_o"), 0, axis=-2, factor=32, offset=cfg.acc_pad)
     auto_inline_consumer_chain(sch, acc_shared)
     fused = sch.fuse(*sch.get_loops(acc_shared)[-2:])
-    f0, f1, f2 = sch.split(fused, factors=[None, g.warp_size, 4])
+    f0, f1, f2 = sch.split(fused, factors=[None, g.warp_size, g.out_lanes])
     sch.bind(f1, "threadIdx.x")
     sch.vectorize(f2)
-    # each thread's epilogue steps (4 outputs each: a residual load, the requantize, a store) unrolled
-    # EPILOGUE_UNROLL at a time, so their global loads are in flight together instead of one step's
-    # latency after another
-    steps = 2 * cfg.frags_i * cfg.frags_j  # the warp's (16 frags_i) x (16 frags_j) outputs / (32 x 4)
+    # each thread's epilogue steps (a residual load, the requantize, a store) unrolled EPILOGUE_UNROLL
+    # at a time, so their global loads are in flight together instead of one step's latency after another
+    steps = 8 * cfg.frags_i * cfg.frags_j // g.out_lanes  # the warp's 16 frags_i x 16 frags_j / (32 x lanes)
     if steps > 1:
         _, f0 = sch.split(f0, factors=[None, math.gcd(steps, EPILOGUE_UNROLL)])
         sch.unroll(f0)

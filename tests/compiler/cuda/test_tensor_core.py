@@ -396,3 +396,19 @@ def test_loads_along_k_shrink_to_a_divisor_of_k(channels, load):
     kernel = kernel_source("h200", int8_conv1x1([64, 28, 28, channels], 128, lambda y: y)).split("__global__")[-1]
     assert not SCALARIZED.search(kernel)
     assert set(re.findall(r"= \*\((\w+)\*\)\(w_ptr", kernel)) == {load}
+
+
+@needs_nvrtc
+@pytest.mark.parametrize(("channels", "store"), [(58, "half2"), (29, None), (116, "half4")])
+def test_epilogue_stores_shrink_to_a_divisor_of_the_output_channels(channels, store):
+    """An int8 1x1 conv with ``channels`` outputs (ShuffleNetV2's 58) and an fp16 result: 4-wide stores
+    along J would cross the end of a row, which made TVM store the tile element by element; the
+    epilogue vector shrinks to the largest power of two dividing J (58: 2, 29: 1) and nothing is serial."""
+    from tvm import relax
+
+    from benchmarks.cuda_vector_census import SCALARIZED
+
+    mod = int8_conv1x1([64, 28, 28, 64], channels, lambda y: relax.op.astype(y, "float16"))
+    kernel = max(kernel_source("h200", mod).split("__global__")[1:], key=len)
+    assert not SCALARIZED.search(kernel)
+    assert set(re.findall(r"\*\((half\d)\*\)\(\w+_ptr \+", kernel)) == ({store} if store else set())
