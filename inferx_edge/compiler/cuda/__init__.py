@@ -6,7 +6,8 @@ Layout:
 - ``tile.py`` -- :class:`TileConfig`, a tensor-core kernel's tile, its text form and the named tiles;
 - ``tile_policy.py`` -- the default tile of a GEMM and the tile search's candidates;
 - ``analysis.py`` -- what a kernel is (GEMM extents, dtypes, weights along K, recorded tile);
-- ``tensor_core.py`` -- the tensor-core schedule itself;
+- ``tensor_core.py`` -- the tensor-core schedule itself; ``lane_indices.py`` -- its operand copies'
+  index arithmetic with the vector lane apart;
 - ``rules/`` -- one dlight rule per file; ``pipeline.py`` -- the registered Relax pipeline;
 - ``toolkit.py`` (NVRTC / nvcc discovery), ``stub.py`` (libcuda stub for GPU-less build hosts),
   ``source_patches.py`` + ``c_scanner.py`` (CUDA source repairs), ``device_compiler.py`` (the compile
