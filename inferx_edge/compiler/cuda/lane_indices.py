@@ -7,7 +7,7 @@ on those quotients. With the lane inside ``k`` (``k = k0 * 64 + t * 4 + lane``) 
 that is not a multiple of the tile depth (32, 96), TVM's simplifier cannot see that ``k // 96`` is the
 same for the 4 lanes (it has no rule dividing out a common factor of a sum), its vectorizer then finds
 a per-lane guard and makes the whole load element by element (the "scalarized" loops
-``benchmarks/cuda_vector_census.py`` counts: 13 kernels of YOLOv8n, 4 of ShuffleNetV2).
+``benchmarks/cuda_vector_census.py`` counts: 13 kernels of YOLOv8n, 14 of GoogLeNet).
 
 :func:`copy_loops` gives the copy block an iterator of its own for the lane (``k = 4 * kq + lane``),
 and :func:`simplify_lane_indices`, after the producers (the conv's pad, the GEMM reindex) are inlined
