@@ -45,10 +45,6 @@ def simplify_lane_indices(sch, block) -> None:
     analyzer = tvm.sym.Analyzer()
     for iv in stmt.iter_vars:
         analyzer.bind(iv.var, iv.dom)
-
-    def simplify(expr):
-        return analyzer.simplify(expr)
-
-    rewritten = tvm_ffi.structural_map(stmt, [(tirx.FloorDiv, simplify), (tirx.FloorMod, simplify)])
+    rewritten = tvm_ffi.structural_map(stmt, [(tirx.FloorDiv, analyzer.simplify), (tirx.FloorMod, analyzer.simplify)])
     if not rewritten.same_as(stmt):
         sch.state.replace(sch.get_sref(block), rewritten, {stmt: rewritten})
