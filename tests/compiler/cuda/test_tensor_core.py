@@ -391,9 +391,9 @@ def test_loads_along_k_shrink_to_a_divisor_of_k(channels, load):
     """A 1x1 int8 conv over ``channels`` (ShuffleNetV2's 232, 116, 58): 16-byte weight loads along K
     could run past a row's end, which made TVM load the tile byte by byte; the vector shrinks to the
     largest power of two dividing K instead, and nothing is left serial."""
-    from benchmarks.cuda_vector_census import SCALARIZED
+    from benchmarks.cuda_vector_census import SCALARIZED, kernels
 
-    kernel = kernel_source("h200", int8_conv1x1([64, 28, 28, channels], 128, lambda y: y)).split("__global__")[-1]
+    (kernel,) = kernels(kernel_source("h200", int8_conv1x1([64, 28, 28, channels], 128, lambda y: y))).values()
     assert not SCALARIZED.search(kernel)
     assert set(re.findall(r"= \*\((\w+)\*\)\(w_ptr", kernel)) == {load}
 
@@ -406,9 +406,9 @@ def test_epilogue_stores_shrink_to_a_divisor_of_the_output_channels(channels, st
     epilogue vector shrinks to the largest power of two dividing J (58: 2, 29: 1) and nothing is serial."""
     from tvm import relax
 
-    from benchmarks.cuda_vector_census import SCALARIZED
+    from benchmarks.cuda_vector_census import SCALARIZED, kernels
 
     mod = int8_conv1x1([64, 28, 28, 64], channels, lambda y: relax.op.astype(y, "float16"))
-    kernel = max(kernel_source("h200", mod).split("__global__")[1:], key=len)
+    (kernel,) = kernels(kernel_source("h200", mod)).values()
     assert not SCALARIZED.search(kernel)
     assert set(re.findall(r"\*\((half\d)\*\)\(\w+_ptr \+", kernel)) == ({store} if store else set())
