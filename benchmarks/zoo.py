@@ -243,12 +243,19 @@ def main(argv=None) -> None:
     ap.add_argument("--jobs", type=int, default=2, help="builds at a time (worker processes)")
     ap.add_argument("--worker-threads", type=int, default=2, help="TVM CPU threads per build worker")
     ap.add_argument("--window", type=float, default=2.0)
+    ap.add_argument(
+        "--rounds", type=int, default=1,
+        help="timing windows per system, the systems interleaved; rows report the median, the table the "
+        "spread of the per-round ratios",
+    )  # fmt: skip
     ap.add_argument("--name", default=None)
     ap.add_argument(
         "--tune-tiles", type=float, default=None, metavar="MINUTES",
         help="CUDA fp16/int8: run the tile search this long per model (split over batches) before building",
     )  # fmt: skip
     args = ap.parse_args(argv)
+    if args.rounds < 1 or args.window <= 0:
+        ap.error(f"--rounds must be >= 1 and --window > 0 (got {args.rounds}, {args.window})")
     from inferx_edge.targets import get_target
 
     spec = get_target(args.target)
@@ -264,6 +271,7 @@ def main(argv=None) -> None:
         "batches": list(batches),
         "systems": systems,
         "window_s": args.window,
+        "rounds": args.rounds,
         "tune_tiles_min": args.tune_tiles,
         "models": {m.name: {"kind": m.kind, "real_weights": m.real_weights, "note": m.note} for m in models},
         "builds": [],
@@ -317,7 +325,7 @@ def main(argv=None) -> None:
     if args.accuracy:
         zoo_accuracy.run(models, dirs, built, args.target, save=save, sink=record["accuracy"])
     if not args.build_only:
-        measure(record, models, dirs, built, systems, batches, gpu, args.window, save, peers)
+        measure(record, models, dirs, built, systems, batches, gpu, args.window, save, peers, args.rounds)
     save()
     print(f"wrote {name}.json / {name}.md", flush=True)
 
@@ -350,10 +358,13 @@ def prepare_peers(models, systems, batches) -> dict:
     return peers
 
 
-def measure(record, models, dirs, built, systems, batches, gpu, window, save, peers) -> None:
+def measure(record, models, dirs, built, systems, batches, gpu, window, save, peers, rounds: int = 1) -> None:
+    """Per (model, batch): every system's output error, then ``rounds`` rounds of one ``window`` per
+    system, the systems interleaved (order reversed every other round, so a drift in clock or
+    temperature over the run falls on both sides). A row reports the median window; with several
+    rounds its ``rounds`` list keeps every window, so the ratio's spread within one run is on record."""
     from inferx_edge.report.profile import measure_window
     from inferx_edge.runtime import Engine
-    from inferx_edge.runtime.engine import time_calls
 
     backend = None
     if gpu:
@@ -362,7 +373,12 @@ def measure(record, models, dirs, built, systems, batches, gpu, window, save, pe
         from inferx_edge.runtime.telemetry import probe
 
         backend = probe("nvml")
-        record |= {"device": torch.cuda.get_device_name(0), "driver": getattr(backend, "driver", None)}
+        record |= {
+            "device": torch.cuda.get_device_name(0),
+            "driver": getattr(backend, "driver", None),
+            "power_limit_w": getattr(backend, "power_limit_w", None),
+            "max_sm_mhz": getattr(backend, "max_sm_mhz", None),
+        }
     for m in models:
         d = dirs[m.name]
         for batch in batches:
@@ -375,43 +391,102 @@ def measure(record, models, dirs, built, systems, batches, gpu, window, save, pe
                     )
                 continue
             ref = peer["ref"] if "ref" in peer else reference(m, d, x, gpu)
+            rows, runners = {}, {}
             for system in systems:
-                row = {"model": m.name, "system": system, "batch": batch}
+                row = rows[system] = {"model": m.name, "system": system, "batch": batch}
                 try:
-                    if system.startswith("inferx-"):
-                        info = built.get((m.name, system.split("-")[1]), {})
-                        if "error" in info or not info:
-                            raise RuntimeError(info.get("error", "not built"))
-                        runner = Engine(Path(info["artifact"]), trust=False)
-                        runner.select(f"{system.split('-')[1]}-b{batch}")
-                        res = runner.run(x)
-                        outs = [res[o.name] for o in runner.variant.outputs]
-                    elif system == "onnxruntime":
-                        runner, outs = ort_system(d, x)
-                    else:
-                        if isinstance(peer.get(system), str):
-                            raise RuntimeError(peer[system])
-                        runner, outs, row["setup_s"] = peer[system]
+                    runner, outs = _runner(system, m, d, x, batch, built, peer, row, Engine)
                     row["rel_error_vs_fp32"] = rel_error(outs[0], ref)
                     runner.benchmark(x, warmup=5, repeat=5, min_seconds=0.5)
-                    w = measure_window(runner, x, batch, backend, window)
-                    row |= {"img_s": w["fps"], "p50_ms": w["p50_ms"], "p90_ms": w["p90_ms"]}
-                    row["mJ_img"] = w["j_per_frame"] * 1e3 if w["j_per_frame"] is not None else None
-                    if hasattr(runner, "close"):
-                        runner.close()
+                    runners[system] = runner
                 except Exception as exc:  # recorded; the next system still runs
                     row["error"] = f"{type(exc).__name__}: {exc}"[:600]
                     traceback.print_exc()
+            windows: dict[str, list] = {s: [] for s in runners}
+            for r in range(rounds):
+                for system in list(runners) if r % 2 == 0 else list(runners)[::-1]:
+                    try:
+                        if r:  # back on the GPU after the other systems' windows
+                            runners[system].benchmark(x, warmup=3, repeat=1, min_seconds=0.1)
+                        windows[system].append(measure_window(runners[system], x, batch, backend, window))
+                    except Exception as exc:  # recorded; the other systems still run
+                        rows[system]["error"] = f"{type(exc).__name__}: {exc}"[:600]
+                        traceback.print_exc()
+                        del runners[system]
+            for system, row in rows.items():
+                if "error" not in row and windows.get(system):
+                    row |= summarise_windows(windows[system], keep=rounds > 1)
+                closer = getattr(runners.get(system), "close", None)
+                if closer:
+                    closer()
                 record["results"].append(row)
-                print(json.dumps(row), flush=True)
-                save()
+                print(json.dumps({k: v for k, v in row.items() if k != "rounds"}), flush=True)
+            save()
             if gpu:
                 import torch
 
                 torch.cuda.empty_cache()
-    assert time_calls  # imported for the runners' interface
     if backend is not None:
         backend.close()
+
+
+def _runner(system, m, d, x, batch, built, peer, row, engine_cls):
+    """``(runner, outputs)`` for one system: the built artifact's variant, onnxruntime, or a torch peer
+    compiled before the timing started."""
+    if system.startswith("inferx-"):
+        precision = system.split("-")[1]
+        info = built.get((m.name, precision), {})
+        if "error" in info or not info:
+            raise RuntimeError(info.get("error", "not built"))
+        runner = engine_cls(Path(info["artifact"]), trust=False)
+        runner.select(f"{precision}-b{batch}")
+        res = runner.run(x)
+        return runner, [res[o.name] for o in runner.variant.outputs]
+    if system == "onnxruntime":
+        return ort_system(d, x)
+    if isinstance(peer.get(system), str):
+        raise RuntimeError(peer[system])
+    if system not in peer:
+        raise RuntimeError(f"no runner for system {system!r}")
+    runner, outs, row["setup_s"] = peer[system]
+    return runner, outs
+
+
+def summarise_windows(windows: list[dict], keep: bool) -> dict:
+    """A row's numbers from its windows: the median of each (one window: that window), the clock and
+    temperature the windows ended at, and with ``keep`` every window."""
+
+    def med(key, scale=1.0):
+        vals = [w[key] * scale for w in windows if w.get(key) is not None]
+        return float(np.median(vals)) if vals else None
+
+    out = {
+        "img_s": med("fps"),
+        "p50_ms": med("p50_ms"),
+        "p90_ms": med("p90_ms"),
+        "mJ_img": med("j_per_frame", 1e3),
+        "avg_w": med("avg_w"),
+    }
+    mhz = [w["state"]["gpu_mhz"] for w in windows if w.get("state", {}).get("gpu_mhz") is not None]
+    temp = [w["state"]["temp_c"] for w in windows if w.get("state", {}).get("temp_c") is not None]
+    throttle = sorted({t for w in windows for t in w.get("state", {}).get("throttle", [])})
+    if mhz:
+        out["sm_mhz"] = [min(mhz), max(mhz)]
+    if temp:
+        out["temp_c_max"] = max(temp)
+    if throttle:
+        out["throttle"] = throttle
+    if keep:
+        out["rounds"] = [
+            {
+                "img_s": w["fps"],
+                "p50_ms": w["p50_ms"],
+                "mJ_img": w["j_per_frame"] * 1e3 if w.get("j_per_frame") is not None else None,
+                **({"sm_mhz": w["state"]["gpu_mhz"]} if w.get("state", {}).get("gpu_mhz") is not None else {}),
+            }
+            for w in windows
+        ]
+    return out
 
 
 def reference(m, d: Path, x: dict, gpu: bool) -> np.ndarray:
@@ -456,20 +531,34 @@ def markdown(record: dict) -> str:
     # an H100 host)
     ran_on = f" (run on {record['device']})" if record.get("device") else ""
     out = [f"# Zoo on {record['target']}{ran_on}{' (build only)' if record['build_only'] else ''}", ""]
+    rounds = record.get("rounds", 1) > 1
     if rows:
+        if rounds:
+            out += [
+                f"Medians of {record['rounds']} interleaved windows per system; the last column is the lowest "
+                f"and highest per-round img/s ratio to {peer}.",
+                "",
+            ]
+        spread = f" img/s vs {peer} per round |" if rounds else ""
         out += [
-            f"| model | system | batch | img/s | p50 ms | mJ/img | rel. error vs fp32 | img/s vs {peer} | p50 vs {peer} |",
-            "|---|---|---|---|---|---|---|---|---|",
+            f"| model | system | batch | img/s | p50 ms | mJ/img | SM MHz | rel. error vs fp32 | img/s vs {peer} "
+            f"| p50 vs {peer} |{spread}",
+            "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if rounds else ""),
         ]
         for r in rows:
             b = base.get((r["model"], r["batch"]))
             ratio = f"{r['img_s'] / b['img_s']:.2f}x" if b else "-"
             p50 = f"{b['p50_ms'] / r['p50_ms']:.2f}x" if b else "-"
             mj = f"{r['mJ_img']:.2f}" if r.get("mJ_img") is not None else "-"
-            out.append(
+            mhz = "-" if "sm_mhz" not in r else "-".join(dict.fromkeys(f"{v:.0f}" for v in r["sm_mhz"]))
+            line = (
                 f"| {r['model']} | {r['system']} | {r['batch']} | {r['img_s']:.1f} | {r['p50_ms']:.3f} | {mj} | "
-                f"{r['rel_error_vs_fp32']:.2e} | {ratio} | {p50} |"
+                f"{mhz} | {r['rel_error_vs_fp32']:.2e} | {ratio} | {p50} |"
             )
+            if rounds:
+                pairs = [a["img_s"] / c["img_s"] for a, c in zip(r.get("rounds", []), (b or {}).get("rounds", []))]
+                line += f" {min(pairs):.2f}-{max(pairs):.2f}x |" if pairs else " - |"
+            out.append(line)
     failed = [r for r in record["results"] if "error" in r]
     out += [
         "",

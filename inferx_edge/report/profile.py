@@ -39,12 +39,13 @@ def measure_idle(backend, seconds: float) -> float | None:
 
 def measure_window(engine: Engine, x, batch: int, backend, seconds: float) -> dict:
     """Back-to-back synchronous runs of the current variant for ``seconds``: throughput, latency
-    percentiles, and energy (None without telemetry) per frame."""
+    percentiles, energy (None without telemetry) per frame, and the device's clock / temperature /
+    throttle reasons as the window ended (``state``, empty without telemetry)."""
     meter = EnergyMeter(backend) if backend else None
     if meter:
         meter.start()
     stats = engine.benchmark(x, warmup=0, repeat=1, min_seconds=seconds)
-    energy = meter.stop() if meter else {"energy_j": None, "avg_w": None, "method": None}
+    energy = meter.stop() if meter else {"energy_j": None, "avg_w": None, "method": None, "state": {}}
     frames = stats.count * batch
     elapsed = stats.mean_ms * stats.count / 1e3
     return {
@@ -58,6 +59,7 @@ def measure_window(engine: Engine, x, batch: int, backend, seconds: float) -> di
         "avg_w": energy["avg_w"],
         "method": energy["method"],
         "j_per_frame": energy["energy_j"] / frames if energy["energy_j"] is not None else None,
+        "state": energy.get("state", {}),
     }
 
 

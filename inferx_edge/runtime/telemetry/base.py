@@ -56,10 +56,16 @@ def clean(sample: Sample, previous: Sample | None, max_w: float = MAX_PLAUSIBLE_
     if energy is not None and (not _finite(energy) or energy < 0):
         notes.append(f"energy counter {energy!r} J rejected")
         energy = None
+    extra = {}
+    for key, top in (("gpu_mhz", 10_000.0), ("temp_c", 200.0)):
+        v = getattr(sample, key)
+        if v is not None and (not _finite(v) or v < 0 or v > top):
+            notes.append(f"{key} {v!r} rejected")
+            extra[key] = None
     if notes:
         from dataclasses import replace
 
-        sample = replace(sample, power_w=power, energy_j=energy)
+        sample = replace(sample, power_w=power, energy_j=energy, **extra)
     return sample, notes
 
 
@@ -111,13 +117,18 @@ class EnergyMeter:
                 self._samples.append(sample)
 
     def stop(self) -> dict:
-        """``{"seconds", "energy_j", "avg_w", "method", "partial", "lost", "invalid"}``; energy None when
-        the window is not valid (``invalid`` says why)."""
+        """``{"seconds", "energy_j", "avg_w", "method", "partial", "lost", "invalid", "state"}``; energy
+        None when the window is not valid (``invalid`` says why). ``state`` is the device as the window
+        ended (``gpu_mhz``, ``temp_c``, ``throttle`` where the backend reads them): under load, so a
+        window that ran at a lower clock than another says so."""
         self._stop.set()
         if self._thread:
             self._thread.join()
         last = self._read()
         samples = [*self._samples, *([last] if last is not None else [])]
+        return self._energy(samples) | {"state": end_state(samples)}
+
+    def _energy(self, samples: list[Sample]) -> dict:
         if len(samples) < 2:
             return _window(0.0, None, "none", False, self._lost, "too few valid samples (telemetry failed)")
         first, last = samples[0], samples[-1]
@@ -141,6 +152,19 @@ class EnergyMeter:
             )
         energy = sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in zip(pts, pts[1:]))
         return _window(seconds, energy, f"power samples ({len(pts)}, trapezoid)", first.partial, 0, None)
+
+
+def end_state(samples: list[Sample]) -> dict:
+    """The clock, temperature and throttle reasons of the last sample that has each (empty without)."""
+    state: dict = {}
+    for s in reversed(samples):
+        if "gpu_mhz" not in state and s.gpu_mhz is not None:
+            state["gpu_mhz"] = s.gpu_mhz
+        if "temp_c" not in state and s.temp_c is not None:
+            state["temp_c"] = s.temp_c
+    if samples:
+        state["throttle"] = list(samples[-1].throttle)
+    return state
 
 
 def _window(seconds, energy, method, partial, lost, invalid) -> dict:

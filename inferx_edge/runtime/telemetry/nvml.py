@@ -35,6 +35,7 @@ class NVMLBackend:
             self.device = pynvml.nvmlDeviceGetName(self.handle)
             self.driver = pynvml.nvmlSystemGetDriverVersion()
             self.power_limit_w = pynvml.nvmlDeviceGetEnforcedPowerLimit(self.handle) / 1000
+            self.max_sm_mhz = pynvml.nvmlDeviceGetMaxClockInfo(self.handle, pynvml.NVML_CLOCK_SM)
         except pynvml.NVMLError as exc:
             raise TelemetryError(f"NVML unavailable: {exc}") from exc
         self.nvml = pynvml
