@@ -406,8 +406,8 @@ def measure(record, models, dirs, built, systems, batches, gpu, window, save, pe
             for r in range(rounds):
                 for system in list(runners) if r % 2 == 0 else list(runners)[::-1]:
                     try:
-                        if r:  # back on the GPU after the other systems' windows
-                            runners[system].benchmark(x, warmup=3, repeat=1, min_seconds=0.1)
+                        # a short warm-up right before each window: the other systems ran in between
+                        runners[system].benchmark(x, warmup=3, repeat=1, min_seconds=0.1)
                         windows[system].append(measure_window(runners[system], x, batch, backend, window))
                     except Exception as exc:  # recorded; the other systems still run
                         rows[system]["error"] = f"{type(exc).__name__}: {exc}"[:600]
