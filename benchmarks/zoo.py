@@ -532,6 +532,7 @@ def markdown(record: dict) -> str:
     ran_on = f" (run on {record['device']})" if record.get("device") else ""
     out = [f"# Zoo on {record['target']}{ran_on}{' (build only)' if record['build_only'] else ''}", ""]
     rounds = record.get("rounds", 1) > 1
+    clocks = any("sm_mhz" in r for r in rows)  # GPU rows with NVML: the SM clock each window ended at
     if rows:
         if rounds:
             out += [
@@ -541,9 +542,9 @@ def markdown(record: dict) -> str:
             ]
         spread = f" img/s vs {peer} per round |" if rounds else ""
         out += [
-            f"| model | system | batch | img/s | p50 ms | mJ/img | SM MHz | rel. error vs fp32 | img/s vs {peer} "
-            f"| p50 vs {peer} |{spread}",
-            "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if rounds else ""),
+            f"| model | system | batch | img/s | p50 ms | mJ/img |{' SM MHz |' if clocks else ''} rel. error vs fp32 "
+            f"| img/s vs {peer} | p50 vs {peer} |{spread}",
+            "|---|---|---|---|---|---|---|---|---|" + ("---|" if clocks else "") + ("---|" if rounds else ""),
         ]
         for r in rows:
             b = base.get((r["model"], r["batch"]))
@@ -553,7 +554,8 @@ def markdown(record: dict) -> str:
             mhz = "-" if "sm_mhz" not in r else "-".join(dict.fromkeys(f"{v:.0f}" for v in r["sm_mhz"]))
             line = (
                 f"| {r['model']} | {r['system']} | {r['batch']} | {r['img_s']:.1f} | {r['p50_ms']:.3f} | {mj} | "
-                f"{mhz} | {r['rel_error_vs_fp32']:.2e} | {ratio} | {p50} |"
+                + (f"{mhz} | " if clocks else "")
+                + f"{r['rel_error_vs_fp32']:.2e} | {ratio} | {p50} |"
             )
             if rounds:
                 pairs = [a["img_s"] / c["img_s"] for a, c in zip(r.get("rounds", []), (b or {}).get("rounds", []))]

@@ -65,6 +65,19 @@ def test_one_round_keeps_the_single_window_table():
     record, log, table = run_measure(1, [150], [100])
     assert log == ["torch-eager", "torch-compile"] and "rounds" not in record["results"][0]
     assert "interleaved" not in table and "per round" not in table and "| 1.50x |" in table
+    assert "SM MHz" not in table  # no telemetry, no clock column
+
+
+def test_the_table_shows_the_clock_range_each_system_ran_at():
+    from benchmarks.zoo import markdown
+
+    rows = [
+        {"model": "m", "system": s, "batch": 64, "img_s": f, "p50_ms": 1.0, "rel_error_vs_fp32": 0.0, "sm_mhz": mhz}
+        for s, f, mhz in (("inferx-int8", 150.0, [1980.0, 1980.0]), ("torch-compile", 100.0, [1755.0, 1980.0]))
+    ]
+    record = {"results": rows, "systems": ["inferx-int8", "torch-compile"], "target": "h200", "build_only": False}
+    table = markdown(record | {"builds": []})
+    assert "| SM MHz |" in table and "| 1980 | 0.00e+00 | 1.50x |" in table and "| 1755-1980 |" in table
 
 
 def test_a_system_failing_in_a_later_round_is_recorded_and_the_other_finishes():
