@@ -2,8 +2,9 @@
 for sm_80 / sm_87 / sm_90 with structural checks (every GEMM large enough runs on tensor cores).
 
 The blocks: squeeze-excite, hardswish + SiLU, LayerNorm + GELU MLP, multi-head attention, grouped conv,
-channel shuffle, resize (nearest + bilinear), a concat-heavy dense neck. The default run compiles each
-block's CUDA variants for one architecture (rotating over the three); ``-m slow`` compiles all of them.
+channel shuffle, resize (nearest + bilinear), a concat-heavy dense neck, an atrous (dilated) pyramid.
+The default run compiles each block's CUDA variants for one architecture (rotating over the three);
+``-m slow`` compiles all of them.
 """
 
 from __future__ import annotations
@@ -155,11 +156,30 @@ def concat_neck():
     return nodes, inits + [_w("wt", 32, 64, 1, 1)], (2, 16, 12, 12)
 
 
+def atrous_pyramid():
+    """DeepLabV3's ASPP over an 8x8 map: a 1x1 branch and 3x3 branches dilated 2, 12 and 36, concatenated,
+    then a 1x1. The rate-12 and rate-36 branches read only padding through their outer taps."""
+    nodes = [_conv("x", "b0", "w0", k=1)]
+    for i, rate in enumerate((2, 12, 36), 1):
+        nodes.append(
+            helper.make_node(
+                "Conv", ["x", f"w{i}"], [f"b{i}"], kernel_shape=[3, 3], pads=[rate] * 4, dilations=[rate] * 2
+            )
+        )
+    nodes += [
+        helper.make_node("Concat", ["b0", "b1", "b2", "b3"], ["cat"], axis=1),
+        helper.make_node("Relu", ["cat"], ["r"]),
+        _conv("r", "y", "wy", k=1),
+    ]
+    inits = [_w("w0", 16, 16, 1, 1)] + [_w(f"w{i}", 16, 16, 3, 3) for i in (1, 2, 3)] + [_w("wy", 32, 64, 1, 1)]
+    return nodes, inits, (2, 16, 8, 8)
+
+
 BLOCKS = {
     f.__name__: f
     for f in (
         squeeze_excite, hardswish_silu, layernorm_gelu, attention, grouped_conv, channel_shuffle, resize,
-        concat_neck,
+        concat_neck, atrous_pyramid,
     )
 }  # fmt: skip
 #: output shape of each block (ONNX graphs declare their output shapes)
@@ -172,6 +192,7 @@ OUT = {
     "channel_shuffle": (2, 32, 12, 12),
     "resize": (2, 32, 16, 16),
     "concat_neck": (2, 32, 6, 6),
+    "atrous_pyramid": (2, 32, 8, 8),
 }
 ARCHS = {"a100": "sm_80", "jetson-orin": "sm_87", "h200": "sm_90"}
 

@@ -15,6 +15,7 @@ from typing import Any
 from inferx_edge.compiler.passes.bake_weight_transforms import MAX_BAKED_GROWTH, bake_weight_transforms
 from inferx_edge.compiler.passes.batch_norm_scale_shift import batch_norm_scale_shift
 from inferx_edge.compiler.passes.clip_to_min_max import clip_to_min_max
+from inferx_edge.compiler.passes.dead_conv_taps import dead_conv_taps
 from inferx_edge.compiler.passes.fp16_activation_matmuls import fp16_activation_matmuls
 from inferx_edge.compiler.passes.fp16_concat_inputs import fp16_concat_inputs
 from inferx_edge.compiler.passes.fp16_depthwise import FP16_MAX, fp16_depthwise
@@ -85,6 +86,8 @@ class Pass:
 
 #: The rewrites of :func:`~inferx_edge.compiler.variant.prepare_variant`, in order.
 PASSES: tuple[Pass, ...] = (
+    # every variant: convolution taps that only ever read padding dropped (large-rate dilated convs)
+    Pass("dead_conv_taps", lambda v: True, lambda mod, v: dead_conv_taps(mod)),
     Pass("to_fp16", lambda v: v.precision == "fp16", lambda mod, v: to_fp16(mod)),
     Pass("convert_layout", lambda v: v.conv != "NCHW", lambda mod, v: convert_layout(mod, v.conv, v.kernel)),
     # every variant: inference BatchNorms left standalone (pre-activation) as x * a + b, a and b baked
@@ -141,6 +144,7 @@ __all__ = [
     "batch_norm_scale_shift",
     "clip_to_min_max",
     "convert_layout",
+    "dead_conv_taps",
     "drop_identity_reshapes",
     "fp16_activation_matmuls",
     "fp16_concat_inputs",
