@@ -44,30 +44,31 @@ def dead_conv_taps(mod):
 
     from inferx_edge.compiler.passes._rewrite import rewrite_convs
 
-    def static(values) -> list[int] | None:
-        if values is None or not all(isinstance(v, tvm.tirx.IntImm) for v in values):
+    def spatial(expr, layout: str) -> list[int] | None:
+        """The H and W extents of ``expr``, or None unless both are static (the batch may be symbolic)."""
+        values = getattr(getattr(expr.ty, "shape", None), "values", None)
+        if values is None or len(values) != 4:
             return None
-        return [int(v) for v in values]
+        hw = [values[layout.index(axis)] for axis in "HW"]
+        return [int(v) for v in hw] if all(isinstance(v, tvm.tirx.IntImm) for v in hw) else None
 
     def rewrite(call, a, x, w):
         data, kern = str(a.data_layout), str(a.kernel_layout)
         if sorted(data) != sorted("NCHW") or sorted(kern) != sorted("OIHW"):
             return None
-        xs = static(getattr(getattr(x.ty, "shape", None), "values", None))
-        ws = static(getattr(getattr(w.ty, "shape", None), "values", None))
-        if xs is None or ws is None:
+        xs, ks = spatial(x, data), spatial(w, kern)
+        if xs is None or ks is None:
             return None
         pad = [int(p) for p in a.padding]  # top, left, bottom, right
         strides, dilation = [int(s) for s in a.strides], [int(d) for d in a.dilation]
         axes = (kern.index("H"), kern.index("W"))
         spans = []
-        for i, axis in enumerate("HW"):
-            k = ws[axes[i]]
+        for i in range(2):
             spans.append(
-                live_taps(xs[data.index(axis)], pad[i], pad[i + 2], k, strides[i], dilation[i])
-                or (0, k - 1, pad[i], pad[i + 2])
+                live_taps(xs[i], pad[i], pad[i + 2], ks[i], strides[i], dilation[i])
+                or (0, ks[i] - 1, pad[i], pad[i + 2])
             )
-        if all(lo == 0 and hi == ws[axes[i]] - 1 for i, (lo, hi, _, _) in enumerate(spans)):
+        if all(lo == 0 and hi == ks[i] - 1 for i, (lo, hi, _, _) in enumerate(spans)):
             return None
         (h0, h1, top, bottom), (w0, w1, left, right) = spans
         w = relax.op.strided_slice(w, axes=list(axes), begin=[h0, w0], end=[h1 + 1, w1 + 1])

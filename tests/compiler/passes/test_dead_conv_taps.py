@@ -58,10 +58,12 @@ def test_every_outer_tap_of_a_large_rate_is_dead_and_small_rates_keep_theirs():
 
 
 def _aspp_branch(rate: int, hw: int, groups: int = 1):
+    """One dilated 3x3 branch over a batch of any size (the batch axis symbolic)."""
+    import tvm
     from tvm import relax
 
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([2, 8, hw, hw], "float32"))
+    x = relax.Var("x", relax.TensorType([tvm.tirx.Var("n", "int64"), 8, hw, hw], "float32"))
     w = relax.Var("w", relax.TensorType([8, 8 // groups, 3, 3], "float32"))
     with bb.function("main", [x, w], attrs={"num_input": 1}):
         with bb.dataflow():
