@@ -467,9 +467,9 @@ def summarise_windows(windows: list[dict], keep: bool) -> dict:
         "mJ_img": med("j_per_frame", 1e3),
         "avg_w": med("avg_w"),
     }
-    mhz = [w["state"]["gpu_mhz"] for w in windows if w.get("state", {}).get("gpu_mhz") is not None]
-    temp = [w["state"]["temp_c"] for w in windows if w.get("state", {}).get("temp_c") is not None]
-    throttle = sorted({t for w in windows for t in w.get("state", {}).get("throttle", [])})
+    mhz = [w["state"]["gpu_mhz"] for w in windows if w["state"].get("gpu_mhz") is not None]
+    temp = [w["state"]["temp_c"] for w in windows if w["state"].get("temp_c") is not None]
+    throttle = sorted({t for w in windows for t in w["state"].get("throttle", [])})
     if mhz:
         out["sm_mhz"] = [min(mhz), max(mhz)]
     if temp:
@@ -482,7 +482,7 @@ def summarise_windows(windows: list[dict], keep: bool) -> dict:
                 "img_s": w["fps"],
                 "p50_ms": w["p50_ms"],
                 "mJ_img": w["j_per_frame"] * 1e3 if w.get("j_per_frame") is not None else None,
-                **({"sm_mhz": w["state"]["gpu_mhz"]} if w.get("state", {}).get("gpu_mhz") is not None else {}),
+                **({"sm_mhz": w["state"]["gpu_mhz"]} if w["state"].get("gpu_mhz") is not None else {}),
             }
             for w in windows
         ]

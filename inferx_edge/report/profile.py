@@ -59,7 +59,7 @@ def measure_window(engine: Engine, x, batch: int, backend, seconds: float) -> di
         "avg_w": energy["avg_w"],
         "method": energy["method"],
         "j_per_frame": energy["energy_j"] / frames if energy["energy_j"] is not None else None,
-        "state": energy.get("state", {}),
+        "state": energy["state"],
     }
 
 

@@ -17,7 +17,7 @@ def live_taps(size: int, pad_before: int, pad_after: int, kernel: int, stride: i
 
     def live(t: int) -> bool:
         start = t * dilation - pad_before  # the input read by output 0
-        first = max(0, -(start // stride)) if start < 0 else 0  # the first output reading at or after 0
+        first = -(start // stride) if start < 0 else 0  # the first output reading at or after 0
         return first < out and first * stride + start < size
 
     taps = [t for t in range(kernel) if live(t)]
@@ -62,15 +62,13 @@ def dead_conv_taps(mod):
         pad = [int(p) for p in a.padding]  # top, left, bottom, right
         strides, dilation = [int(s) for s in a.strides], [int(d) for d in a.dilation]
         axes = (kern.index("H"), kern.index("W"))
-        spans = []
-        for i in range(2):
-            spans.append(
-                live_taps(xs[i], pad[i], pad[i + 2], ks[i], strides[i], dilation[i])
-                or (0, ks[i] - 1, pad[i], pad[i + 2])
-            )
-        if all(lo == 0 and hi == ks[i] - 1 for i, (lo, hi, _, _) in enumerate(spans)):
+        shrunk = [live_taps(xs[i], pad[i], pad[i + 2], ks[i], strides[i], dilation[i]) for i in range(2)]
+        if not any(shrunk):
             return None
-        (h0, h1, top, bottom), (w0, w1, left, right) = spans
+        (h0, h1, top, bottom), (w0, w1, left, right) = (
+            span or (0, ks[i] - 1, pad[i], pad[i + 2])
+            for i, span in enumerate(shrunk)  # an axis left whole
+        )
         w = relax.op.strided_slice(w, axes=list(axes), begin=[h0, w0], end=[h1 + 1, w1 + 1])
         return relax.op.nn.conv2d(
             x, w, a.strides, [top, left, bottom, right], a.dilation, a.groups, data, kern, a.out_layout, a.out_dtype

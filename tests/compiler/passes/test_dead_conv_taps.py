@@ -81,14 +81,14 @@ def test_the_conv_reads_only_live_taps_and_computes_the_same(rate, hw, groups, k
     from tvm import relax
 
     from inferx_edge.compiler.passes import bake_weight_transforms, dead_conv_taps
+    from tests.helpers import main_bindings, op_of
 
     mod = _aspp_branch(rate, hw, groups)
     rng = np.random.default_rng(rate)
     x = rng.standard_normal((2, 8, hw, hw)).astype(np.float32)
     w = rng.standard_normal((8, 8 // groups, 3, 3)).astype(np.float32)
     baked, _names, weights = bake_weight_transforms(dead_conv_taps(mod), [w])
-    convs = [b.value for blk in baked["main"].body.blocks for b in blk.bindings
-             if getattr(getattr(b.value, "op", None), "name", "") == "relax.nn.conv2d"]  # fmt: skip
+    convs = [v for v in main_bindings(baked).values() if op_of(v) == "relax.nn.conv2d"]
     assert len(convs) == 1 and [int(d) for d in convs[0].args[1].ty.shape.values[2:]] == kernel
     assert [int(p) for p in convs[0].attrs.padding] == ([rate] * 4 if kernel == [3, 3] else [0] * 4)
 
