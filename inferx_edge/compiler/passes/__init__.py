@@ -18,6 +18,7 @@ from inferx_edge.compiler.passes.clip_to_min_max import clip_to_min_max
 from inferx_edge.compiler.passes.dead_conv_taps import dead_conv_taps
 from inferx_edge.compiler.passes.fp16_activation_matmuls import fp16_activation_matmuls
 from inferx_edge.compiler.passes.fp16_concat_inputs import fp16_concat_inputs
+from inferx_edge.compiler.passes.fp16_data_movement import fp16_data_movement
 from inferx_edge.compiler.passes.fp16_depthwise import FP16_MAX, fp16_depthwise
 from inferx_edge.compiler.passes.fp16_matmul_weights_along_k import fp16_matmul_weights_along_k
 from inferx_edge.compiler.passes.fp16_shared_inputs import fp16_shared_inputs
@@ -132,6 +133,8 @@ PASSES: tuple[Pass, ...] = (
     Pass("fp16_shared_inputs", lambda v: v.conv == "NHWC" and v.quantized, lambda mod, v: fp16_shared_inputs(mod)),
     # CUDA int8/mixed: values read only by concats (dense blocks re-read every earlier map) stored in fp16
     Pass("fp16_concat_inputs", lambda v: v.conv == "NHWC" and v.quantized, lambda mod, v: fp16_concat_inputs(mod)),
+    # CUDA int8/mixed: reshapes, transposes and slices of a value widened from fp16 move it in fp16 (a shuffle)
+    Pass("fp16_data_movement", lambda v: v.conv == "NHWC" and v.quantized, lambda mod, v: fp16_data_movement(mod)),
 )
 
 __all__ = [
@@ -148,6 +151,7 @@ __all__ = [
     "drop_identity_reshapes",
     "fp16_activation_matmuls",
     "fp16_concat_inputs",
+    "fp16_data_movement",
     "fp16_depthwise",
     "fp16_matmul_weights_along_k",
     "fp16_shared_inputs",

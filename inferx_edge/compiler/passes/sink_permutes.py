@@ -1,7 +1,15 @@
 """Transposes move past elementwise ops and cancel: a network written in NCHW that permutes to
 channels-last around its blocks (ConvNeXt: ``permute`` -> LayerNorm -> Linear ... -> ``permute`` back
 -> layer scale -> residual add) keeps those permutes as copy kernels after the NHWC layout conversion,
-transposing the residual stream back and forth at every block."""
+transposing the residual stream back and forth at every block.
+
+A channel shuffle (ShuffleNet: ``concat`` -> ``reshape`` to [N, groups, C / groups, H, W] ->
+``permute`` -> ``reshape`` back -> split in two) has no layout rule in ConvertLayout, so the conversion ran
+it on an NCHW copy: every block's concat kernel read one branch across channels-last pixels (a 464-byte
+stride between a warp's neighbouring loads) and wrote NCHW, and the next block transposed its half back.
+The transposes now also move below slices, splits and concatenations of a channels-first view, and a
+reshape that only splits or merges the channel axis of such a view regroups the channels-last tensor's
+last axis instead, so the whole shuffle runs channels-last and its transposes cancel."""
 
 from __future__ import annotations
 
@@ -42,16 +50,26 @@ def sink_permutes(mod):
         src, dst = call.args[0].ty.dtype, call.ty.dtype
         return tvm.DataType(str(dst)).bits <= tvm.DataType(str(src)).bits
 
-    def producer(ctx, arg):
+    def bound(ctx, arg):
         if not isinstance(arg, relax.Var):
             return None
         try:
             value = ctx.builder.lookup_binding(arg)
         except Exception:  # noqa: BLE001 - not bound in this function (a parameter)
             return None
+        if isinstance(value, relax.TupleGetItem):  # an item of a tuple built here (a moved split's)
+            items = bound(ctx, value.tuple_value)
+            return bound(ctx, items.fields[value.index]) if isinstance(items, relax.Tuple) else None
+        return value
+
+    def producer(ctx, arg):
+        value = bound(ctx, arg)
         return value if isinstance(value, relax.Call) and value.op == permute else None
 
     def rewrite(call, ctx):
+        moved = _data_movement(call, ctx, producer)
+        if moved is not None:
+            return moved
         out = static_shape(call)
         if out is None:
             return None
@@ -95,3 +113,86 @@ def sink_permutes(mod):
         return None
 
     return rewrite_calls_in_context(mod, rewrite)
+
+
+def _channels_first(rank: int) -> list[int]:
+    """The ``permute_dims`` axes that view a channels-last tensor of ``rank`` channels-first."""
+    return [0, rank - 1, *range(1, rank - 1)]
+
+
+def _data_movement(call, ctx, producer):
+    """``call`` (a slice, split, concatenation or reshape of a channels-first view of a channels-last
+    4-D tensor) done on the channels-last tensor, followed by the view's transpose; None where it is
+    not one (other ranks and transposes are left alone)."""
+    import tvm
+    from tvm import relax
+
+    op = call.op
+    if op == tvm.ir.Op.get("relax.concat"):
+        fields = call.args[0].fields if isinstance(call.args[0], relax.Tuple) else None
+        inner = [producer(ctx, f) for f in fields or []]
+        if not inner or any(i is None or _view(i) is None for i in inner):
+            return None
+        p = _view(inner[0])
+        axis = int(call.attrs.axis) % len(p)
+        return relax.op.permute_dims(relax.op.concat([i.args[0] for i in inner], axis=p[axis]), p)
+    if op not in {tvm.ir.Op.get(f"relax.{n}") for n in ("strided_slice", "split", "reshape")}:
+        return None
+    inner = producer(ctx, call.args[0])
+    if inner is None:
+        return None
+    p, x = _view(inner), inner.args[0]
+    if op.name == "relax.strided_slice":
+        if p is None:
+            return None
+        axes = [p[int(a.value)] for a in call.args[1].fields]
+        strides = call.args[4] if len(call.args) > 4 else None
+        sliced = relax.op.strided_slice(x, axes, call.args[2], call.args[3], strides, call.attrs.assume_inbound)
+        return relax.op.permute_dims(sliced, p)
+    if op.name == "relax.split":
+        if p is None:
+            return None
+        parts = relax.op.split(x, call.attrs.indices_or_sections, axis=p[int(call.attrs.axis) % len(p)])
+        return relax.Tuple([relax.op.permute_dims(relax.TupleGetItem(parts, i), p) for i in range(len(call.ty.fields))])
+    return _regroup_channels(call, inner, p)
+
+
+def _view(permute) -> list[int] | None:
+    """The axes of ``permute`` where it views a channels-last 4-D tensor channels-first, else None."""
+    shape = static_shape(permute.args[0])
+    if shape is None or len(shape) != 4:
+        return None
+    p = permute_axes(permute, 4)
+    return p if p == _channels_first(4) else None
+
+
+def _regroup_channels(call, inner, view):
+    """A ``reshape`` that only splits the channel axis of a channels-first view (``view``) of ``x`` =
+    ``inner.args[0]``: ``x`` reshaped along its last axis, viewed channels-first. A ``reshape`` that only
+    merges channel groups (the leading axes after N of a transpose of [N, H, W, *groups]) back into one
+    axis: the groups merged along the last axis, viewed channels-first. None otherwise."""
+    from tvm import relax
+
+    x, out = inner.args[0], static_shape(call)
+    shape = static_shape(x)
+    if out is None or shape is None:
+        return None
+    if view is not None:  # split: [N, C, H, W] -> [N, *groups, H, W]
+        n, *spatial, c = shape
+        groups = out[1 : len(out) - len(spatial)]
+        if out[0] != n or out[len(out) - len(spatial) :] != spatial or len(groups) < 2 or math.prod(groups) != c:
+            return None
+        s, k = len(spatial), len(groups)
+        regrouped = relax.op.reshape(x, [n, *spatial, *groups])
+        return relax.op.permute_dims(regrouped, [0, *range(s + 1, s + 1 + k), *range(1, s + 1)])
+    # merge: permute(y, [0, *group axes, 1, 2]) of y = [N, H, W, *groups] -> [N, C, H, W]
+    s = len(out) - 2
+    q = permute_axes(inner, len(shape))
+    k = len(shape) - 1 - s
+    if s != 2 or k < 2 or q[0] != 0 or q[1 + k :] != [1, 2] or sorted(q[1 : 1 + k]) != list(range(3, 3 + k)):
+        return None
+    if out[0] != shape[0] or out[2:] != shape[1:3] or out[1] != math.prod(shape[3:]):
+        return None
+    order = [0, 1, 2, *q[1 : 1 + k]]
+    y = x if order == list(range(len(shape))) else relax.op.permute_dims(x, order)
+    return relax.op.permute_dims(relax.op.reshape(y, [shape[0], *shape[1:3], out[1]]), _channels_first(4))
