@@ -523,9 +523,10 @@ def ort_system(d: Path, x: dict):
 
 
 def markdown(record: dict) -> str:
-    """model x system x batch table, ratios against the peer (torch-compile on GPUs, onnxruntime on CPUs)."""
+    """model x system x batch table, ratios against the peer (torch-compile on GPUs, onnxruntime on CPUs;
+    no ratio columns where neither ran)."""
     rows = [r for r in record["results"] if "error" not in r]
-    peer = "torch-compile" if "torch-compile" in record["systems"] else "onnxruntime"
+    peer = next((p for p in ("torch-compile", "onnxruntime") if p in record["systems"]), None)
     base = {(r["model"], r["batch"]): r for r in rows if r["system"] == peer}
     # the target the code was built for, and the GPU that ran it where that is another kind (h200 code on
     # an H100 host)
@@ -535,16 +536,15 @@ def markdown(record: dict) -> str:
     clocks = any("sm_mhz" in r for r in rows)  # GPU rows with NVML: the SM clock each window ended at
     if rows:
         if rounds:
-            out += [
-                f"Medians of {record['rounds']} interleaved windows per system; the last column is the lowest "
-                f"and highest per-round img/s ratio to {peer}.",
-                "",
-            ]
-        spread = f" img/s vs {peer} per round |" if rounds else ""
+            spread_note = f"; the last column is the lowest and highest per-round img/s ratio to {peer}" if peer else ""
+            out += [f"Medians of {record['rounds']} interleaved windows per system{spread_note}.", ""]
+        ratios = f" img/s vs {peer} | p50 vs {peer} |" if peer else ""
+        spread = f" img/s vs {peer} per round |" if rounds and peer else ""
+        columns = 7 + clocks + (2 if peer else 0) + bool(spread)
         out += [
             f"| model | system | batch | img/s | p50 ms | mJ/img |{' SM MHz |' if clocks else ''} rel. error vs fp32 "
-            f"| img/s vs {peer} | p50 vs {peer} |{spread}",
-            "|---|---|---|---|---|---|---|---|---|" + ("---|" if clocks else "") + ("---|" if rounds else ""),
+            f"|{ratios}{spread}",
+            "|" + "---|" * columns,
         ]
         for r in rows:
             b = base.get((r["model"], r["batch"]))
@@ -555,9 +555,10 @@ def markdown(record: dict) -> str:
             line = (
                 f"| {r['model']} | {r['system']} | {r['batch']} | {r['img_s']:.1f} | {r['p50_ms']:.3f} | {mj} | "
                 + (f"{mhz} | " if clocks else "")
-                + f"{r['rel_error_vs_fp32']:.2e} | {ratio} | {p50} |"
+                + f"{r['rel_error_vs_fp32']:.2e} |"
+                + (f" {ratio} | {p50} |" if peer else "")
             )
-            if rounds:
+            if spread:
                 pairs = [a["img_s"] / c["img_s"] for a, c in zip(r.get("rounds", []), (b or {}).get("rounds", []))]
                 line += f" {min(pairs):.2f}-{max(pairs):.2f}x |" if pairs else " - |"
             out.append(line)

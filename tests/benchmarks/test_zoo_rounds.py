@@ -80,6 +80,23 @@ def test_the_table_shows_the_clock_range_each_system_ran_at():
     assert "| SM MHz |" in table and "| 1980 | 0.00e+00 | 1.50x |" in table and "| 1755-1980 |" in table
 
 
+def test_a_run_without_a_peer_has_no_ratio_columns():
+    """An A/B half that timed only inferx must not label empty columns as ratios to onnxruntime."""
+    from benchmarks.zoo import markdown
+
+    rows = [
+        {"model": "m", "system": "inferx-int8", "batch": b, "img_s": 10.0 * b, "p50_ms": 1.0, "rel_error_vs_fp32": 0.0,
+         "rounds": [{"img_s": 10.0 * b}] * 3}
+        for b in (1, 64)
+    ]  # fmt: skip
+    record = {"results": rows, "systems": ["inferx-int8"], "target": "h200", "build_only": False, "rounds": 3}
+    table = markdown(record | {"builds": []})
+    assert "onnxruntime" not in table and "torch-compile" not in table and " vs " not in table.replace("vs fp32", "")
+    header, rule, first = table.split("\n")[4:7]
+    assert header.count("|") == rule.count("|") == first.count("|") == 8
+    assert "Medians of 3 interleaved windows per system." in table
+
+
 def test_a_system_failing_in_a_later_round_is_recorded_and_the_other_finishes():
     record, log, table = run_measure(3, [100, 300, 200], [100, 110, 120], fail_at=1)
     ours, peer = record["results"]
