@@ -59,7 +59,7 @@ def fp16_data_movement(mod):
             inner = ctx.builder.lookup_binding(call.args[0])
         except Exception:  # noqa: BLE001 - not bound in this function
             return None
-        if not (isinstance(inner, relax.Call) and inner.op == astype):
+        if not widening(inner):
             return None
         narrow = relax.Call(call.op, [inner.args[0], *call.args[1:]], call.attrs, call.ty_args)
         return relax.op.astype(narrow, "float32")

@@ -45,6 +45,7 @@ def sink_permutes(mod):
     binary = {tvm.ir.Op.get(f"relax.{n}") for n in _BINARY}
     unary = {tvm.ir.Op.get(f"relax.{n}") for n in _UNARY}
     astype = tvm.ir.Op.get("relax.astype")
+    movers = {tvm.ir.Op.get(f"relax.{n}") for n in ("concat", "strided_slice", "split", "reshape")}
 
     def narrowing(call) -> bool:
         src, dst = call.args[0].ty.dtype, call.ty.dtype
@@ -67,9 +68,8 @@ def sink_permutes(mod):
         return value if isinstance(value, relax.Call) and value.op == permute else None
 
     def rewrite(call, ctx):
-        moved = _data_movement(call, ctx, producer)
-        if moved is not None:
-            return moved
+        if call.op in movers:
+            return _data_movement(call, ctx, producer)
         out = static_shape(call)
         if out is None:
             return None
@@ -121,14 +121,13 @@ def _channels_first(rank: int) -> list[int]:
 
 
 def _data_movement(call, ctx, producer):
-    """``call`` (a slice, split, concatenation or reshape of a channels-first view of a channels-last
-    4-D tensor) done on the channels-last tensor, followed by the view's transpose; None where it is
-    not one (other ranks and transposes are left alone)."""
-    import tvm
+    """``call`` (a concat, strided_slice, split or reshape) done on the channels-last tensor and followed
+    by the view's transpose, where it reads a channels-first view of a channels-last 4-D tensor; None
+    where it does not (other ranks and transposes are left alone)."""
     from tvm import relax
 
     op = call.op
-    if op == tvm.ir.Op.get("relax.concat"):
+    if op.name == "relax.concat":
         fields = call.args[0].fields if isinstance(call.args[0], relax.Tuple) else None
         inner = [producer(ctx, f) for f in fields or []]
         if not inner or any(i is None or _view(i) is None for i in inner):
@@ -136,14 +135,12 @@ def _data_movement(call, ctx, producer):
         p = _view(inner[0])
         axis = int(call.attrs.axis) % len(p)
         return relax.op.permute_dims(relax.op.concat([i.args[0] for i in inner], axis=p[axis]), p)
-    if op not in {tvm.ir.Op.get(f"relax.{n}") for n in ("strided_slice", "split", "reshape")}:
-        return None
     inner = producer(ctx, call.args[0])
     if inner is None:
         return None
     p, x = _view(inner), inner.args[0]
     if op.name == "relax.strided_slice":
-        if p is None:
+        if p is None or not isinstance(call.args[1], relax.Tuple):
             return None
         axes = [p[int(a.value)] for a in call.args[1].fields]
         strides = call.args[4] if len(call.args) > 4 else None
