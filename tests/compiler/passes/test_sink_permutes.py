@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from onnx import helper, numpy_helper
 
-from tests.helpers import main_ops
+from tests.helpers import main_ops, write_onnx
 
 
 def _convnext_blocks(path, blocks: int = 2):
@@ -65,9 +65,7 @@ def _shuffle_blocks(path, split: str):
     """Two ShuffleNetV2 units, NCHW, after a stem conv: two branch convs concatenated, shuffled (Reshape to [N, 2, 16, H,
     W] -> Transpose -> Reshape back) and halved (``split``: two ``Slice`` nodes or one ``Split``); the
     second half goes through a 1x1 conv + ReLU and is concatenated with the first, shuffled again; a
-    1x1 conv after (opset 17)."""
-    import onnx
-
+    1x1 conv after."""
     rng = np.random.default_rng(0)
 
     def w(name, *shape):
@@ -112,17 +110,7 @@ def _shuffle_blocks(path, split: str):
     ]
     inits += [i64("grouped", [2, 2, 16, 8, 8]), i64("merged", [2, 32, 8, 8]), i64("halves", [16, 16])]
     inits += [i64("zero", [0]), i64("half", [16]), i64("full", [32]), i64("one", [1])]
-    graph = helper.make_graph(
-        nodes,
-        "shuffle",
-        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 8, 8, 8])],
-        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 8, 8, 8])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path.write_bytes(model.SerializeToString())
-    return path
+    return write_onnx(path, nodes, {"x": [2, 8, 8, 8]}, {"y": [2, 8, 8, 8]}, inits, "shuffle")
 
 
 @pytest.mark.parametrize("target,precision", [("h200", "fp16"), ("x86-cpu", "fp32")])
