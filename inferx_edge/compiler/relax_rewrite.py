@@ -29,6 +29,18 @@ class CallContext:
         constant)."""
         return self.bindings.get(arg)
 
+    def bound(self, var):
+        """The value the rewritten module bound ``var`` (a variable of the rewritten module, such as an
+        argument of the call being rewritten) to, or None (a parameter, not a variable)."""
+        from tvm import relax
+
+        if not isinstance(var, relax.Var):
+            return None
+        try:
+            return self.builder.lookup_binding(var)
+        except Exception:  # noqa: BLE001 - not bound in this function
+            return None
+
     def rewritten(self, expr):
         """``expr`` (e.g. an argument of a :meth:`producer`) as it stands in the rewritten module: a
         variable whose binding was rewritten has been renamed."""

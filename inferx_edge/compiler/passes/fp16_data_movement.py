@@ -13,16 +13,13 @@ as it loads it; the values are the same (widening is exact).
 from __future__ import annotations
 
 from inferx_edge.compiler.passes._rewrite import rewrite_calls_in_context
+from inferx_edge.compiler.passes.sink_permutes import _BINARY, _UNARY
 
 #: data movement the widening moves below (the value's first operand is the moved tensor)
 _MOVES = ("reshape", "permute_dims", "strided_slice")
-#: readers that fuse with a widening in front of them (elementwise): where every path from the
-#: widening through data movement ends in these, moving it adds no kernel
-_ELEMENTWISE = (
-    "add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "astype", "round", "floor",
-    "ceil", "clip", "sigmoid", "tanh", "exp", "erf", "sqrt", "rsqrt", "negative", "abs", "nn.relu",
-    "nn.gelu", "nn.gelu_tanh", "nn.silu",
-)  # fmt: skip
+#: readers that fuse with a widening in front of them (the elementwise ops transposes move past, and
+#: casts): where every path from the widening through data movement ends in these, moving it adds no kernel
+_ELEMENTWISE = (*_BINARY, *_UNARY, "astype")
 
 
 def fp16_data_movement(mod):
@@ -55,10 +52,7 @@ def fp16_data_movement(mod):
     def rewrite(call, ctx):
         if call.op not in moves or not ctx.given or ctx.given[0] not in moved:
             return None
-        try:
-            inner = ctx.builder.lookup_binding(call.args[0])
-        except Exception:  # noqa: BLE001 - not bound in this function
-            return None
+        inner = ctx.bound(call.args[0])
         if not widening(inner):
             return None
         narrow = relax.Call(call.op, [inner.args[0], *call.args[1:]], call.attrs, call.ty_args)

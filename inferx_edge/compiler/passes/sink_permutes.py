@@ -52,12 +52,7 @@ def sink_permutes(mod):
         return tvm.DataType(str(dst)).bits <= tvm.DataType(str(src)).bits
 
     def bound(ctx, arg):
-        if not isinstance(arg, relax.Var):
-            return None
-        try:
-            value = ctx.builder.lookup_binding(arg)
-        except Exception:  # noqa: BLE001 - not bound in this function (a parameter)
-            return None
+        value = ctx.bound(arg)
         if isinstance(value, relax.TupleGetItem):  # an item of a tuple built here (a moved split's)
             items = bound(ctx, value.tuple_value)
             return bound(ctx, items.fields[value.index]) if isinstance(items, relax.Tuple) else None
