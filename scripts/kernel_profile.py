@@ -190,6 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "int8", "mixed"])
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--no-tuning", action="store_true")
+    ap.add_argument(
+        "--tuning-root",
+        type=Path,
+        default=None,
+        help="look the model's tuning database up under this folder instead of tuning_logs/ (e.g. the "
+        "tuning_logs/ a `benchmarks.zoo --tune-tiles` run wrote)",
+    )
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--calib", type=Path, default=None, help="int8/mixed: calibration data (see build --help)")
     ap.add_argument("--calib-method", default="entropy")
@@ -239,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
 
         q = QuantOptions(calib=args.calib, calib_method=args.calib_method, quant_plan=args.quant_plan)
         quantize = quantizer(resolve_plan(args.model, shapes, imported, args.precision, q), args.precision)
-    tuning_dir = None if args.no_tuning else tdb.find_database(spec, imported, args.precision)
+    tuning_dir = None if args.no_tuning else tdb.find_database(spec, imported, args.precision, args.tuning_root)
+    if args.tuning_root and tuning_dir is None and not args.no_tuning:
+        print(f"note: no tuning database for this model, shapes and precision under {args.tuning_root}")
     target = resolve_tvm_target(spec)
     t0 = time.perf_counter()
     prepared = prepare_variant(
