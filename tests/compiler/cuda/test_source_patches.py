@@ -194,3 +194,53 @@ def test_gathered_half8_packs_compile_after_the_patch():
     with pytest.raises(Exception, match="too many arguments"):
         nvrtc_compile(nvrtc, _KERNEL8, "sm_90", "cubin")
     assert nvrtc_compile(nvrtc, source_patches.fix_gathered_half8_packs(_KERNEL8), "sm_90", "cubin")
+
+
+_FLOAT8 = "make_ulonglong4(" + ", ".join(["0x1p-1f/*5.000000e-01*/"] * 8) + ")"
+_KERNEL_F8 = (
+    "#include <cuda_fp16.h>\n"
+    'extern "C" __global__ void k(float* __restrict__ y, ulonglong4 a) {\n'
+    f"  ulonglong4 v = {_FLOAT8};\n"
+    "  ulonglong4 w = make_ulonglong4(1ull, 2ull, 3ull, 4ull);\n"
+    "  ((float2*)(&(a.x)))->y = (((float2*)(&(a.x)))->y * ((float2*)(&(v.x)))->y);\n"
+    "  *(ulonglong4*)(y + 0) = a;\n"
+    "  *(ulonglong4*)(y + 8) = w;\n"
+    "}\n"
+)
+
+
+def test_float8_packs_become_a_helper_and_others_stay():
+    from inferx_edge.compiler.cuda import source_patches
+
+    patched = source_patches.fix_float8_vector_packs(_KERNEL_F8)
+    assert "ulonglong4 v = __inferx_pack8x32(0x1p-1f/*5.000000e-01*/," in patched
+    assert "make_ulonglong4(1ull, 2ull, 3ull, 4ull)" in patched  # 4 words: already valid, untouched
+    assert patched.index("ulonglong4 __inferx_pack8x32") > patched.index("#include <cuda_fp16.h>")
+    assert patched.count("__inferx_pack8x32(") == 2  # the helper and its one call
+    assert source_patches.fix_float8_vector_packs("make_ulonglong4(a, b, c, d)") == "make_ulonglong4(a, b, c, d)"
+    # both 8-lane repairs in one source: each helper once
+    both = source_patches.fix_float8_vector_packs(source_patches.fix_gathered_half8_packs(_KERNEL8 + _KERNEL_F8))
+    assert both.count("uint4 __inferx_pack8(") == 1 and both.count("ulonglong4 __inferx_pack8x32(") == 1
+
+
+@needs_nvrtc
+def test_float8_packs_compile_after_the_patch():
+    from inferx_edge.compiler.cuda import source_patches
+    from inferx_edge.compiler.cuda.toolkit import find_nvrtc, nvrtc_compile
+
+    nvrtc = find_nvrtc(None)
+    with pytest.raises(Exception, match="too many arguments"):
+        nvrtc_compile(nvrtc, _KERNEL_F8, "sm_90", "cubin")
+    assert nvrtc_compile(nvrtc, source_patches.fix_float8_vector_packs(_KERNEL_F8), "sm_90", "cubin")
+
+
+@needs_nvrtc
+def test_guard_tvm_still_packs_float8_with_make_ulonglong4():
+    """TVM 0.27 prints the float32 constant of an 8-lane fp16 -> int8 requantize as ``make_ulonglong4``
+    of eight floats (does not compile unpatched). Fails once TVM prints it otherwise: then remove
+    ``fix_float8_vector_packs``."""
+    from tests.compiler.cuda.test_vectorized_elementwise import _quantize
+
+    source = kernel_source("h200", _quantize([4, 16, 16, 64], "float16", channel_scale=False))
+    calls = re.findall(r"make_ulonglong4\(([^;]*)\);", source)
+    assert any(c.count(",") == 7 for c in calls), "TVM no longer prints 8-float make_ulonglong4"
