@@ -11,7 +11,6 @@ from pathlib import Path
 
 from inferx_edge.compiler.cuda.source_patches import (
     drop_own_lane_shuffles,
-    fix_float8_vector_packs,
     fix_gathered_half8_packs,
     fix_int8_vector_constants,
     interleave_pipelined_copies,
@@ -102,11 +101,7 @@ def device_compiler(spec: TargetSpec, fmt: str, options: CudaOptions | None = No
         if options.interleave_copies:
             code, n = interleave_pipelined_copies(code)
             interleaved.append(n)
-        return bytearray(
-            compile_fn(
-                tool, fix_float8_vector_packs(fix_gathered_half8_packs(fix_int8_vector_constants(code))), arch, fmt
-            )
-        )
+        return bytearray(compile_fn(tool, fix_gathered_half8_packs(fix_int8_vector_constants(code)), arch, fmt))
 
     previous = tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True)
     tvm_ffi.register_global_func("tvm_callback_cuda_compile", compile_cuda, override=True)

@@ -6,7 +6,6 @@ emitting the pattern, so the patch is removed then rather than left as dead code
 
 - :func:`fix_int8_vector_constants` -- remove when TVM prints constant 8/16-lane int8 vectors that compile.
 - :func:`fix_gathered_half8_packs` -- remove when TVM packs a gathered 8-lane fp16 vector in compilable code.
-- :func:`fix_float8_vector_packs` -- remove when TVM prints 8-lane float32 vectors built from scalars that compile.
 - :func:`drop_own_lane_shuffles` -- remove when TVM reads a thread's own warp-buffer values without a shuffle.
 - :func:`interleave_pipelined_copies` -- remove when TVM's software pipeline can spread a stage's
   cp.async copies over the inner loop with one barrier per stage."""
@@ -80,47 +79,19 @@ def fix_gathered_half8_packs(code: str) -> str:
 
     Remove when: TVM packs such gathers in compilable code (the guard test
     ``test_guard_tvm_still_packs_gathered_half8_with_make_uint4`` then fails)."""
-    return _repack8(code, "make_uint4", _PACK8, _PACK8_HELPER)
-
-
-_PACK8X32 = "__inferx_pack8x32"
-_PACK8X32_HELPER = (
-    "template <typename T> __device__ __forceinline__ ulonglong4 " + _PACK8X32 + "(T a0, T a1, T a2, T a3, T a4,"
-    ' T a5, T a6, T a7) {\n  static_assert(sizeof(T) == 4, "8 x 32-bit lanes");\n  ulonglong4 r;\n  T* p = (T*)&r;\n'
-    "  p[0] = a0; p[1] = a1; p[2] = a2; p[3] = a3; p[4] = a4; p[5] = a5; p[6] = a6; p[7] = a7;\n  return r;\n}\n"
-)
-
-
-def fix_float8_vector_packs(code: str) -> str:
-    """Repair TVM 0.27's CUDA codegen for 8-lane float32 vectors built from scalars: it stores them as
-    ``ulonglong4`` (two floats per 64-bit field, which its per-lane arithmetic reads back as
-    ``float2``) but prints a broadcast constant or a gather as ``make_ulonglong4(a0, ..., a7)`` with
-    eight float arguments, which does not compile ("too many arguments"; the fp32 arithmetic of an
-    8-lane fp16 -> int8 elementwise kernel, e.g. a DenseNet concatenation with BatchNorm, ReLU and the
-    int8 quantize fused). The call becomes a helper that stores the eight lanes into the vector's bytes
-    in lane order, the layout the ``float2`` reads expect.
-
-    Remove when: TVM prints 8-lane float32 vectors that compile (the guard test
-    ``test_guard_tvm_still_packs_float8_with_make_ulonglong4`` then fails)."""
-    return _repack8(code, "make_ulonglong4", _PACK8X32, _PACK8X32_HELPER)
-
-
-def _repack8(code: str, call: str, helper: str, helper_source: str) -> str:
-    """``code`` with every ``call(...)`` of eight arguments calling ``helper`` instead, whose source is
-    added after the includes where one was replaced."""
     out, i, changed = [], 0, False
     while True:
-        j = code.find(call + "(", i)
+        j = code.find("make_uint4(", i)
         if j < 0:
             break
-        open_at = j + len(call)
+        open_at = j + len("make_uint4")
         try:
             args = _top_level_args(code, open_at)
             end = _close(code, open_at)
         except ValueError:
             break
         if len(args) == 8:
-            out += [code[i:j], helper, code[open_at : end + 1]]
+            out += [code[i:j], _PACK8, code[open_at : end + 1]]
             changed = True
         else:
             out.append(code[i : end + 1])
@@ -131,7 +102,7 @@ def _repack8(code: str, call: str, helper: str, helper_source: str) -> str:
     patched = "".join(out)
     # the helper goes after the includes TVM emits (cuda_fp16.h defines half)
     k = patched.find("\n", patched.rfind("#include"))
-    return patched[: k + 1] + helper_source + patched[k + 1 :]
+    return patched[: k + 1] + _PACK8_HELPER + patched[k + 1 :]
 
 
 _OWN_LANE_SHUFFLE = "__shfl_sync(__activemask(), "

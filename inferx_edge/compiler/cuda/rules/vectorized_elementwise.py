@@ -10,31 +10,10 @@ MIN_VECTORIZED_ELEMENTS = 1 << 16
 
 _VECTOR = 4
 
-#: lanes for kernels whose streamed tensors hold elements of at most 2 bytes (fp16 in, int8 out):
-#: 16-byte loads and 8-byte stores instead of 8- and 4-byte ones
-_NARROW_VECTOR = 8
-
-
-def _lanes(block) -> int:
-    """:data:`_NARROW_VECTOR` where every tensor ``block`` reads or writes of rank 2 or more has
-    elements of at most 2 bytes (per-channel vectors and scalars, which stay in cache, may be wider)
-    and every last axis longer than one is a multiple of it (so a concatenation's or a padding's starts
-    along the innermost axis are too), else :data:`_VECTOR`."""
-    for buf in [r.source for r in (*block.reads, *block.writes)]:
-        if len(buf.shape) >= 2 and buf.dtype.bits * buf.dtype.lanes > 16:
-            return _VECTOR
-        last = buf.shape[-1] if len(buf.shape) else 1
-        if not isinstance(last, int) and not hasattr(last, "value"):
-            return _VECTOR
-        if int(last) > 1 and int(last) % _NARROW_VECTOR:
-            return _VECTOR
-    return _NARROW_VECTOR
-
 
 def vectorized_elementwise_rule():
     """A dlight rule for large elementwise kernels (int8 quantize, casts, layout changes): each thread
-    handles 4 consecutive elements of the innermost axis (16-byte fp32 loads, 4-byte int8 stores), 8
-    where the streamed tensors are fp16 / int8 (:func:`_lanes`: 16-byte fp16 loads).
+    handles 4 consecutive elements of the innermost axis (16-byte fp32 loads, 4-byte int8 stores).
     dlight's fallback gives one element per thread, far below the memory bandwidth for such kernels."""
     from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
@@ -52,21 +31,18 @@ def vectorized_elementwise_rule():
             total = 1
             for e in extents:
                 total *= e
-            block = infos[0].block_rv
-            lanes = _lanes(sch.get(block))
-            if extents[-1] % lanes or total % (256 * lanes):
-                lanes = _VECTOR
-            if extents[-1] % lanes or total % (256 * lanes) or total < MIN_VECTORIZED_ELEMENTS:
+            if extents[-1] % _VECTOR or total % (256 * _VECTOR) or total < MIN_VECTORIZED_ELEMENTS:
                 return None
+            block = infos[0].block_rv
             if "if_then_else" in str(sch.get(block).body):
                 # picks between inputs (a concatenation, a padding): the innermost axis split for the
-                # lanes, so its index stays ``lanes * io + lane`` and a test on it (``< start``, a
-                # multiple of the lanes) holds for the whole vector
+                # lanes, so its index stays ``4 * io + lane`` and a test on it (``< start``, a multiple
+                # of 4) holds for the whole vector
                 *outer, inner = sch.get_loops(block)
-                io, vec = sch.split(inner, factors=[None, lanes])
+                io, vec = sch.split(inner, factors=[None, _VECTOR])
                 bx, tx = sch.split(sch.fuse(*outer, io), factors=[None, 256])
             else:  # the flat index: the fewest index computations
-                bx, tx, vec = sch.split(sch.fuse(*sch.get_loops(block)), factors=[None, 256, lanes])
+                bx, tx, vec = sch.split(sch.fuse(*sch.get_loops(block)), factors=[None, 256, _VECTOR])
             sch.bind(bx, "blockIdx.x")
             sch.bind(tx, "threadIdx.x")
             sch.vectorize(vec)
