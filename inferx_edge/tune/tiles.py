@@ -18,7 +18,8 @@ scales are measured once, and a re-calibrated model keeps its tiles. Groups are 
 run measures only what is missing.
 
 Candidates compile in a pool of worker processes (scheduling and CUDA compilation, the slow part) while
-this process times them on the GPU, one at a time, with TVM's time evaluator (median of repeats).
+this process times them on the GPU, one at a time, with TVM's time evaluator (median of repeats). A
+search with a time limit times each group's default tile first and searches the slowest groups first.
 """
 
 from __future__ import annotations
@@ -139,7 +140,8 @@ def search_tiles(
 ) -> TileSearchSummary:
     """Measure every candidate tile of each tensor-core kernel group of ``mod`` (legalized and fused) that
     ``work_dir`` does not record yet (whole groups, and candidates added since a group was recorded);
-    record each group's fastest correct tile as it finishes.
+    record each group's fastest correct tile as it finishes. With ``minutes``, each group's default tile
+    is timed first and the groups whose kernels take the most time are searched first.
     Candidates run on ``gpu``, by default this host's GPU or the one behind ``rpc``."""
     import platform
 
@@ -185,12 +187,23 @@ def search_tiles(
         n_workers = workers or max(1, (os.cpu_count() or 2) - 1)
         pool = PopenPoolExecutor(max_workers=n_workers, timeout=300, maximum_process_uses=64)
         log(f"      {sum(len(c) for _, c, _ in plans)} candidates, compiled by {n_workers} workers, run on {gpu.name}")
-        futures = [
-            [pool.submit(_compile_candidate, g.func, c.text(), target, spec.name, cross) for c in cands]
-            for g, cands, _ in plans
-        ]
+        futures: list[list] = []
         measured, run, stopped = 0, 0, False
         try:
+            if minutes and len(plans) > 1:  # a run that may stop early: the slowest kernels first
+                until = t0 + ORDER_SHARE * (deadline - t0)
+                plans, defaults = _slowest_first(plans, pool, gpu, target, spec.name, cross, min_repeat_ms, until)
+                log(
+                    f"      timed each group's default tile ({len(plans)} groups, {time.time() - t0:.0f} s): "
+                    "measuring the groups whose kernels take the most time first"
+                )
+            else:
+                defaults = [None] * len(plans)
+            futures = [
+                [d or pool.submit(_compile_candidate, g.func, cands[0].text(), target, spec.name, cross)]
+                + [pool.submit(_compile_candidate, g.func, c.text(), target, spec.name, cross) for c in cands[1:]]
+                for (g, cands, _), d in zip(plans, defaults)
+            ]
             for n, ((group, cands, old), futs) in enumerate(zip(plans, futures), 1):
                 if time.time() > deadline:
                     stopped = True
@@ -235,6 +248,68 @@ def search_tiles(
     return TileSearchSummary(work_dir, _rows(groups, data), measured, run, time.time() - t0, stopped)
 
 
+class _Compiled:
+    """A candidate library compiled (and timed) already, in the place of its compile job's future."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+
+    def result(self, timeout=None) -> str | None:
+        return self.path
+
+    def done(self) -> bool:
+        return True
+
+
+#: repeats of the time evaluator when each group's default tile is timed only to order the groups
+ORDER_REPEAT = 3
+
+#: the share of a time-limited search that timing the default tiles may take (many groups behind a
+#: slow RPC link); groups not timed by then follow the timed ones in work order
+ORDER_SHARE = 0.25
+
+
+def _slowest_first(plans, pool, gpu, target, spec_name, cross, min_repeat_ms, until: float = math.inf):
+    """``plans`` ordered by the time their kernels take with the default tile (the first candidate's,
+    timed once per group, times the group's kernels), the slowest first, and each plan's compiled
+    default (a :class:`_Compiled`, or the compile job of one not timed, reused as its first candidate;
+    None where it failed to compile or run: compiled again with the rest, and the plan goes first, its
+    own search recording why).
+
+    Work (I*J*K, the order of :func:`_plan`) misjudges memory-bound kernels: the grouped convolutions'
+    GEMMs (16 outputs per group) came 23rd-29th of ResNeXt-50's 29 groups and 19th-30th of RegNet-Y's 39
+    while taking 18-23 % of their profiled kernel time (``kernel_profile_h100_*_s63`` records), where a search
+    stopped by ``--minutes`` may not reach them. Timing stops at ``until`` (a time.time()); the groups
+    left follow in their order, with their defaults compiled."""
+    jobs = [pool.submit(_compile_candidate, g.func, cands[0].text(), target, spec_name, cross) for g, cands, _ in plans]
+    keyed = []
+    try:
+        for n, ((group, cands, old), job) in enumerate(zip(plans, jobs)):
+            if time.time() > until:  # out of time for ordering: work order, its compile job kept as is
+                keyed.append((1, 0.0, n, (group, cands, old), job))
+                continue
+            path, seconds = None, math.inf
+            try:
+                path = job.result()
+                if path is not None:
+                    args = _random_args(group.func, seed=0)
+                    seconds = gpu.measure(path, args, ORDER_REPEAT, min_repeat_ms)[0]
+            except Exception:  # noqa: BLE001 - a default that fails is searched first; its search says why
+                if path is not None:
+                    _delete_library(path)
+                path = None
+            keyed.append((0, -seconds * len(group.kernels), n, (group, cands, old), _Compiled(path) if path else None))
+    except BaseException:  # interrupted: no compiled default is left behind
+        for job in jobs:
+            _discard(job)
+        for *_, compiled in keyed:
+            if compiled is not None:
+                _discard(compiled)
+        raise
+    keyed.sort(key=lambda k: k[:3])
+    return [k[3] for k in keyed], [k[4] for k in keyed]
+
+
 def _older_kernels(rec: dict) -> bool:
     """Whether a group's record was timed with kernels older than :data:`KERNEL_VERSION`."""
     return bool(rec.get("best")) and rec.get("kernel_version", 1) < KERNEL_VERSION
@@ -244,8 +319,8 @@ def _plan(
     groups: list[TileGroup], data: dict, sm_count: int | None, anew: set = frozenset(), deep_stages: bool = False
 ) -> list[tuple]:
     """(group, candidates to measure, its record or None) for each group with something to measure,
-    the most work first (I*J*K over the group's kernels: a run cut short by --minutes has measured
-    the kernels that matter most). A recorded group is measured again only for candidates its record
+    the most work first (I*J*K over the group's kernels; a run with a time limit then reorders them by
+    their default tile's measured time, :func:`_slowest_first`). A recorded group is measured again only for candidates its record
     has neither timed nor rejected (added by a newer inferx_edge), with its default first again as
     the reference for outputs; groups keyed in ``anew`` are measured in full."""
     from inferx_edge.compiler.cuda import tile_candidates

@@ -112,6 +112,93 @@ def test_search_records_the_fastest_correct_tile_and_resumes(tmp_path, monkeypat
     assert not list(scratch.glob("inferx_tile_*"))
 
 
+class _InlinePool:
+    """Stands in for the compile pool: every job "compiles" at once to a path naming the job."""
+
+    def __init__(self, **_kw):
+        self.submitted = []
+
+    def submit(self, _fn, _func, text, *_args):
+        from concurrent.futures import Future
+
+        self.submitted.append(text)
+        fut = Future()
+        fut.set_result(f"/nonexistent/inferx-tile-{len(self.submitted)}/lib.so")
+        return fut
+
+    def shutdown(self):
+        pass
+
+
+class _ClockGPU:
+    """Times a group's candidates by its operands' size (the smaller group is the slower) and moves a
+    fake clock 10 s per measurement."""
+
+    name = "fake"
+
+    def __init__(self, clock):
+        self.clock, self.paths = clock, []
+
+    def measure(self, path, host_args, repeat, min_repeat_ms):
+        self.clock.now += 10.0
+        self.paths.append(path)
+        return 1.0 / sum(a.size for a in host_args), [a.copy() for a in host_args]
+
+    def close(self):
+        pass
+
+
+def test_a_timed_search_measures_the_slowest_kernels_first(tmp_path, monkeypatch):
+    """With --minutes each group's default tile is timed first and the groups are searched slowest
+    first (not most work first); the timed default is reused, not compiled again; a search stopped by
+    the time limit has recorded the slowest group."""
+    import tvm.support.popen_pool as popen_pool
+
+    from inferx_edge.compiler.tuning import tile_groups
+    from inferx_edge.records.tiles import load_tiles
+    from inferx_edge.targets import get_target
+    from inferx_edge.tune import tiles
+
+    class Clock:
+        now = 1000.0
+
+        def time(self):
+            return self.now
+
+    clock = Clock()
+    pools = []
+    monkeypatch.setattr(popen_pool, "PopenPoolExecutor", lambda **kw: pools.append(_InlinePool(**kw)) or pools[-1])
+    monkeypatch.setattr(tiles, "time", clock)
+    spec = get_target("h200")
+    mod = fused(quantized_conv(0.01))
+    mod["conv1x1"] = next(f for gv, f in fused(quantized_conv(0.01, k=1)).functions_items() if gv.name_hint != "main")
+    g1, g3 = tile_groups(mod)  # the 1x1 conv: 9x less work, and slower on this fake GPU
+    n1, n3 = (len(tile_candidates(g.extents, spec.sm_count, g.input_padded, deep_stages=True)) for g in (g1, g3))
+    gpu, lines = _ClockGPU(clock), []
+    # two defaults timed (20 s), then the slowest group's n1 candidates; the limit stops the other
+    limit = 20 + 10 * n1 - 5
+    summary = tiles.search_tiles(mod, spec, tmp_path, minutes=limit / 60, gpu=gpu, workers=1, log=lines.append)
+    assert summary.stopped_by_time and summary.measured_now == 1
+    assert list(load_tiles(tmp_path)["groups"]) == [g1.key]
+    assert any("timed each group's default tile (2 groups" in x for x in lines)
+    # the defaults are timed in work order (the 3x3's, then the 1x1's); the 1x1's was compiled once,
+    # timed to order the groups and again as its search's reference
+    assert gpu.paths[2] == gpu.paths[1] != gpu.paths[0] and len(gpu.paths) == 2 + n1
+    assert len(pools[0].submitted) == 2 + (n1 - 1) + (n3 - 1)
+    # timing the defaults may take a quarter of the limit: past it (here after the first default, 10 s
+    # of 30) the groups left follow in work order, their compiled defaults reused
+    clock.now, gpu.paths = 1000.0, []
+    (tmp_path / "short").mkdir()
+    tiles.search_tiles(mod, spec, tmp_path / "short", minutes=0.5, gpu=gpu, workers=1, log=lambda *a: None)
+    assert list(load_tiles(tmp_path / "short")["groups"]) == [g3.key] and len(gpu.paths) == 1 + n3
+    assert len(pools[-1].submitted) == 2 + (n1 - 1) + (n3 - 1)
+    # without a time limit the order is by work and nothing is timed twice
+    clock.now, gpu.paths = 1000.0, []
+    (tmp_path / "again").mkdir()
+    tiles.search_tiles(mod, spec, tmp_path / "again", gpu=gpu, workers=1, log=lambda *a: None)
+    assert list(load_tiles(tmp_path / "again")["groups"]) == [g3.key, g1.key] and len(gpu.paths) == n1 + n3
+
+
 def test_tile_search_needs_a_cuda_tensor_core_variant():
     from inferx_edge.errors import UsageError
     from inferx_edge.models import DEFAULT_MODEL
