@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -38,6 +37,14 @@ from inferx_edge.compiler.tuning import TileGroup, tile_groups
 from inferx_edge.errors import UsageError
 from inferx_edge.records.tiles import FORMAT, KERNEL_VERSION, _tiles_path, load_tiles, save_tiles
 from inferx_edge.tune.tile_gpus import _GPU, LocalGPU, RemoteGPU
+from inferx_edge.tune.tile_jobs import (
+    ORDER_SHARE,
+    compile_candidate,
+    delete_library,
+    discard,
+    random_args,
+    slowest_first,
+)
 
 #: fp16 candidates match the default tile when every output is within this fraction of the largest
 #: output magnitude (accumulation order differs between tiles; a wrong tile is off by whole terms)
@@ -45,57 +52,6 @@ FP16_MATCH = 1e-2
 
 # --------------------------------------------------------------------------------------------------
 # the search
-
-
-#: niceness added to a compile worker (once per process, see :func:`_compile_candidate`)
-COMPILE_NICENESS = 10
-_niced = False
-
-
-def _compile_candidate(
-    func, cfg_text: str, target, spec_name: str, cross_compiler: str | None, lower_priority: bool = True
-) -> str | None:
-    """Runs in a pool worker: schedule ``func`` with the tile, compile it, export a shared library.
-    Returns its path, or None when the tile does not apply to the kernel. With ``lower_priority`` the
-    worker (and the CUDA compiler it spawns) drops to :data:`COMPILE_NICENESS`: candidates are timed
-    on a local GPU while others compile on every core, and a starved launching process puts gaps
-    between kernel launches, which reads as a slow tile."""
-    global _niced
-    if lower_priority and not _niced:
-        _niced = True
-        try:
-            os.nice(COMPILE_NICENESS)
-        except OSError:  # not permitted here: compile at the normal priority
-            pass
-    from inferx_edge.compiler.compile import compile_kernel
-    from inferx_edge.compiler.cuda import TileConfig, tensor_core_schedule
-    from inferx_edge.compiler.tensor_intrinsics import import_tensor_intrinsics
-    from inferx_edge.compiler.tvm_ops import tvm_op_fixes
-    from inferx_edge.targets import get_target
-    from inferx_edge.tune.builder import export_candidate
-
-    import_tensor_intrinsics()
-    tvm_op_fixes()
-    sch = tensor_core_schedule(func, target, TileConfig.parse(cfg_text))
-    if sch is None:
-        return None
-    lib = compile_kernel(sch.mod["main"], get_target(spec_name), target)  # exported: callable from the library
-    return export_candidate(lib, "inferx_tile_", cross_compiler)
-
-
-def _random_args(func, seed: int) -> list[np.ndarray]:
-    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
-
-    rng = np.random.default_rng(seed)
-    out = []
-    for info in ArgInfo.from_prim_func(func):
-        shape, dtype = [int(d) for d in info.shape], str(info.dtype)
-        if dtype.startswith("int") or dtype.startswith("uint"):
-            bound = 127 if dtype in ("int8", "uint8") else 1000
-            out.append(rng.integers(-bound if dtype.startswith("int") else 0, bound + 1, shape).astype(dtype))
-        else:
-            out.append(rng.uniform(0.5, 1.5, shape).astype(dtype))
-    return out
 
 
 def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
@@ -192,7 +148,7 @@ def search_tiles(
         try:
             if minutes and len(plans) > 1:  # a run that may stop early: the slowest kernels first
                 until = t0 + ORDER_SHARE * (deadline - t0)
-                plans, defaults = _slowest_first(plans, pool, gpu, target, spec.name, cross, min_repeat_ms, until)
+                plans, defaults = slowest_first(plans, pool, gpu, target, spec.name, cross, min_repeat_ms, until)
                 log(
                     f"      timed each group's default tile ({len(plans)} groups, {time.time() - t0:.0f} s): "
                     "measuring the groups whose kernels take the most time first"
@@ -200,8 +156,8 @@ def search_tiles(
             else:
                 defaults = [None] * len(plans)
             futures = [
-                [d or pool.submit(_compile_candidate, g.func, cands[0].text(), target, spec.name, cross)]
-                + [pool.submit(_compile_candidate, g.func, c.text(), target, spec.name, cross) for c in cands[1:]]
+                [d or pool.submit(compile_candidate, g.func, cands[0].text(), target, spec.name, cross)]
+                + [pool.submit(compile_candidate, g.func, c.text(), target, spec.name, cross) for c in cands[1:]]
                 for (g, cands, _), d in zip(plans, defaults)
             ]
             for n, ((group, cands, old), futs) in enumerate(zip(plans, futures), 1):
@@ -242,72 +198,10 @@ def search_tiles(
             pool.shutdown()
             gpu.close()
             for fut in (f for futs in futures for f in futs):  # libraries compiled but not timed (stopped early)
-                _discard(fut)
+                discard(fut)
     if stopped:
         log(f"      stopped at the time limit: {measured} groups measured this run, {len(plans) - measured} left")
     return TileSearchSummary(work_dir, _rows(groups, data), measured, run, time.time() - t0, stopped)
-
-
-class _Compiled:
-    """A candidate library compiled (and timed) already, in the place of its compile job's future."""
-
-    def __init__(self, path: str | None):
-        self.path = path
-
-    def result(self, timeout=None) -> str | None:
-        return self.path
-
-    def done(self) -> bool:
-        return True
-
-
-#: repeats of the time evaluator when each group's default tile is timed only to order the groups
-ORDER_REPEAT = 3
-
-#: the share of a time-limited search that timing the default tiles may take (many groups behind a
-#: slow RPC link); groups not timed by then follow the timed ones in work order
-ORDER_SHARE = 0.25
-
-
-def _slowest_first(plans, pool, gpu, target, spec_name, cross, min_repeat_ms, until: float = math.inf):
-    """``plans`` ordered by the time their kernels take with the default tile (the first candidate's,
-    timed once per group, times the group's kernels), the slowest first, and each plan's compiled
-    default (a :class:`_Compiled`, or the compile job of one not timed, reused as its first candidate;
-    None where it failed to compile or run: compiled again with the rest, and the plan goes first, its
-    own search recording why).
-
-    Work (I*J*K, the order of :func:`_plan`) misjudges memory-bound kernels: the grouped convolutions'
-    GEMMs (16 outputs per group) came 23rd-29th of ResNeXt-50's 29 groups and 19th-30th of RegNet-Y's 39
-    while taking 18-23 % of their profiled kernel time (``kernel_profile_h100_*_s63`` records), where a search
-    stopped by ``--minutes`` may not reach them. Timing stops at ``until`` (a time.time()); the groups
-    left follow in their order, with their defaults compiled."""
-    jobs = [pool.submit(_compile_candidate, g.func, cands[0].text(), target, spec_name, cross) for g, cands, _ in plans]
-    keyed = []
-    try:
-        for n, ((group, cands, old), job) in enumerate(zip(plans, jobs)):
-            if time.time() > until:  # out of time for ordering: work order, its compile job kept as is
-                keyed.append((1, 0.0, n, (group, cands, old), job))
-                continue
-            path, seconds = None, math.inf
-            try:
-                path = job.result()
-                if path is not None:
-                    args = _random_args(group.func, seed=0)
-                    seconds = gpu.measure(path, args, ORDER_REPEAT, min_repeat_ms)[0]
-            except Exception:  # noqa: BLE001 - a default that fails is searched first; its search says why
-                if path is not None:
-                    _delete_library(path)
-                path = None
-            keyed.append((0, -seconds * len(group.kernels), n, (group, cands, old), _Compiled(path) if path else None))
-    except BaseException:  # interrupted: no compiled default is left behind
-        for job in jobs:
-            _discard(job)
-        for *_, compiled in keyed:
-            if compiled is not None:
-                _discard(compiled)
-        raise
-    keyed.sort(key=lambda k: k[:3])
-    return [k[3] for k in keyed], [k[4] for k in keyed]
 
 
 def _older_kernels(rec: dict) -> bool:
@@ -320,7 +214,7 @@ def _plan(
 ) -> list[tuple]:
     """(group, candidates to measure, its record or None) for each group with something to measure,
     the most work first (I*J*K over the group's kernels; a run with a time limit then reorders them by
-    their default tile's measured time, :func:`_slowest_first`). A recorded group is measured again only for candidates its record
+    their default tile's measured time, :func:`slowest_first`). A recorded group is measured again only for candidates its record
     has neither timed nor rejected (added by a newer inferx_edge), with its default first again as
     the reference for outputs; groups keyed in ``anew`` are measured in full."""
     from inferx_edge.compiler.cuda import tile_candidates
@@ -341,24 +235,9 @@ def _plan(
     return plans
 
 
-def _discard(fut) -> None:
-    """Delete the candidate library ``fut`` compiled, if it finished and left one."""
-    try:
-        path = fut.result(timeout=0) if fut.done() else None
-    except Exception:  # failed to compile: nothing on disk
-        return
-    if path:
-        _delete_library(path)
-
-
-def _delete_library(path: str) -> None:
-    """Delete a candidate library and the temporary folder :func:`export_candidate` made for it."""
-    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
-
-
 def _measure_group(group: TileGroup, cands, futs, gpu, repeat: int, min_repeat_ms: int) -> dict:
     """Time each compiled candidate; the default (first) gives the reference outputs."""
-    host_args = _random_args(group.func, seed=0)
+    host_args = random_args(group.func, seed=0)
     rec = {
         "kernels": group.kernels,
         "extents": group.extents,
@@ -381,7 +260,7 @@ def _measure_group(group: TileGroup, cands, futs, gpu, repeat: int, min_repeat_m
             try:
                 seconds, after = gpu.measure(path, host_args, repeat, min_repeat_ms)
             finally:
-                _delete_library(path)  # timed: its library is not needed
+                delete_library(path)  # timed: its library is not needed
         except Exception as exc:  # a candidate that fails to compile or run is recorded, not fatal
             rec["errors"][text] = (
                 f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''}"

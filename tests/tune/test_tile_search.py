@@ -157,7 +157,7 @@ def test_a_timed_search_measures_the_slowest_kernels_first(tmp_path, monkeypatch
     from inferx_edge.compiler.tuning import tile_groups
     from inferx_edge.records.tiles import load_tiles
     from inferx_edge.targets import get_target
-    from inferx_edge.tune import tiles
+    from inferx_edge.tune import tile_jobs, tiles
 
     class Clock:
         now = 1000.0
@@ -169,6 +169,7 @@ def test_a_timed_search_measures_the_slowest_kernels_first(tmp_path, monkeypatch
     pools = []
     monkeypatch.setattr(popen_pool, "PopenPoolExecutor", lambda **kw: pools.append(_InlinePool(**kw)) or pools[-1])
     monkeypatch.setattr(tiles, "time", clock)
+    monkeypatch.setattr(tile_jobs, "time", clock)
     spec = get_target("h200")
     mod = fused(quantized_conv(0.01))
     mod["conv1x1"] = next(f for gv, f in fused(quantized_conv(0.01, k=1)).functions_items() if gv.name_hint != "main")
@@ -243,18 +244,18 @@ def test_compile_workers_run_at_lower_priority_and_the_caller_can_keep_its_own()
     code = (
         "import os\n"
         "from tvm import te\n"
-        "from inferx_edge.tune import tiles\n"
+        "from inferx_edge.tune import tile_jobs\n"
         "a = te.placeholder((4,), 'float32', name='a')\n"
         "copy = te.create_prim_func([a, te.compute((4,), lambda i: a[i], name='b')])\n"  # no GEMM: no tile applies
         "start = os.nice(0)\n"
         "args = (copy, '2x4.2x4.k4.v16.mma', 'cuda', 'h200', None)\n"
-        "assert tiles._compile_candidate(*args, False) is None and os.nice(0) == start\n"
-        "assert tiles._compile_candidate(*args) is None and tiles._compile_candidate(*args) is None\n"
+        "assert tile_jobs.compile_candidate(*args, False) is None and os.nice(0) == start\n"
+        "assert tile_jobs.compile_candidate(*args) is None and tile_jobs.compile_candidate(*args) is None\n"
         "print(start, os.nice(0))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    from inferx_edge.tune.tiles import COMPILE_NICENESS
+    from inferx_edge.tune.tile_jobs import COMPILE_NICENESS
 
     start, after = (int(x) for x in out.stdout.split()[-2:])
     assert after == min(start + COMPILE_NICENESS, 19)  # once, however often it compiles
