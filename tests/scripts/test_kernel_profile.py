@@ -30,6 +30,20 @@ def test_kernel_profile_lists_every_kernel_of_the_tuned_build(tmp_path):
     assert rec["git_commit"] and rec["versions"]["inferx_edge"] and "kernel_profile.py" in rec["command"]
 
 
+def test_tuning_root_looks_the_database_up_elsewhere(tmp_path):
+    """``--tuning-root`` (the tuning_logs/ of a benchmark run): an empty one tunes nothing, and says so."""
+    out = tmp_path / "profile.json"
+    r = subprocess.run(
+        [sys.executable, REPO / "scripts" / "kernel_profile.py", "--model", DEFAULT_MODEL, "--target",
+         host_target_name(), "--runs", "2", "--tuning-root", tmp_path / "empty", "--json", out],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert f"no tuning database for this model, shapes and precision under {tmp_path / 'empty'}" in r.stdout
+    convs = [k for k in json.loads(out.read_text())["kernels"] if "conv2d" in k["kernel"]]
+    assert len(convs) == 3 and not any(k["tuned"] for k in convs)
+
+
 def test_costs_only_names_the_rule_that_scheduled_each_gpu_kernel_without_a_gpu(tmp_path):
     out = tmp_path / "costs.json"
     r = subprocess.run(
