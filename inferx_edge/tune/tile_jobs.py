@@ -77,19 +77,6 @@ def delete_library(path: str) -> None:
     shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
-class Compiled:
-    """A candidate library compiled (and timed) already, in the place of its compile job's future."""
-
-    def __init__(self, path: str | None):
-        self.path = path
-
-    def result(self, timeout=None) -> str | None:
-        return self.path
-
-    def done(self) -> bool:
-        return True
-
-
 #: repeats of the time evaluator when each group's default tile is timed only to order the groups
 ORDER_REPEAT = 3
 
@@ -100,10 +87,9 @@ ORDER_SHARE = 0.25
 
 def slowest_first(plans, pool, gpu, target, spec_name, cross, min_repeat_ms, until: float = math.inf):
     """``plans`` ordered by the time their kernels take with the default tile (the first candidate's,
-    timed once per group, times the group's kernels), the slowest first, and each plan's compiled
-    default (a :class:`Compiled`, or the compile job of one not timed, reused as its first candidate;
-    None where it failed to compile or run: compiled again with the rest, and the plan goes first, its
-    own search recording why).
+    timed once per group, times the group's kernels), the slowest first, and each plan's compile job
+    of that default, reused as its first candidate (None where it failed to compile or run: compiled
+    again with the rest, and the plan goes first, its own search recording why).
 
     Work (I*J*K, the order of :func:`_plan`) misjudges memory-bound kernels: the grouped convolutions'
     GEMMs (16 outputs per group) came 23rd-29th of ResNeXt-50's 29 groups and 19th-30th of RegNet-Y's 39
@@ -127,13 +113,10 @@ def slowest_first(plans, pool, gpu, target, spec_name, cross, min_repeat_ms, unt
                 if path is not None:
                     delete_library(path)
                 path = None
-            keyed.append((0, -seconds * len(group.kernels), n, (group, cands, old), Compiled(path) if path else None))
+            keyed.append((0, -seconds * len(group.kernels), n, (group, cands, old), job if path else None))
     except BaseException:  # interrupted: no compiled default is left behind
         for job in jobs:
             discard(job)
-        for *_, compiled in keyed:
-            if compiled is not None:
-                discard(compiled)
         raise
     keyed.sort(key=lambda k: k[:3])
     return [k[3] for k in keyed], [k[4] for k in keyed]

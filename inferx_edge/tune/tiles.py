@@ -214,9 +214,9 @@ def _plan(
 ) -> list[tuple]:
     """(group, candidates to measure, its record or None) for each group with something to measure,
     the most work first (I*J*K over the group's kernels; a run with a time limit then reorders them by
-    their default tile's measured time, :func:`slowest_first`). A recorded group is measured again only for candidates its record
-    has neither timed nor rejected (added by a newer inferx_edge), with its default first again as
-    the reference for outputs; groups keyed in ``anew`` are measured in full."""
+    their default tile's measured time, :func:`slowest_first`). A recorded group is measured again
+    only for candidates its record has neither timed nor rejected (added by a newer inferx_edge), with
+    its default first again as the reference for outputs; groups keyed in ``anew`` are measured in full."""
     from inferx_edge.compiler.cuda import tile_candidates
 
     plans = []
