@@ -16,6 +16,13 @@ Here, scoring today's rule on the databases it finds (``tiles.json`` and the sea
 
     python scripts/tile_survey.py score tuning_logs/h200 tiles_from_gpu_host/ --json tile_rule.json
 
+How much of each model's tensor-core work the default tiles' stage depths pad along K, and which
+groups have a candidate whose stage divides K (no GPU; models exported and calibrated as for
+``search``, or any ONNX file)::
+
+    python scripts/tile_survey.py padding --models resnext50_32x4d:64,regnet_y_800mf:64 \
+        --zoo-dir ~/.cache/inferx_edge/zoo --json k_padding.json
+
 From the search's printed log alone (when the databases did not come back from the GPU host)::
 
     python scripts/tile_survey.py log search.log --json benchmarks/results/tile_survey_h100.json
@@ -76,6 +83,93 @@ def search(args) -> int:
             shutil.copy(f, root / f"{tree.name}{f'_{n}' if n else ''}.tiles.json")
         rc = rc or done.returncode
     return rc
+
+
+def padding_rows(model: Path, shapes: dict, target: str, precision: str, calib: Path | None) -> list[dict]:
+    """The tensor-core kernel groups of ``model`` as ``build`` compiles it for ``target`` / ``precision``:
+    extents, GEMMs per kernel, the default tile (:func:`~inferx_edge.compiler.cuda.tile_for` as the
+    build calls it), K padded to its stage depth, the stage depths of the tile search's candidates
+    (those that divide K, the least padded K among them), and the multiply-accumulates (as they are,
+    padded by the default, padded by the least-padding candidate)."""
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.cuda.tile_policy import deep_stages_on, tile_candidates, tile_for
+    from inferx_edge.compiler.tuning import legalized_and_fused, tile_groups
+    from inferx_edge.frontend import import_model
+    from inferx_edge.quantize.driver import QuantOptions
+    from inferx_edge.targets import get_target
+    from inferx_edge.tune.driver import TuneOptions, precision_module
+
+    spec = get_target(target)
+    deep = deep_stages_on(resolve_tvm_target(spec))
+    opts = TuneOptions(model=model, target=target, input_shapes=shapes, precision=precision,
+                       quant=QuantOptions(calib=calib, calib_method="minmax"))  # fmt: skip
+    mod = legalized_and_fused(precision_module(import_model(model, shapes), spec, opts, lambda *a: None), True,
+                              spec.sm_count)  # fmt: skip
+    rows = []
+    for g in tile_groups(mod):
+        i, j, k = g.extents
+        shape = {**g.shape_options(), "input_padded": g.input_padded}
+        tile = tile_for(g.extents, spec.sm_count, **shape, deep_stages=deep, async_copy=True)
+        depth = 16 * tile.k_frags
+        padded = -(-k // depth) * depth
+        depths = sorted({16 * c.k_frags for c in tile_candidates(g.extents, spec.sm_count, **shape, deep_stages=deep)})
+        macs = g.batch * i * j * len(g.kernels)
+        least = min(-(-k // d) * d for d in depths)
+        rows.append({"extents": g.extents, "batch": g.batch, "int8": g.int8, "kernels": len(g.kernels),
+                     "default": tile.text(), "k_padded": padded, "candidate_depths": depths,
+                     "candidate_depths_dividing_k": [d for d in depths if k % d == 0],
+                     "k_padded_least": least, "macs": macs * k, "macs_padded": macs * padded,
+                     "macs_padded_least": macs * least})  # fmt: skip
+    return rows
+
+
+def padding(args) -> int:
+    from benchmarks.zoo import calibration, model_dir
+    from benchmarks.zoo_models import spec_of
+
+    record = {}
+    for item in args.models.split(","):
+        name, _, batch = item.partition(":")
+        if name.endswith(".onnx"):
+            shapes = dict(_shape_arg(s) for s in args.input_shape)
+            rows = padding_rows(Path(name), shapes, args.target, args.precision, None)
+        else:
+            d = model_dir(name, Path(args.zoo_dir), Path(args.zoo_dir))
+            calib = calibration(name, d) if args.precision in ("int8", "mixed") else None
+            shapes = spec_of(name).input_shapes(int(batch or 1))
+            rows = padding_rows(d / "model.onnx", shapes, args.target, args.precision, calib)
+        padded = [r for r in rows if r["k_padded"] != r["extents"][2]]
+        total = sum(r["macs"] for r in rows) or 1
+        summary = {
+            "groups": len(rows),
+            "groups_default_pads_k": len(padded),
+            "groups_default_pads_k_with_a_dividing_candidate": sum(
+                1 for r in padded if r["candidate_depths_dividing_k"]
+            ),
+            "groups_default_pads_k_with_a_less_padding_candidate": sum(
+                1 for r in padded if r["k_padded_least"] < r["k_padded"]
+            ),
+            "padded_share_of_macs": round(sum(r["macs_padded"] - r["macs"] for r in rows) / total, 4),
+            "padded_share_of_macs_least": round(sum(r["macs_padded_least"] - r["macs"] for r in rows) / total, 4),
+        }
+        print(f"== {item}: {json.dumps(summary)}")
+        for r in padded:
+            print(f"   {'x'.join(map(str, r['extents']))} x{r['batch']} {'int8' if r['int8'] else 'fp16'} "
+                  f"({r['kernels']} kernels): {r['default']} pads K to {r['k_padded']}; the candidates' least "
+                  f"{r['k_padded_least']} (depths {r['candidate_depths']})")  # fmt: skip
+        record[item] = {"summary": summary, "groups": rows}
+    if args.json:
+        from benchmarks._record import git_commit
+
+        out = {"command": " ".join(sys.argv), "git_commit": git_commit(), "target": args.target,
+               "precision": args.precision, "models": record}  # fmt: skip
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
+    name, _, dims = text.rpartition(":")
+    return name, tuple(int(d) for d in dims.split("x"))
 
 
 _GROUP_LINE = re.compile(
@@ -226,6 +320,13 @@ def main(argv=None) -> int:
     s.add_argument("--zoo-dir", default="/tmp/zoo")
     s.add_argument("--target", default="h200")
     s.add_argument("--precision", default="int8")
+    d = sub.add_parser("padding", help="how much K padding the default tiles' stage depths cost (no GPU)")
+    d.add_argument("--models", required=True, help="name:batch,... (zoo names) or an .onnx path")
+    d.add_argument("--input-shape", action="append", default=[], help="NAME:DxDx... for an .onnx path")
+    d.add_argument("--zoo-dir", default="/tmp/zoo")
+    d.add_argument("--target", default="h200")
+    d.add_argument("--precision", default="int8")
+    d.add_argument("--json", help="write the groups and the summary here")
     g = sub.add_parser("log", help="the groups a search printed, from its log")
     g.add_argument("log")
     g.add_argument("--json", help="write the groups and the summary here")
@@ -233,7 +334,7 @@ def main(argv=None) -> int:
     c.add_argument("paths", nargs="+", help="directories searched for tiles.json")
     c.add_argument("--json", help="write the scored groups and the summary here")
     args = p.parse_args(argv)
-    return {"search": search, "score": score, "log": from_log}[args.cmd](args)
+    return {"search": search, "score": score, "log": from_log, "padding": padding}[args.cmd](args)
 
 
 if __name__ == "__main__":

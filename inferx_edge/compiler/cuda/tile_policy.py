@@ -74,18 +74,24 @@ def _stage_depth(cfg: TileConfig, k: int) -> TileConfig:
     return replace(cfg, k_frags=2) if k <= 32 and cfg.intrin == "mma" and cfg.k_frags > 2 else cfg
 
 
-def _exact_depth(c: TileConfig, k: int, int8: bool) -> TileConfig | None:
-    """Tile ``c`` with the deepest reduction stage of at least 32 and at most twice its own depth that
-    divides K, where its own does not (int8 mma: a multiple of 32); None where its own divides K or
-    none does. A grouped convolution's K = 9 taps x 16 channels = 144 pads 64-deep stages to 192 (a
-    third more loads and math); 48-deep ones fit it."""
+def _less_padding_depths(c: TileConfig, k: int, int8: bool) -> list[TileConfig]:
+    """Tile ``c`` with the reduction stages (at least 32 and at most twice its own depth; int8 mma: a
+    multiple of 32) that pad K least, where that is less than its own stages do: the deepest of them,
+    and where that is a single stage also the deepest giving two or more (something to pipeline).
+    Empty where no depth pads less. A grouped convolution's fp16 K = 9 taps x 16 channels = 144 pads
+    64-deep stages to 192 (a third more math and shared-memory traffic; 48-deep stages fit it); an
+    int8 K = 144 goes to 160 with 32-deep ones, K = 784 (RegNet-Y) to 800 with 160-deep ones."""
     step = 2 if int8 and c.intrin == "mma" else 1
-    if k % (16 * c.k_frags) == 0:
-        return None
-    for frags in range(2 * c.k_frags, 1, -1):
-        if frags % step == 0 and k % (16 * frags) == 0:
-            return replace(c, k_frags=frags)
-    return None
+    padded = {f: -(-k // (16 * f)) * 16 * f for f in range(2, 2 * c.k_frags + 1) if f % step == 0}
+    least = min(padded.values(), default=None)
+    if least is None or least >= -(-k // (16 * c.k_frags)) * 16 * c.k_frags:
+        return []
+    ties = [f for f, p in padded.items() if p == least]
+    out = [max(ties)]
+    pipelined = [f for f in ties if least // (16 * f) >= 2]
+    if pipelined and max(pipelined) != out[0]:
+        out.append(max(pipelined))
+    return [replace(c, k_frags=f) for f in out]
 
 
 def _ladder_tile(extents, sm_count: int | None, ladder=TILE_LADDER, batch: int = 1) -> TileConfig:
@@ -173,8 +179,8 @@ def tile_candidates(
     (:func:`tile_for` as build calls it: ``deep_stages`` on GPUs of :data:`DEEP_STAGE_SMS`, cp.async
     lowering on) first: the tiles :func:`tile_for` chooses among that give at
     least a quarter of a block per SM and are at least a quarter of the default's area (or are the
-    default), the two largest of them also with 128-deep reduction stages and, where K is not a
-    multiple of their stage depth, with the deepest stage that divides K (:func:`_exact_depth`); each
+    default), the two largest of them also with 128-deep reduction stages and, where their stage depth pads
+    K, with the depths that pad it least (:func:`_less_padding_depths`); each
     synchronous and with
     the cp.async pipeline (with 128-deep stages and K >= 1024 also the three-buffer one), and where
     its activation loads are predicated (the convolution pads its input, ``input_padded``, or the
@@ -197,7 +203,7 @@ def tile_candidates(
         tiles = [c for c in tiles if c == shape or 4 * _blocks(c, i, j, batch) >= sm_count]
     if k >= 256:
         tiles += [replace(c, k_frags=2 * c.k_frags) for c in tiles[:2]]
-    tiles += [e for e in (_exact_depth(c, k, int8) for c in tiles[:2]) if e is not None and e not in tiles]
+    tiles += [e for c in tiles[:2] for e in _less_padding_depths(c, k, int8) if e not in tiles]
     out = [default]
     for tile in tiles:
         predicated = input_padded or i % _rows(tile) or k % (16 * tile.k_frags)

@@ -166,17 +166,19 @@ def test_candidates_start_with_the_default_and_vary_what_the_kernel_can_use():
     assert all(16 * c.warps_i * c.frags_i * 16 * c.warps_j * c.frags_j >= 128 * 128 // 4 for c in cands)
 
 
-def test_stages_that_divide_k_are_candidates_where_the_default_depth_pads_it():
-    """A grouped convolution's K = 9 x 16 = 144 pads 64-deep stages to 192: its candidates also have
-    48-deep ones (fp16 mma steps are 16 deep); 288 gets 96; int8 mma stages stay multiples of 32, and
-    a K the default depth divides gets no others."""
+def test_stage_depths_that_pad_k_least_are_candidates():
+    """A grouped convolution's fp16 K = 9 x 16 = 144 pads 64-deep stages to 192: its candidates also
+    have 48-deep ones (fp16 mma steps are 16 deep); 288 gets 96. int8 mma stages stay multiples of 32:
+    K = 144 gets 32-deep ones (160); K = 96 gets both a single 96-deep stage and three 32-deep ones (a
+    single stage has nothing to pipeline). A K the default depth divides gets no others."""
     grouped = tile_candidates((50176, 16, 144), 132, input_padded=True, int8=False, batch=16)
     assert grouped[0].k_frags == 4 and {c.k_frags for c in grouped} == {3, 4}
     exact = [c for c in grouped if c.k_frags == 3]
     assert {replace(c, k_frags=4) for c in exact} == {c for c in grouped if c.k_frags == 4}
     assert {c.k_frags for c in tile_candidates((3136, 32, 288), 132, int8=False, batch=16)} == {4, 6, 8}
     assert {c.k_frags for c in tile_candidates((50176, 256, 288), 132)} == {4, 6, 8}  # int8: 96 = 3 x 32
-    assert {c.k_frags for c in tile_candidates((50176, 256, 144), 132)} == {4}  # no multiple of 32 divides 144
+    assert {c.k_frags for c in tile_candidates((50176, 256, 144), 132)} == {2, 4}  # 160 = 5 x 32
+    assert {c.k_frags for c in tile_candidates((200704, 128, 96), 132)} == {2, 4, 6}
     assert {c.k_frags for c in tile_candidates((200704, 64, 576), 132)} == {4, 8}
 
 
