@@ -80,7 +80,7 @@ def _less_padding_depths(c: TileConfig, k: int, int8: bool) -> list[TileConfig]:
     and where that is a single stage also the deepest giving two or more (something to pipeline).
     Empty where no depth pads less. A grouped convolution's fp16 K = 9 taps x 16 channels = 144 pads
     64-deep stages to 192 (a third more math and shared-memory traffic; 48-deep stages fit it); an
-    int8 K = 144 goes to 160 with 32-deep ones, K = 784 (RegNet-Y) to 800 with 160-deep ones."""
+    int8 K = 144 goes to 160 with 32-deep ones (so does RegNet-Y's K = 784, to 800)."""
     step = 2 if int8 and c.intrin == "mma" else 1
     padded = {f: -(-k // (16 * f)) * 16 * f for f in range(2, 2 * c.k_frags + 1) if f % step == 0}
     least = min(padded.values(), default=None)
@@ -179,9 +179,8 @@ def tile_candidates(
     (:func:`tile_for` as build calls it: ``deep_stages`` on GPUs of :data:`DEEP_STAGE_SMS`, cp.async
     lowering on) first: the tiles :func:`tile_for` chooses among that give at
     least a quarter of a block per SM and are at least a quarter of the default's area (or are the
-    default), the two largest of them also with 128-deep reduction stages and, where their stage depth pads
-    K, with the depths that pad it least (:func:`_less_padding_depths`); each
-    synchronous and with
+    default), the two largest of them also with 128-deep reduction stages and, where their stage depth
+    pads K, with the depths that pad it least (:func:`_less_padding_depths`); each synchronous and with
     the cp.async pipeline (with 128-deep stages and K >= 1024 also the three-buffer one), and where
     its activation loads are predicated (the convolution pads its input, ``input_padded``, or the
     tile does not divide I or K) with 4- and 16-byte loads; each also with the padded accumulator
