@@ -16,9 +16,9 @@ Here, scoring today's rule on the databases it finds (``tiles.json`` and the sea
 
     python scripts/tile_survey.py score tuning_logs/h200 tiles_from_gpu_host/ --json tile_rule.json
 
-How much of each model's tensor-core work the default tiles' stage depths pad along K, and which
-groups have a candidate whose stage divides K (no GPU; models exported and calibrated as for
-``search``, or any ONNX file)::
+How much of each model's tensor-core work the default tiles' stage depths pad along K, and how much
+the tile search's least-padding candidates would (no GPU; zoo models exported and calibrated as for
+``search``, or an ONNX file with ``--input-shape``)::
 
     python scripts/tile_survey.py padding --models resnext50_32x4d:64,regnet_y_800mf:64 \
         --zoo-dir ~/.cache/inferx_edge/zoo --json k_padding.json
