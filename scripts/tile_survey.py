@@ -87,12 +87,12 @@ def search(args) -> int:
 
 def padding_rows(model: Path, shapes: dict, target: str, precision: str, calib: Path | None) -> list[dict]:
     """The tensor-core kernel groups of ``model`` as ``build`` compiles it for ``target`` / ``precision``:
-    extents, GEMMs per kernel, the default tile (:func:`~inferx_edge.compiler.cuda.tile_for` as the
-    build calls it), K padded to its stage depth, the stage depths of the tile search's candidates
-    (those that divide K, the least padded K among them), and the multiply-accumulates (as they are,
-    padded by the default, padded by the least-padding candidate)."""
+    extents, GEMMs per kernel, the default tile (the candidates' first, :func:`~inferx_edge.compiler.cuda.
+    tile_for` as the build calls it), K padded to its stage depth, the stage depths of the tile search's
+    candidates (those that divide K, the least padded K among them), and the multiply-accumulates (as
+    they are, padded by the default, padded by the least-padding candidate)."""
     from inferx_edge.compiler.compile import resolve_tvm_target
-    from inferx_edge.compiler.cuda.tile_policy import deep_stages_on, tile_candidates, tile_for
+    from inferx_edge.compiler.cuda.tile_policy import deep_stages_on, tile_candidates
     from inferx_edge.compiler.tuning import legalized_and_fused, tile_groups
     from inferx_edge.frontend import import_model
     from inferx_edge.quantize.driver import QuantOptions
@@ -109,10 +109,11 @@ def padding_rows(model: Path, shapes: dict, target: str, precision: str, calib: 
     for g in tile_groups(mod):
         i, j, k = g.extents
         shape = {**g.shape_options(), "input_padded": g.input_padded}
-        tile = tile_for(g.extents, spec.sm_count, **shape, deep_stages=deep, async_copy=True)
+        cands = tile_candidates(g.extents, spec.sm_count, **shape, deep_stages=deep)
+        tile = cands[0]  # the default, as build picks it (tile_for with these options)
         depth = 16 * tile.k_frags
         padded = -(-k // depth) * depth
-        depths = sorted({16 * c.k_frags for c in tile_candidates(g.extents, spec.sm_count, **shape, deep_stages=deep)})
+        depths = sorted({16 * c.k_frags for c in cands})
         macs = g.batch * i * j * len(g.kernels)
         least = min(-(-k // d) * d for d in depths)
         rows.append({"extents": g.extents, "batch": g.batch, "int8": g.int8, "kernels": len(g.kernels),
@@ -126,12 +127,13 @@ def padding_rows(model: Path, shapes: dict, target: str, precision: str, calib: 
 def padding(args) -> int:
     from benchmarks.zoo import calibration, model_dir
     from benchmarks.zoo_models import spec_of
+    from inferx_edge.frontend.shapes import parse_input_shapes
 
     record = {}
     for item in args.models.split(","):
         name, _, batch = item.partition(":")
         if name.endswith(".onnx"):
-            shapes = dict(_shape_arg(s) for s in args.input_shape)
+            shapes = parse_input_shapes(args.input_shape)
             rows = padding_rows(Path(name), shapes, args.target, args.precision, None)
         else:
             d = model_dir(name, Path(args.zoo_dir), Path(args.zoo_dir))
@@ -165,11 +167,6 @@ def padding(args) -> int:
                "precision": args.precision, "models": record}  # fmt: skip
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0
-
-
-def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
-    name, _, dims = text.rpartition(":")
-    return name, tuple(int(d) for d in dims.split("x"))
 
 
 _GROUP_LINE = re.compile(

@@ -85,18 +85,19 @@ ORDER_REPEAT = 3
 ORDER_SHARE = 0.25
 
 
-def slowest_first(plans, pool, gpu, target, spec_name, cross, min_repeat_ms, until: float = math.inf):
+def slowest_first(plans, compile_job, gpu, min_repeat_ms, until: float = math.inf):
     """``plans`` ordered by the time their kernels take with the default tile (the first candidate's,
     timed once per group, times the group's kernels), the slowest first, and each plan's compile job
-    of that default, reused as its first candidate (None where it failed to compile or run: compiled
-    again with the rest, and the plan goes first, its own search recording why).
+    of that default (``compile_job(group, tile)``: a pool job returning the library's path), reused as
+    its first candidate (None where it failed to compile or run: compiled again with the rest, and the
+    plan goes first, its own search recording why).
 
     Work (I*J*K, the order of :func:`_plan`) misjudges memory-bound kernels: the grouped convolutions'
     GEMMs (16 outputs per group) came 23rd-29th of ResNeXt-50's 29 groups and 19th-30th of RegNet-Y's 39
     while taking 18-23 % of their profiled kernel time (``kernel_profile_h100_*_s63`` records), where a search
     stopped by ``--minutes`` may not reach them. Timing stops at ``until`` (a time.time()); the groups
     left follow in their order, with their defaults compiled."""
-    jobs = [pool.submit(compile_candidate, g.func, cands[0].text(), target, spec_name, cross) for g, cands, _ in plans]
+    jobs = [compile_job(g, cands[0]) for g, cands, _ in plans]
     keyed = []
     try:
         for n, ((group, cands, old), job) in enumerate(zip(plans, jobs)):

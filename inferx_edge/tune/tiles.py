@@ -143,12 +143,16 @@ def search_tiles(
         n_workers = workers or max(1, (os.cpu_count() or 2) - 1)
         pool = PopenPoolExecutor(max_workers=n_workers, timeout=300, maximum_process_uses=64)
         log(f"      {sum(len(c) for _, c, _ in plans)} candidates, compiled by {n_workers} workers, run on {gpu.name}")
+
+        def compile_job(group: TileGroup, cfg):  # a pool job: the library of ``group``'s kernel with tile ``cfg``
+            return pool.submit(compile_candidate, group.func, cfg.text(), target, spec.name, cross)
+
         futures: list[list] = []
         measured, run, stopped = 0, 0, False
         try:
             if minutes and len(plans) > 1:  # a run that may stop early: the slowest kernels first
                 until = t0 + ORDER_SHARE * (deadline - t0)
-                plans, defaults = slowest_first(plans, pool, gpu, target, spec.name, cross, min_repeat_ms, until)
+                plans, defaults = slowest_first(plans, compile_job, gpu, min_repeat_ms, until)
                 log(
                     f"      timed each group's default tile ({len(plans)} groups, {time.time() - t0:.0f} s): "
                     "measuring the groups whose kernels take the most time first"
@@ -156,8 +160,7 @@ def search_tiles(
             else:
                 defaults = [None] * len(plans)
             futures = [
-                [d or pool.submit(compile_candidate, g.func, cands[0].text(), target, spec.name, cross)]
-                + [pool.submit(compile_candidate, g.func, c.text(), target, spec.name, cross) for c in cands[1:]]
+                [d or compile_job(g, cands[0])] + [compile_job(g, c) for c in cands[1:]]
                 for (g, cands, _), d in zip(plans, defaults)
             ]
             for n, ((group, cands, old), futs) in enumerate(zip(plans, futures), 1):
