@@ -72,28 +72,33 @@ def test_log_reads_the_groups_a_search_printed(tmp_path):
 
 
 def test_padding_reports_the_k_the_default_tiles_pad_and_the_candidates_that_pad_less(tmp_path):
-    """A grouped convolution of 16-channel groups (fp16, h200): a GEMM per group with K = 9 x 16 = 144,
-    which the default's 64-deep stages pad to 192 and a 48-deep candidate does not pad."""
+    """fp16, h200: a plain 3x3 convolution over 16 channels (one GEMM, K = 9 x 16 = 144, which the
+    default's 64-deep stages pad to 192 and a 48-deep candidate does not pad), then a grouped one of
+    16-channel groups (a GEMM per group, same K: its default already has the 48-deep stages)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    w = numpy_helper.from_array(rng.standard_normal((64, 16, 3, 3)).astype(np.float32), "w")
-    conv = helper.make_node("Conv", ["x", "w"], ["y"], group=4, pads=[1, 1, 1, 1], kernel_shape=[3, 3])
+    w1 = numpy_helper.from_array(rng.standard_normal((64, 16, 3, 3)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((64, 16, 3, 3)).astype(np.float32), "w2")
+    plain = helper.make_node("Conv", ["x", "w1"], ["h"], pads=[1, 1, 1, 1], kernel_shape=[3, 3])
+    grouped = helper.make_node("Conv", ["h", "w2"], ["y"], group=4, pads=[1, 1, 1, 1], kernel_shape=[3, 3])
     graph = helper.make_graph(
-        [conv], "grouped", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64, 14, 14])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64, 14, 14])], [w],
+        [plain, grouped], "convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16, 14, 14])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64, 14, 14])], [w1, w2],
     )  # fmt: skip
-    model = tmp_path / "grouped.onnx"
+    model = tmp_path / "convs.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
     out = tmp_path / "padding.json"
-    r = _run("padding", "--models", model, "--input-shape", "x:2x64x14x14", "--precision", "fp16", "--json", out)
+    r = _run("padding", "--models", model, "--input-shape", "x:2x16x14x14", "--precision", "fp16", "--json", out)
     rec = json.loads(out.read_text())
     (entry,) = rec["models"].values()
-    (group,) = [g for g in entry["groups"] if g["extents"][2] == 144]
-    assert group["batch"] == 4 and not group["int8"] and group["extents"][1] == 16
-    assert (group["k_padded"], group["k_padded_least"]) == (192, 144) and 48 in group["candidate_depths_dividing_k"]
-    assert group["macs_padded"] * 3 == group["macs"] * 4 and group["macs_padded_least"] == group["macs"]
+    (one,) = [g for g in entry["groups"] if g["extents"][2] == 144 and g["batch"] == 1]
+    assert not one["int8"] and one["extents"][1] == 64
+    assert (one["k_padded"], one["k_padded_least"]) == (192, 144) and 48 in one["candidate_depths_dividing_k"]
+    assert one["macs_padded"] * 3 == one["macs"] * 4 and one["macs_padded_least"] == one["macs"]
+    (per_group,) = [g for g in entry["groups"] if g["extents"][2] == 144 and g["batch"] == 4]
+    assert per_group["extents"][1] == 16 and per_group["k_padded"] == 144 == per_group["k_padded_least"]
     s = entry["summary"]
     assert s["groups_default_pads_k"] >= 1 and s["groups_default_pads_k_with_a_less_padding_candidate"] >= 1
     assert "pads K to 192" in r.stdout and rec["git_commit"]

@@ -172,7 +172,7 @@ def test_stage_depths_that_pad_k_least_are_candidates():
     K = 144 gets 32-deep ones (160); K = 96 gets both a single 96-deep stage and three 32-deep ones (a
     single stage has nothing to pipeline). A K the default depth divides gets no others."""
     grouped = tile_candidates((50176, 16, 144), 132, input_padded=True, int8=False, batch=16)
-    assert grouped[0].k_frags == 4 and {c.k_frags for c in grouped} == {3, 4}
+    assert grouped[0].k_frags == 3 and {c.k_frags for c in grouped} == {3, 4}  # the default: 48-deep
     exact = [c for c in grouped if c.k_frags == 3]
     assert {replace(c, k_frags=4) for c in exact} == {c for c in grouped if c.k_frags == 4}
     assert {c.k_frags for c in tile_candidates((3136, 32, 288), 132, int8=False, batch=16)} == {4, 6, 8}
@@ -180,6 +180,24 @@ def test_stage_depths_that_pad_k_least_are_candidates():
     assert {c.k_frags for c in tile_candidates((50176, 256, 144), 132)} == {2, 4}  # 160 = 5 x 32
     assert {c.k_frags for c in tile_candidates((200704, 128, 96), 132)} == {2, 4, 6}
     assert {c.k_frags for c in tile_candidates((200704, 64, 576), 132)} == {4, 8}
+
+
+def test_grouped_convolution_fp16_gemms_default_to_wide_predicated_async_loads_and_least_padding():
+    """A grouped convolution's fp16 GEMMs (several per kernel, padded input) built with cp.async
+    default to 16-byte predicated loads, the cp.async pipeline, no accumulator padding, 4-byte weight
+    loads and the stage depth padding K least; without cp.async, one GEMM per kernel, an unpadded
+    input or int8 operands they keep the ladder's default."""
+    from inferx_edge.compiler.cuda import tile_for
+
+    on = {"int8": False, "input_padded": True, "deep_stages": True, "async_copy": True}
+    assert tile_for((50176, 16, 144), 132, batch=32, **on).text() == "4x2.1x1.k3.v16.p16.async.mma"
+    assert tile_for((3136, 32, 288), 132, batch=16, **on).k_frags == 6  # 96-deep stages: 288 unpadded
+    assert tile_for((3136, 32, 256), 132, batch=16, **on).k_frags == 4  # 64 divides K: kept
+    previous = tile_for((50176, 16, 144), 132, batch=32, **{**on, "async_copy": False})
+    assert previous.text() == "4x2.1x1.k4.v16.a8.w16.mma"
+    for other in ({"batch": 1}, {"batch": 32, "input_padded": False}, {"batch": 32, "int8": True}):
+        tile = tile_for((50176, 16, 144), 132, **{**on, **other})
+        assert tile.padded_vector == 4 and tile.pipeline == "" and tile.k_frags != 3, other
 
 
 def test_large_int8_gemms_also_get_8_warp_tiles():
