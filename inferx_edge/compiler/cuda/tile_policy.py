@@ -103,7 +103,7 @@ def _grouped_fp16_tile(cfg: TileConfig, k: int) -> TileConfig:
     this tile in 4 of 4, 0.50-0.76x the time of the previous default (``.k4.a8.w16``, 4-byte
     predicated loads, synchronous); 48-deep stages beat 64-deep ones with the same loads by 8-11 %
     in each; ``.a8.w16`` on top was slower in 3 of 4 (up to 1.22x) and 1.00x in the fourth. With it
-    as the default, the H200 tile search of RegNet-Y-800MF (``tiles_regnet_y_b64_s65``) kept it in 6
+    as the default, the H200 tile search of RegNet-Y-800MF (``regnet_y_b64_s65_tiles``) kept it in 6
     of 8 such groups (``.a8.w16`` 1.3 and 3.5 % faster in the others); untuned end to end on one H200
     it took ResNeXt-50 from 22,850 to 25,438 img/s at batch 64 and RegNet-Y from 43,236 to 49,951
     (``zoo_gpu_default_grouped_*_s65``; batch 1: +8 and +9 %)."""
