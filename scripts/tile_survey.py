@@ -222,9 +222,12 @@ def _tile(text: str):
 
 
 def _groups(paths):
+    """The searched groups of every ``*tiles.json`` under each of ``paths`` (a path may also be one
+    tile file, e.g. a record in benchmarks/results)."""
     for base in paths:
         seen = set()  # a database and its flat copy (search) hold the same groups
-        for f in sorted(Path(base).rglob("*tiles.json")):
+        files = [Path(base)] if Path(base).is_file() else sorted(Path(base).rglob("*tiles.json"))
+        for f in files:
             data = json.loads(f.read_text())
             for key, rec in data.get("groups", {}).items():
                 ident = (key, json.dumps(rec, sort_keys=True))
@@ -328,7 +331,7 @@ def main(argv=None) -> int:
     g.add_argument("log")
     g.add_argument("--json", help="write the groups and the summary here")
     c = sub.add_parser("score", help="score today's default-tile rule on recorded searches")
-    c.add_argument("paths", nargs="+", help="directories searched for tiles.json")
+    c.add_argument("paths", nargs="+", help="tiles.json files, or directories searched for them")
     c.add_argument("--json", help="write the scored groups and the summary here")
     args = p.parse_args(argv)
     return {"search": search, "score": score, "log": from_log, "padding": padding}[args.cmd](args)

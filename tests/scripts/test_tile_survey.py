@@ -46,6 +46,8 @@ def test_score_compares_the_rule_with_the_recorded_default_and_the_best(tmp_path
     assert (s["kernel_us_rule"], s["kernel_us_recorded_default"], s["kernel_us_best"]) == (260.0, 400.0, 200.0)
     assert s["groups_rule_faster_than_recorded_default"] == 1
     assert rec["groups"][0]["rule"] == rule and rec["groups"][0]["device"] == "GPU"
+    _run("score", db / "tiles.json", "--json", out)  # one tile file named directly
+    assert json.loads(out.read_text())["summary"]["groups"] == 2
 
 
 def test_log_reads_the_groups_a_search_printed(tmp_path):
