@@ -99,7 +99,7 @@ def _grouped_fp16_tile(cfg: TileConfig, k: int) -> TileConfig:
     predicated activation loads (``p16``), the cp.async pipeline, plain accumulator tile and 4-byte
     weight loads, and the stage depth that pads K least (:func:`_less_padding_depths`; 48-deep stages
     for K = 9 taps x 16 channels = 144). Measured: ResNeXt-50's four fp16 grouped-GEMM groups at batch
-    64 on H100 (``tiles_resnext50_b64_s65`` record, every candidate timed) were fastest with exactly
+    64 on H100 (``resnext50_32x4d_b64_s65_tiles`` record, every candidate timed) were fastest with exactly
     this tile in 4 of 4, 0.50-0.76x the time of the previous default (``.k4.a8.w16``, 4-byte
     predicated loads, synchronous); 48-deep stages beat 64-deep ones with the same loads by 8-11 %
     in each; ``.a8.w16`` on top was slower in 3 of 4 (up to 1.22x) and 1.00x in the fourth. With it
