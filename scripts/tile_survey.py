@@ -289,6 +289,10 @@ def score(args) -> int:
         old = f"{r['recorded_default_us'] / r['best_us']:.2f}x" if r["recorded_default_us"] else "-"
         print(f"{'x'.join(map(str, r['extents'])):>20} x{r['kernels']:<3} rule {r['rule']:<34} {ratio:<24} "
               f"recorded default {old:<6} best {r['best']}")  # fmt: skip
+    changed = _changed_by_rule(rows, args.compare) if args.compare else None
+    if changed:
+        summary["compared_with"] = changed.pop("compared_with")
+        summary["rule_change"] = changed["summary"]
     print(json.dumps(summary, indent=1))
     if args.json:
         from benchmarks._record import git_commit
@@ -301,8 +305,42 @@ def score(args) -> int:
             "summary": summary,
             "groups": rows,
         }
+        if changed:
+            record["groups_the_rule_change_moves"] = changed["groups"]
         Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
     return 0
+
+
+def _changed_by_rule(rows, previous_json: str) -> dict:
+    """The groups whose rule tile differs from the one a previous ``score --json`` record gave (an
+    earlier rule on the same databases), with both tiles measured: each one's times, and a summary
+    (how many got faster / slower by more than 2 %, kernel time before and after, geometric mean)."""
+    prev = json.loads(Path(previous_json).read_text())
+    before = {(r["database"], r["group"]): r for r in prev["groups"]}
+    moved = []
+    for r in rows:
+        old = before.get((r["database"], r["group"]))
+        if old and old["rule"] != r["rule"] and old["rule_us"] and r["rule_us"]:
+            moved.append(
+                {
+                    "database": r["database"], "group": r["group"], "extents": r["extents"], "kernels": r["kernels"],
+                    "previous_rule": old["rule"], "previous_rule_us": old["rule_us"],
+                    "rule": r["rule"], "rule_us": r["rule_us"], "ratio": round(r["rule_us"] / old["rule_us"], 3),
+                }
+            )  # fmt: skip
+    for m in moved:
+        print(f"moved {'x'.join(map(str, m['extents'])):>20} x{m['kernels']:<3} {m['previous_rule']} "
+              f"{m['previous_rule_us']} us -> {m['rule']} {m['rule_us']} us ({m['ratio']}x)")  # fmt: skip
+    summary = {
+        "groups_moved": len(moved),
+        "faster": sum(1 for m in moved if m["ratio"] < 1 / 1.02),
+        "slower": sum(1 for m in moved if m["ratio"] > 1.02),
+        "kernel_us_previous_rule": round(sum(m["previous_rule_us"] * m["kernels"] for m in moved), 1),
+        "kernel_us_rule": round(sum(m["rule_us"] * m["kernels"] for m in moved), 1),
+        "geomean_rule_over_previous": _geomean([m["ratio"] for m in moved]),
+    }
+    return {"compared_with": {"file": previous_json, "git_commit": prev.get("git_commit")}, "summary": summary,
+            "groups": moved}  # fmt: skip
 
 
 def _geomean(xs):
@@ -333,6 +371,11 @@ def main(argv=None) -> int:
     c = sub.add_parser("score", help="score today's default-tile rule on recorded searches")
     c.add_argument("paths", nargs="+", help="tiles.json files, or directories searched for them")
     c.add_argument("--json", help="write the scored groups and the summary here")
+    c.add_argument(
+        "--compare", metavar="SCORE_JSON",
+        help="a previous score --json record of the same databases: list the groups the rule now gives "
+        "another tile, and what that changes",
+    )  # fmt: skip
     args = p.parse_args(argv)
     return {"search": search, "score": score, "log": from_log, "padding": padding}[args.cmd](args)
 

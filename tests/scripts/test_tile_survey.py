@@ -49,6 +49,18 @@ def test_score_compares_the_rule_with_the_recorded_default_and_the_best(tmp_path
     _run("score", db / "tiles.json", "--json", out)  # one tile file named directly
     assert json.loads(out.read_text())["summary"]["groups"] == 2
 
+    # --compare: a previous record whose rule gave the old tile; the group moves 200 -> 130 us
+    prev = json.loads(out.read_text())
+    prev["groups"][0] |= {"rule": old, "rule_us": 200.0}
+    (tmp_path / "prev.json").write_text(json.dumps(prev))
+    _run("score", db / "tiles.json", "--compare", tmp_path / "prev.json", "--json", out)
+    rec = json.loads(out.read_text())
+    assert rec["summary"]["rule_change"] == {
+        "groups_moved": 1, "faster": 1, "slower": 0, "kernel_us_previous_rule": 400.0, "kernel_us_rule": 260.0,
+        "geomean_rule_over_previous": 0.65,
+    }  # fmt: skip
+    assert rec["groups_the_rule_change_moves"][0]["previous_rule"] == old
+
 
 def test_log_reads_the_groups_a_search_printed(tmp_path):
     log = tmp_path / "search.log"

@@ -162,8 +162,11 @@ def test_candidates_start_with_the_default_and_vary_what_the_kernel_can_use():
     # 3136 rows: 128-row tiles pad them (predicated loads: 16-byte variants), 64-row tiles do not
     ragged = tile_candidates((3136, 512, 2048), 132, input_padded=False)
     assert {16 * c.warps_i * c.frags_i for c in ragged if c.padded_vector == 16} == {128}
-    # nothing smaller than a quarter of the default tile on a large GEMM
-    assert all(16 * c.warps_i * c.frags_i * 16 * c.warps_j * c.frags_j >= 128 * 128 // 4 for c in cands)
+    # nothing smaller than a quarter of the default tile on a large GEMM (64 x 128 here: 128 x 128
+    # blocks would fill their waves 74 %)
+    area = 16 * cands[0].warps_i * cands[0].frags_i * 16 * cands[0].warps_j * cands[0].frags_j
+    assert area == 64 * 128
+    assert all(16 * c.warps_i * c.frags_i * 16 * c.warps_j * c.frags_j >= area // 4 for c in cands)
 
 
 def test_stage_depths_that_pad_k_least_are_candidates():
@@ -198,6 +201,27 @@ def test_grouped_convolution_fp16_gemms_default_to_wide_predicated_async_loads_a
     for other in ({"batch": 1}, {"batch": 32, "input_padded": False}, {"batch": 32, "int8": True}):
         tile = tile_for((50176, 16, 144), 132, **{**on, **other})
         assert tile.padded_vector == 4 and tile.pipeline == "" and tile.k_frags != 3, other
+
+
+def test_int8_gemms_whose_128_row_blocks_fill_the_waves_poorly_take_64_rows():
+    """175 blocks of 128 x 128 on 132 SMs fill two waves 66 %; 343 of 64 x 128 fill three 87 %:
+    the 64-row tile. Full waves, no SM count, fp16, or too little gain keep 128 x 128."""
+    from inferx_edge.compiler.cuda import tile_for
+
+    deep = {"deep_stages": True, "async_copy": True, "input_padded": False}
+
+    def rows(t):
+        return 16 * t.warps_i * t.frags_i, 16 * t.warps_j * t.frags_j
+
+    assert rows(tile_for((3136, 784, 784), 132, **deep)) == (64, 128)  # RegNet-Y, batch 64
+    assert rows(tile_for((12544, 256, 2304), 132, **deep)) == (64, 128)  # ResNet-50 layer 3: 74 % -> 99 %
+    assert tile_for((12544, 256, 2304), 132, **deep).k_frags == 8  # the stage rules still apply
+    assert rows(tile_for((12608, 3072, 768), 132, **deep)) == (128, 128)  # 2,376 blocks: 18 full waves
+    assert rows(tile_for((3136, 784, 784), None, **deep)) == (128, 128)
+    assert rows(tile_for((3136, 784, 784), 132, int8=False, **deep)) == (128, 128)
+    assert rows(tile_for((12544, 1024, 512), 132, **deep)) == (128, 128)  # 784 blocks: 99 %
+    # 66 % -> 87 % on 132 SMs, but 175 blocks on 108 SMs fill 81 % and 343 fill 79 %: kept
+    assert rows(tile_for((3136, 784, 784), 108, **deep)) == (128, 128)
 
 
 def test_large_int8_gemms_also_get_8_warp_tiles():
