@@ -377,6 +377,8 @@ def main(argv=None) -> int:
         "another tile, and what that changes",
     )  # fmt: skip
     args = p.parse_args(argv)
+    if getattr(args, "compare", None) and not Path(args.compare).is_file():
+        p.error(f"--compare {args.compare}: no such file (a previous `score --json` record)")
     return {"search": search, "score": score, "log": from_log, "padding": padding}[args.cmd](args)
 
 

@@ -37,9 +37,9 @@ SHALLOW_K = 256
 SHALLOW_K_MIN_J = 256
 
 
-#: a 128 x 128 int8 tile whose thread blocks fill their last wave of SMs this poorly (blocks / (waves x
-#: SMs)) takes 64 x 128 where that fills the waves at least :data:`WAVE_FILL_GAIN` better (see
-#: :func:`_fuller_waves`)
+#: a 128 x 128 int8 tile whose thread blocks fill less than this share of their waves' SM slots
+#: (blocks / (waves x SMs)) takes 64 x 128 where that fills them at least :data:`WAVE_FILL_GAIN` more
+#: (see :func:`_fuller_waves`)
 WAVE_FILL_MAX = 0.8
 WAVE_FILL_GAIN = 0.1
 
