@@ -289,10 +289,9 @@ def score(args) -> int:
         old = f"{r['recorded_default_us'] / r['best_us']:.2f}x" if r["recorded_default_us"] else "-"
         print(f"{'x'.join(map(str, r['extents'])):>20} x{r['kernels']:<3} rule {r['rule']:<34} {ratio:<24} "
               f"recorded default {old:<6} best {r['best']}")  # fmt: skip
-    changed = _changed_by_rule(rows, args.compare) if args.compare else None
-    if changed:
-        summary["compared_with"] = changed.pop("compared_with")
-        summary["rule_change"] = changed["summary"]
+    moved = None
+    if args.compare:
+        summary["compared_with"], summary["rule_change"], moved = _changed_by_rule(rows, args.compare)
     print(json.dumps(summary, indent=1))
     if args.json:
         from benchmarks._record import git_commit
@@ -305,16 +304,17 @@ def score(args) -> int:
             "summary": summary,
             "groups": rows,
         }
-        if changed:
-            record["groups_the_rule_change_moves"] = changed["groups"]
+        if moved is not None:
+            record["groups_the_rule_change_moves"] = moved
         Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
     return 0
 
 
-def _changed_by_rule(rows, previous_json: str) -> dict:
+def _changed_by_rule(rows, previous_json: str) -> tuple[dict, dict, list[dict]]:
     """The groups whose rule tile differs from the one a previous ``score --json`` record gave (an
-    earlier rule on the same databases), with both tiles measured: each one's times, and a summary
-    (how many got faster / slower by more than 2 %, kernel time before and after, geometric mean)."""
+    earlier rule on the same databases), with both tiles measured: (that record's file and commit, a
+    summary: how many got faster / slower by more than 2 %, kernel time before and after, geometric
+    mean; each moved group with both times)."""
     prev = json.loads(Path(previous_json).read_text())
     before = {(r["database"], r["group"]): r for r in prev["groups"]}
     moved = []
@@ -339,8 +339,7 @@ def _changed_by_rule(rows, previous_json: str) -> dict:
         "kernel_us_rule": round(sum(m["rule_us"] * m["kernels"] for m in moved), 1),
         "geomean_rule_over_previous": _geomean([m["ratio"] for m in moved]),
     }
-    return {"compared_with": {"file": previous_json, "git_commit": prev.get("git_commit")}, "summary": summary,
-            "groups": moved}  # fmt: skip
+    return {"file": previous_json, "git_commit": prev.get("git_commit")}, summary, moved
 
 
 def _geomean(xs):

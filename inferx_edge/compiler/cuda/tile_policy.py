@@ -126,10 +126,10 @@ def _wave_fill(c: TileConfig, i: int, j: int, batch: int, sm_count: int) -> floa
     return n / (-(-n // sm_count) * sm_count)
 
 
-def _fuller_waves(cfg: TileConfig, i: int, j: int, batch: int, sm_count: int) -> TileConfig:
-    """The 128 x 128 int8 tile ``cfg`` with 64 instead of 128 rows where its blocks fill the
+def _fuller_waves(cfg: TileConfig, i: int, j: int, batch: int, sm_count: int) -> bool:
+    """Whether the 128 x 128 int8 tile ``cfg`` should take 64 instead of 128 rows: its blocks fill the
     waves of ``sm_count`` SMs less than :data:`WAVE_FILL_MAX` and the 64-row tile fills them at least
-    :data:`WAVE_FILL_GAIN` better: RegNet-Y's 3136 x 784 GEMMs at batch 64 give 175 blocks of 128 x
+    :data:`WAVE_FILL_GAIN` better. RegNet-Y's 3136 x 784 GEMMs at batch 64 give 175 blocks of 128 x
     128 on 132 SMs (two waves, 66 % filled) and 343 of 64 x 128 (three, 87 %); ResNet-50's 12544 x
     256 ones 196 (74 %) and 392 (99 %). Scored on every recorded tile search (``scripts/tile_survey.py
     score tuning_logs/h200 benchmarks/results/*_s65_tiles.json --compare``, record
@@ -137,11 +137,9 @@ def _fuller_waves(cfg: TileConfig, i: int, j: int, batch: int, sm_count: int) ->
     time 1,035 -> 689 us, geometric mean 0.83x. With today's kernels (the ResNet-50 database
     ``07fbab4388a8`` and RegNet-Y's ``regnet_y_b64_s65_tiles``) 10 of 11 are faster (0.63-0.96x), the
     eleventh 1.02x. Not yet timed end to end."""
-    half = replace(cfg, frags_i=cfg.frags_i // 2)
     fill = _wave_fill(cfg, i, j, batch, sm_count)
-    if fill < WAVE_FILL_MAX and _wave_fill(half, i, j, batch, sm_count) >= fill + WAVE_FILL_GAIN:
-        return half
-    return cfg
+    half = replace(cfg, frags_i=cfg.frags_i // 2)
+    return fill < WAVE_FILL_MAX and _wave_fill(half, i, j, batch, sm_count) >= fill + WAVE_FILL_GAIN
 
 
 def _ladder_tile(extents, sm_count: int | None, ladder=TILE_LADDER, batch: int = 1) -> TileConfig:
@@ -208,10 +206,10 @@ def tile_for(
     whose 128 x 128 blocks fill the SMs' waves poorly (:func:`_fuller_waves`)."""
     cfg = _ladder_tile(extents, sm_count, ladder, batch)
     j, k = extents[1], extents[2] if len(extents) > 2 else 1 << 20
-    if int8 and deep_stages and k < SHALLOW_K and j >= SHALLOW_K_MIN_J and cfg == _stage_depth(TILE_LADDER[0], k):
-        cfg = replace(cfg, frags_i=cfg.frags_i // 2)
-    if int8 and sm_count and cfg == _stage_depth(TILE_LADDER[0], k):
-        cfg = _fuller_waves(cfg, extents[0], j, batch, sm_count)
+    if int8 and cfg == _stage_depth(TILE_LADDER[0], k):  # 128 x 128: 64 rows where K is shallow or waves poor
+        shallow = deep_stages and k < SHALLOW_K and j >= SHALLOW_K_MIN_J
+        if shallow or (sm_count and _fuller_waves(cfg, extents[0], j, batch, sm_count)):
+            cfg = replace(cfg, frags_i=cfg.frags_i // 2)
     cfg = replace(cfg, acc_pad=8, weight_vector=16 if weights_along_k else 4)
     if not int8 and batch > 1 and input_padded and async_copy:
         cfg = _grouped_fp16_tile(cfg, k)
