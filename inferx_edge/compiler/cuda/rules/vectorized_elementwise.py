@@ -10,11 +10,30 @@ MIN_VECTORIZED_ELEMENTS = 1 << 16
 
 _VECTOR = 4
 
+#: vectors per thread (:func:`vectorized_elementwise_rule`'s default ``unroll``)
+UNROLL = 1
 
-def vectorized_elementwise_rule():
+
+def _unroll_for(extent: int, unroll: int) -> int:
+    """The largest power of two <= ``unroll`` such that ``extent`` (vectors) splits into whole blocks of
+    256 threads with that many vectors each."""
+    while unroll > 1 and extent % (256 * unroll):
+        unroll //= 2
+    return max(unroll, 1)
+
+
+def vectorized_elementwise_rule(unroll: int | None = None):
     """A dlight rule for large elementwise kernels (int8 quantize, casts, layout changes): each thread
     handles 4 consecutive elements of the innermost axis (16-byte fp32 loads, 4-byte int8 stores).
-    dlight's fallback gives one element per thread, far below the memory bandwidth for such kernels."""
+    dlight's fallback gives one element per thread, far below the memory bandwidth for such kernels.
+
+    ``unroll`` (default :data:`UNROLL`): vectors per thread, a block's 256 threads taking ``unroll``
+    consecutive runs of 256 vectors (each run read by the block's warps in order, the loads of all
+    runs independent, so more bytes are in flight per thread); fewer where the extent does not split."""
+    if unroll is None:
+        unroll = UNROLL
+    if unroll < 1:
+        raise ValueError(f"unroll must be >= 1 (got {unroll})")
     from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
     class VectorizedElementwise(GPUScheduleRule):
@@ -40,9 +59,16 @@ def vectorized_elementwise_rule():
                 # of 4) holds for the whole vector
                 *outer, inner = sch.get_loops(block)
                 io, vec = sch.split(inner, factors=[None, _VECTOR])
-                bx, tx = sch.split(sch.fuse(*outer, io), factors=[None, 256])
+                vectors = sch.fuse(*outer, io)
             else:  # the flat index: the fewest index computations
-                bx, tx, vec = sch.split(sch.fuse(*sch.get_loops(block)), factors=[None, 256, _VECTOR])
+                vectors, vec = sch.split(sch.fuse(*sch.get_loops(block)), factors=[None, _VECTOR])
+            runs = _unroll_for(total // _VECTOR, unroll)
+            if runs > 1:
+                bx, u, tx = sch.split(vectors, factors=[None, runs, 256])
+                sch.reorder(bx, tx, u)
+                sch.unroll(u)
+            else:
+                bx, tx = sch.split(vectors, factors=[None, 256])
             sch.bind(bx, "blockIdx.x")
             sch.bind(tx, "threadIdx.x")
             sch.vectorize(vec)
