@@ -87,7 +87,12 @@ def cases(n: int) -> dict:
         b = (0.2 * rng.standard_normal(c)).astype("float32")
         y = np.concatenate([x.astype(np.float64) for x in xs], 3) * g + b
         ref = _q64(np.maximum(y, 0))
-        out[f"concat + BN + ReLU + int8, {label} ({hw}x{hw}x{c})"] = (concat_bn_quantize(shapes), [*xs, g, b], ref, "int8")
+        out[f"concat + BN + ReLU + int8, {label} ({hw}x{hw}x{c})"] = (
+            concat_bn_quantize(shapes),
+            [*xs, g, b],
+            ref,
+            "int8",
+        )
     x = rng.standard_normal((n, 56, 56, 256)).astype("float16")
     out["fp16 -> int8 quantize (56x56x256)"] = (quantize(x.shape), [x], _q64(x.astype(np.float64)), "int8")
     a, b = (rng.standard_normal((n, 56, 56, 256)).astype("float16") for _ in range(2))
@@ -143,9 +148,7 @@ def main() -> None:
             row[f"unroll {u} speedup vs unroll {unrolls[0]}"] = row[f"unroll {unrolls[0]} us"] / us
         results.append(row)
         print(json.dumps(row), flush=True)
-    path = write_gpu_record(
-        args.name or f"gpu_elementwise_{args.target}", {"unrolls": unrolls, "results": results}
-    )
+    path = write_gpu_record(args.name or f"gpu_elementwise_{args.target}", {"unrolls": unrolls, "results": results})
     print(f"wrote {path}")
 
 
