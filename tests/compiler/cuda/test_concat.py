@@ -119,3 +119,43 @@ def test_concat_compute_with_symbolic_extents():
     arrays = [rng.standard_normal((4, w)).astype("float32") for w in (3, 5, 2)]
     got = vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
     np.testing.assert_array_equal(got, np.concatenate(arrays, 1))
+
+
+def test_unroll_splits_only_whole_blocks():
+    from inferx_edge.compiler.cuda.rules.vectorized_elementwise import _unroll_for
+
+    assert _unroll_for(256 * 12, 4) == 4
+    assert _unroll_for(256 * 6, 4) == 2  # 6 runs of 256 vectors: pairs, not fours
+    assert _unroll_for(256 * 3, 4) == 1
+    assert _unroll_for(256 * 8, 1) == 1
+
+
+@needs_nvrtc
+def test_unrolled_concat_takes_four_vectors_per_thread(monkeypatch):
+    """With 4 vectors per thread the dense-block kernel still picks each input per vector (half4 loads,
+    int stores) and handles 4 vectors per thread; unroll 1 is the schedule builds use."""
+    from tvm import relax
+
+    from inferx_edge.compiler.cuda.rules import vectorized_elementwise
+
+    chans = [64] + [32] * 6
+
+    def epilogue(y):
+        y = relax.op.nn.relu(relax.op.astype(y, "float32"))
+        return relax.op.astype(relax.op.clip(relax.op.round(y), -128, 127), "int8")
+
+    mod = _concat_module([(8, 16, 16, c) for c in chans], 3, "float16", epilogue)  # 8,192 vectors
+    kernels = {}
+    for unroll in (1, 4):
+        monkeypatch.setattr(vectorized_elementwise, "UNROLL", unroll)
+        kernels[unroll] = kernel_source("h200", mod).split("__global__")[-1]
+    for unroll, kernel in kernels.items():
+        loads = re.findall(r"\*\(half4\*\)\((x\d+)_ptr", kernel)
+        assert len(loads) == unroll * len(chans)
+        assert len(re.findall(r"\*\(int\*\)\(compute\w*_ptr", kernel)) == unroll
+        assert not re.search(r"x\d+_ptr\[", kernel)
+    # the int8 output: a block stores 4 runs of 256 vectors, 1,024 elements apart
+    stores = re.findall(r"\*\(int\*\)\(compute\w*_ptr \+ (.*)\) = ", kernels[4])
+    assert all("((int)blockIdx.x) * 4096)" in at for at in stores)
+    offsets = sorted(int(m.group(1)) if (m := re.search(r" \+ (\d+)\)$", at)) else 0 for at in stores)
+    assert offsets == [0, 1024, 2048, 3072]
