@@ -136,7 +136,12 @@ def _fuller_waves(cfg: TileConfig, i: int, j: int, batch: int, sm_count: int) ->
     ``tile_rule_wave_fill_s65``): it moves 14 groups, 11 faster and 3 slower (1.02-1.09x); kernel
     time 1,035 -> 689 us, geometric mean 0.83x. With today's kernels (the ResNet-50 database
     ``07fbab4388a8`` and RegNet-Y's ``regnet_y_b64_s65_tiles``) 10 of 11 are faster (0.63-0.96x), the
-    eleventh 1.02x. Not yet timed end to end."""
+    eleventh 1.02x. Those searches timed no three-buffer tile; :func:`tile_for` leaves a 128 x 128
+    tile that takes three cp.async buffers (K >= 1024, unpadded input) alone: the H100 tile survey
+    (``tile_survey_h100``) found 128 rows fastest in 3 of ConvNeXt-T's 4 such groups, and end to end
+    on one H100 (``zoo_gpu_wave_fill_{on,off}_{a,b}_s66``, untuned, batch 64) the rule applied to them
+    too took ConvNeXt-T from 19,807 to 19,270 img/s (-2.7 %) while ResNet-50 went 29,490 -> 29,642
+    (+0.5 %) and RegNet-Y-800MF 46,738 -> 47,358 (+1.3 %)."""
     fill = _wave_fill(cfg, i, j, batch, sm_count)
     half = replace(cfg, frags_i=cfg.frags_i // 2)
     return fill < WAVE_FILL_MAX and _wave_fill(half, i, j, batch, sm_count) >= fill + WAVE_FILL_GAIN
@@ -203,22 +208,30 @@ def tile_for(
 
     With ``deep_stages``, ``int8`` GEMMs shallower than :data:`SHALLOW_K` and at least
     :data:`SHALLOW_K_MIN_J` wide that the ladder gives the 128 x 128 tile take 64 x 128; so do those
-    whose 128 x 128 blocks fill the SMs' waves poorly (:func:`_fuller_waves`)."""
+    whose 128 x 128 blocks fill the SMs' waves poorly (:func:`_fuller_waves`) unless that tile runs
+    three cp.async buffers."""
     cfg = _ladder_tile(extents, sm_count, ladder, batch)
     j, k = extents[1], extents[2] if len(extents) > 2 else 1 << 20
+
+    def finish(cfg: TileConfig) -> TileConfig:
+        cfg = replace(cfg, acc_pad=8, weight_vector=16 if weights_along_k else 4)
+        if not int8 and batch > 1 and input_padded and async_copy:
+            cfg = _grouped_fp16_tile(cfg, k)
+        if int8 and sm_count and k >= 256 and cfg.k_frags == 4:
+            if _blocks(cfg, extents[0], extents[1], batch) < sm_count or (deep_stages and k % 128 == 0):
+                cfg = replace(cfg, k_frags=8)
+            if deep_stages and async_copy and cfg.k_frags == 8 and k >= 1024 and not input_padded:
+                cfg = replace(cfg, pipeline="async3")
+        return cfg
+
     if int8 and cfg == _stage_depth(TILE_LADDER[0], k):  # 128 x 128: 64 rows where K is shallow or waves poor
-        shallow = deep_stages and k < SHALLOW_K and j >= SHALLOW_K_MIN_J
-        if shallow or (sm_count and _fuller_waves(cfg, extents[0], j, batch, sm_count)):
-            cfg = replace(cfg, frags_i=cfg.frags_i // 2)
-    cfg = replace(cfg, acc_pad=8, weight_vector=16 if weights_along_k else 4)
-    if not int8 and batch > 1 and input_padded and async_copy:
-        cfg = _grouped_fp16_tile(cfg, k)
-    if int8 and sm_count and k >= 256 and cfg.k_frags == 4:
-        if _blocks(cfg, extents[0], extents[1], batch) < sm_count or (deep_stages and k % 128 == 0):
-            cfg = replace(cfg, k_frags=8)
-        if deep_stages and async_copy and cfg.k_frags == 8 and k >= 1024 and not input_padded:
-            cfg = replace(cfg, pipeline="async3")
-    return cfg
+        half = replace(cfg, frags_i=cfg.frags_i // 2)
+        if deep_stages and k < SHALLOW_K and j >= SHALLOW_K_MIN_J:
+            return finish(half)
+        # not where the 128 x 128 tile runs three cp.async buffers (see _fuller_waves)
+        if sm_count and _fuller_waves(cfg, extents[0], j, batch, sm_count) and finish(cfg).pipeline != "async3":
+            return finish(half)
+    return finish(cfg)
 
 
 def tile_candidates(

@@ -94,9 +94,11 @@ def test_dense_block_concat_loads_vectors(target):
     kernel = kernel_source(target, mod).split("__global__")[-1]
     loads = re.findall(r"\*\(half4\*\)\((x\d+)_ptr", kernel)
     assert sorted(set(loads)) == [f"x{i}" for i in range(len(chans))]
-    assert len(loads) == len(chans)  # one vector load per input, no per-element copies
+    # one vector load per input and vector, no per-element copies: 12 bytes a vector, so a thread
+    # takes four vectors (100,352 vectors: 98 blocks of 256 threads x 4)
+    assert len(loads) == 4 * len(chans)
     assert not re.search(r"x\d+_ptr\[", kernel)  # no scalar reads of the inputs
-    assert re.search(r"\*\(int\*\)\(compute\w*_ptr", kernel)  # 4 int8 stored at once
+    assert len(re.findall(r"\*\(int\*\)\(compute\w*_ptr", kernel)) == 4  # 4 int8 stored at once
 
 
 def test_concat_compute_with_symbolic_extents():
@@ -132,8 +134,8 @@ def test_unroll_splits_only_whole_blocks():
 
 @needs_nvrtc
 def test_unrolled_concat_takes_four_vectors_per_thread(monkeypatch):
-    """With 4 vectors per thread the dense-block kernel still picks each input per vector (half4 loads,
-    int stores) and handles 4 vectors per thread; unroll 1 is the schedule builds use."""
+    """With 4 vectors per thread (the default where a vector moves under 16 bytes) the dense-block kernel
+    still picks each input per vector (half4 loads, int stores); with 1, one vector per thread."""
     from tvm import relax
 
     from inferx_edge.compiler.cuda.rules import vectorized_elementwise
@@ -159,3 +161,30 @@ def test_unrolled_concat_takes_four_vectors_per_thread(monkeypatch):
     assert all("((int)blockIdx.x) * 4096)" in at for at in stores)
     offsets = sorted(int(m.group(1)) if (m := re.search(r" \+ (\d+)\)$", at)) else 0 for at in stores)
     assert offsets == [0, 1024, 2048, 3072]
+
+
+@needs_nvrtc
+def test_vectors_moving_16_bytes_or_more_stay_one_per_thread():
+    """An fp16 add (two 8-byte loads, one 8-byte store a vector) keeps one vector per thread; the same
+    add stored as int8 (20 bytes) too; an fp16 -> int8 quantize (12 bytes) takes four."""
+    from tvm import relax
+
+    def module(out_dtype, inputs):
+        bb = relax.BlockBuilder()
+        xs = [relax.Var(f"x{i}", relax.TensorType([8, 32, 32, 64], "float16")) for i in range(inputs)]
+        with bb.function("main", xs):
+            with bb.dataflow():
+                y = xs[0] if inputs == 1 else relax.op.add(xs[0], xs[1])
+                if out_dtype == "int8":
+                    y = relax.op.clip(relax.op.round(relax.op.astype(y, "float32")), -128, 127)
+                out = bb.emit_output(relax.op.astype(relax.op.nn.relu(y), out_dtype))
+            bb.emit_func_output(out)
+        return bb.get()
+
+    def vector_loads(mod):
+        kernel = kernel_source("h200", mod).split("__global__")[-1]
+        return len(re.findall(r"\*\(uint2\*\)\(x0_ptr|\*\(half4\*\)\(x0_ptr", kernel))
+
+    assert vector_loads(module("float16", 2)) == 1
+    assert vector_loads(module("int8", 2)) == 1
+    assert vector_loads(module("int8", 1)) == 4

@@ -205,7 +205,8 @@ def test_grouped_convolution_fp16_gemms_default_to_wide_predicated_async_loads_a
 
 def test_int8_gemms_whose_128_row_blocks_fill_the_waves_poorly_take_64_rows():
     """175 blocks of 128 x 128 on 132 SMs fill two waves 66 %; 343 of 64 x 128 fill three 87 %:
-    the 64-row tile. Full waves, no SM count, fp16, or too little gain keep 128 x 128."""
+    the 64-row tile. Full waves, no SM count, fp16, too little gain, or a tile with three cp.async
+    buffers keep 128 x 128."""
     from inferx_edge.compiler.cuda import tile_for
 
     deep = {"deep_stages": True, "async_copy": True, "input_padded": False}
@@ -214,14 +215,21 @@ def test_int8_gemms_whose_128_row_blocks_fill_the_waves_poorly_take_64_rows():
         return 16 * t.warps_i * t.frags_i, 16 * t.warps_j * t.frags_j
 
     assert rows(tile_for((3136, 784, 784), 132, **deep)) == (64, 128)  # RegNet-Y, batch 64
-    assert rows(tile_for((12544, 256, 2304), 132, **deep)) == (64, 128)  # ResNet-50 layer 3: 74 % -> 99 %
-    assert tile_for((12544, 256, 2304), 132, **deep).k_frags == 8  # the stage rules still apply
+    padded = {**deep, "input_padded": True}  # a 3x3 convolution's bounds-checked loads
+    assert rows(tile_for((12544, 256, 2304), 132, **padded)) == (64, 128)  # ResNet-50 layer 3: 74 % -> 99 %
+    assert tile_for((12544, 256, 2304), 132, **padded).k_frags == 8  # the stage rules still apply
     assert rows(tile_for((12608, 3072, 768), 132, **deep)) == (128, 128)  # 2,376 blocks: 18 full waves
     assert rows(tile_for((3136, 784, 784), None, **deep)) == (128, 128)
     assert rows(tile_for((3136, 784, 784), 132, int8=False, **deep)) == (128, 128)
     assert rows(tile_for((12544, 1024, 512), 132, **deep)) == (128, 128)  # 784 blocks: 99 %
     # 66 % -> 87 % on 132 SMs, but 175 blocks on 108 SMs fill 81 % and 343 fill 79 %: kept
     assert rows(tile_for((3136, 784, 784), 108, **deep)) == (128, 128)
+    # ConvNeXt-T's 12544 x 384 x 1536 (294 blocks, 74 %): its 128 x 128 tile runs three cp.async
+    # buffers, which the rule leaves alone; with a padded input (two buffers) or K < 1024 it moves
+    convnext = tile_for((12544, 384, 1536), 132, **deep)
+    assert rows(convnext) == (128, 128) and convnext.pipeline == "async3"
+    assert rows(tile_for((12544, 384, 1536), 132, **padded)) == (64, 128)
+    assert rows(tile_for((12544, 384, 768), 132, **deep)) == (64, 128)
 
 
 def test_large_int8_gemms_also_get_8_warp_tiles():
