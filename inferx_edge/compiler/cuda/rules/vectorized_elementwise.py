@@ -13,7 +13,7 @@ _VECTOR = 4
 #: vectors per thread for kernels whose vectors move fewer than :data:`UNROLL_BELOW_BYTES` bytes each
 #: (:func:`vectorized_elementwise_rule`). Measured on H100 (``benchmarks/gpu_elementwise.py``, record
 #: ``gpu_elementwise_unroll_s66``, times of 1 / 2 / 4 vectors per thread): DenseNet-121's concatenation +
-#: BatchNorm + ReLU + int8 quantize at batch 64 (12 bytes a vector: 8 fp16 in, 4 int8 out) 100.2 / 90.9
+#: BatchNorm + ReLU + int8 quantize at batch 64 (12 bytes a vector: 8 of fp16 in, 4 of int8 out) 100.2 / 90.9
 #: / 84.5 us (56x56x224) and 23.8 / 22.6 / 22.2 us (14x14x992), an fp16 -> int8 quantize (12 bytes)
 #: 58.3 / 53.1 / 54.3 us; an fp16 add + ReLU (24 bytes, at the device copy's bandwidth with one vector)
 #: 102.7 / 104.1 / 104.5 us
