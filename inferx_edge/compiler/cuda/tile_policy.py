@@ -224,14 +224,15 @@ def tile_for(
                 cfg = replace(cfg, pipeline="async3")
         return cfg
 
+    finished = finish(cfg)
     if int8 and cfg == _stage_depth(TILE_LADDER[0], k):  # 128 x 128: 64 rows where K is shallow or waves poor
         half = replace(cfg, frags_i=cfg.frags_i // 2)
         if deep_stages and k < SHALLOW_K and j >= SHALLOW_K_MIN_J:
             return finish(half)
         # not where the 128 x 128 tile runs three cp.async buffers (see _fuller_waves)
-        if sm_count and _fuller_waves(cfg, extents[0], j, batch, sm_count) and finish(cfg).pipeline != "async3":
+        if sm_count and finished.pipeline != "async3" and _fuller_waves(cfg, extents[0], j, batch, sm_count):
             return finish(half)
-    return finish(cfg)
+    return finished
 
 
 def tile_candidates(
