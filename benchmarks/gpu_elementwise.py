@@ -1,7 +1,8 @@
 """Bandwidth-bound elementwise kernels (DenseNet's concatenations with BatchNorm, ReLU and the int8
 quantize of the next conv fused in; an fp16 -> int8 quantize; a residual add + ReLU) under the
-vectorized elementwise rule with 1, 2 and 4 vectors per thread, against a device-to-device copy of the
-same bytes, in one process on one GPU.
+vectorized elementwise rule with 1, 2 and 4 vectors per thread (the concatenations also with their
+input runs outermost, ``chunk_major``, and without), against a device-to-device copy of the same bytes,
+in one process on one GPU.
 
     python -m benchmarks.gpu_elementwise [--batch 64] [--unrolls 1,2,4] [--target h200] [--name NAME]
 
@@ -140,13 +141,18 @@ def main() -> None:
         row = {"kernel": name, "batch": args.batch, "bytes moved": moved}
         row["copy us"] = copy_us(in_bytes)
         row["copy GB/s"] = 2 * in_bytes / row["copy us"] / 1e3
-        for u in unrolls:
-            lib = compile_with_rules(func, args.target, [vectorized_elementwise_rule(u), dl.gpu.Fallback()])
+        variants = [(u, False) for u in unrolls]
+        if name.startswith("concat"):
+            variants += [(u, True) for u in unrolls]
+        for u, major in variants:
+            rule = vectorized_elementwise_rule(u, chunk_major=major)
+            lib = compile_with_rules(func, args.target, [rule, dl.gpu.Fallback()])
             err, us = check_and_time(lib, dev, inputs, [output], [ref])
-            row[f"unroll {u} max abs error"], row[f"unroll {u} us"] = err, us
-            row[f"unroll {u} GB/s"] = moved / us / 1e3
-            row[f"unroll {u} / copy bandwidth"] = row[f"unroll {u} GB/s"] / row["copy GB/s"]
-            row[f"unroll {u} speedup vs unroll {unrolls[0]}"] = row[f"unroll {unrolls[0]} us"] / us
+            v = f"unroll {u}" + (" chunk-major" if major else "")
+            row[f"{v} max abs error"], row[f"{v} us"] = err, us
+            row[f"{v} GB/s"] = moved / us / 1e3
+            row[f"{v} / copy bandwidth"] = row[f"{v} GB/s"] / row["copy GB/s"]
+            row[f"{v} speedup vs unroll {unrolls[0]}"] = row[f"unroll {unrolls[0]} us"] / us
         results.append(row)
         print(json.dumps(row), flush=True)
     path = write_gpu_record(args.name or f"gpu_elementwise_{args.target}", {"unrolls": unrolls, "results": results})

@@ -146,7 +146,8 @@ def test_unrolled_concat_takes_four_vectors_per_thread(monkeypatch):
         y = relax.op.nn.relu(relax.op.astype(y, "float32"))
         return relax.op.astype(relax.op.clip(relax.op.round(y), -128, 127), "int8")
 
-    mod = _concat_module([(8, 16, 16, c) for c in chans], 3, "float16", epilogue)  # 8,192 vectors
+    mod = _concat_module([(8, 16, 16, c) for c in chans], 3, "float16", epilogue)  # 131,072 vectors
+    monkeypatch.setattr(vectorized_elementwise, "CHUNK_MAJOR", False)  # vectors in output order
     kernels = {}
     for unroll in (1, 4):
         monkeypatch.setattr(vectorized_elementwise, "UNROLL", unroll)
@@ -161,6 +162,59 @@ def test_unrolled_concat_takes_four_vectors_per_thread(monkeypatch):
     assert all("((int)blockIdx.x) * 4096)" in at for at in stores)
     offsets = sorted(int(m.group(1)) if (m := re.search(r" \+ (\d+)\)$", at)) else 0 for at in stores)
     assert offsets == [0, 1024, 2048, 3072]
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("chans", [[64] + [32] * 6, [96, 32, 64]])
+def test_chunk_major_concat_picks_inputs_per_block(monkeypatch, chans):
+    """By default a concatenation's vectors run input by input (32-channel runs outermost): the test
+    picking the input reads only the block index, each thread still loads 4 channels at once and
+    stores 4 int8. (The values: ``benchmarks/gpu_elementwise.py`` checks the kernels against numpy on a
+    GPU.)"""
+    from tvm import relax
+
+    from inferx_edge.compiler.cuda.rules import vectorized_elementwise
+
+    def epilogue(y):
+        y = relax.op.nn.relu(relax.op.astype(y, "float32"))
+        return relax.op.astype(relax.op.clip(relax.op.round(y), -128, 127), "int8")
+
+    mod = _concat_module([(8, 16, 16, c) for c in chans], 3, "float16", epilogue)
+    kernel = kernel_source("h200", mod).split("__global__")[-1]
+    conditions = re.findall(r"if \((.*)\) \{", kernel)
+    assert len(conditions) == 4 * (len(chans) - 1)  # per input boundary and vector of a thread
+    assert all("threadIdx" not in c and "blockIdx.x" in c for c in conditions)
+    loads = re.findall(r"\*\(half4\*\)\((x\d+)_ptr", kernel)
+    assert sorted(set(loads)) == [f"x{i}" for i in range(len(chans))]
+    assert not re.search(r"x\d+_ptr\[", kernel)
+    assert len(re.findall(r"\*\(int\*\)\(compute\w*_ptr", kernel)) == 4
+    # switched off, the tests read the thread index again (vectors in output order)
+    monkeypatch.setattr(vectorized_elementwise, "CHUNK_MAJOR", False)
+    kernel = kernel_source("h200", mod).split("__global__")[-1]
+    assert any("threadIdx" in c for c in re.findall(r"if \((.*)\) \{", kernel))
+
+
+def test_concat_chunk_is_the_gcd_of_the_boundaries():
+    """The run width: the gcd of the innermost extent and every boundary an ``axis < start`` test names;
+    the extent itself where nothing is tested on that axis (a padding along another axis)."""
+    from tvm import s_tir, te
+
+    from inferx_edge.compiler.cuda.concat import concat_compute
+    from inferx_edge.compiler.cuda.rules.vectorized_elementwise import _concat_chunk
+
+    def chunk(widths, axis=3):
+        shapes = [(2, 4, 4, w) if axis == 3 else (2, w, 4, 8) for w in widths]
+        ts = [te.placeholder(s, "float16", f"x{i}") for i, s in enumerate(shapes)]
+        out = concat_compute(ts, axis)
+        func = te.create_prim_func([*ts, out])
+        sch = s_tir.Schedule(func)
+        block = sch.get(sch.get_sblock(out.op.name))
+        return _concat_chunk(block, int(out.shape[-1]))
+
+    assert chunk([64] + [32] * 5) == 32
+    assert chunk([96, 32, 64]) == 32
+    assert chunk([12, 8]) == 4
+    assert chunk([16, 16], axis=1) == 8  # concatenated along another axis: the whole last axis
 
 
 @needs_nvrtc

@@ -20,6 +20,13 @@ _VECTOR = 4
 UNROLL = 4
 UNROLL_BELOW_BYTES = 16
 
+#: a kernel picking between inputs along its innermost axis (a concatenation) walks that axis in runs
+#: no input boundary splits, the runs outermost (:func:`_concat_chunk`), so a warp's vectors come from
+#: one input and a pixel's run is written in one piece; only where a run holds at least
+#: :data:`CHUNK_MIN_BYTES` of the narrowest dtype the kernel touches (a whole 32-byte sector)
+CHUNK_MAJOR = True
+CHUNK_MIN_BYTES = 32
+
 
 def _unroll_for(extent: int, unroll: int) -> int:
     """The largest power of two <= ``unroll`` such that ``extent`` (vectors) splits into whole blocks of
@@ -50,7 +57,38 @@ def _bytes_per_element(block, total: int) -> float:
     return moved / total
 
 
-def vectorized_elementwise_rule(unroll: int | None = None):
+def _concat_chunk(block, extent: int) -> int:
+    """The widest run of the innermost axis that no ``axis < start`` test in ``block``'s body splits:
+    the gcd of ``extent`` and every ``start`` (DenseNet's concatenations of a 64-channel and five
+    32-channel inputs: 32). ``extent`` where no such test exists."""
+    from math import gcd
+
+    from tvm import tirx
+
+    var = block.iter_vars[-1].var
+    chunk = extent
+    stack = [block.body]
+    while stack:  # every sub-expression of the body
+        node = stack.pop()
+        if isinstance(node, tirx.LT) and node.a.same_as(var) and isinstance(node.b, tirx.IntImm):
+            chunk = gcd(chunk, int(node.b.value))
+        for field in ("a", "b", "value", "condition", "true_value", "false_value"):
+            child = getattr(node, field, None)
+            if child is not None and not isinstance(child, (int, float, str)):
+                stack.append(child)
+        for field in ("args", "indices"):
+            stack.extend(getattr(node, field, None) or [])
+    return chunk
+
+
+def _min_element_bytes(block) -> int:
+    """Bytes of the narrowest dtype among the buffers ``block`` reads and writes."""
+    from tvm import DataType
+
+    return min(DataType(str(r.source.dtype)).bits // 8 or 1 for r in [*block.reads, *block.writes])
+
+
+def vectorized_elementwise_rule(unroll: int | None = None, chunk_major: bool | None = None):
     """A dlight rule for large elementwise kernels (int8 quantize, casts, layout changes): each thread
     handles 4 consecutive elements of the innermost axis (16-byte fp32 loads, 4-byte int8 stores).
     dlight's fallback gives one element per thread, far below the memory bandwidth for such kernels.
@@ -59,7 +97,12 @@ def vectorized_elementwise_rule(unroll: int | None = None):
     vectors (each run read by the block's warps in order, the loads of all runs independent, so more
     bytes are in flight per thread); fewer where the extent does not split. By default
     :data:`UNROLL` where a vector moves fewer than :data:`UNROLL_BELOW_BYTES` bytes (an fp16 -> int8
-    kernel: 12), else one."""
+    kernel: 12), else one.
+
+    ``chunk_major``: in a kernel picking between inputs along the innermost axis, take the runs of that
+    axis between input boundaries outermost (default :data:`CHUNK_MAJOR`): the vectors of one input are
+    then consecutive, so the test picking the input holds for whole warps (a thread block, mostly)
+    instead of diverging inside each warp, and each input is read as one stream."""
     if unroll is not None and unroll < 1:
         raise ValueError(f"unroll must be >= 1 (got {unroll})")
 
@@ -87,8 +130,19 @@ def vectorized_elementwise_rule(unroll: int | None = None):
                 # lanes, so its index stays ``4 * io + lane`` and a test on it (``< start``, a multiple
                 # of 4) holds for the whole vector
                 *outer, inner = sch.get_loops(block)
-                io, vec = sch.split(inner, factors=[None, _VECTOR])
-                vectors = sch.fuse(*outer, io)
+                chunk = _concat_chunk(sch.get(block), extents[-1])
+                major = CHUNK_MAJOR if chunk_major is None else chunk_major
+                wide = chunk * _min_element_bytes(sch.get(block)) >= CHUNK_MIN_BYTES
+                if major and wide and outer and chunk < extents[-1] and chunk % _VECTOR == 0:
+                    # (run, pixel, vector in run): ``run * chunk + 4 * io + lane < start`` holds for
+                    # whole runs, so the test reads ``run < start / chunk``
+                    cj, cr = sch.split(inner, factors=[None, chunk])
+                    io, vec = sch.split(cr, factors=[None, _VECTOR])
+                    sch.reorder(cj, *outer)
+                    vectors = sch.fuse(cj, *outer, io)
+                else:
+                    io, vec = sch.split(inner, factors=[None, _VECTOR])
+                    vectors = sch.fuse(*outer, io)
             else:  # the flat index: the fewest index computations
                 vectors, vec = sch.split(sch.fuse(*sch.get_loops(block)), factors=[None, _VECTOR])
             per_thread = unroll
