@@ -167,7 +167,7 @@ def test_unrolled_concat_takes_four_vectors_per_thread(monkeypatch):
 @needs_nvrtc
 @pytest.mark.parametrize("chans", [[64] + [32] * 6, [96, 32, 64]])
 def test_chunk_major_concat_picks_inputs_per_block(monkeypatch, chans):
-    """By default a concatenation's vectors run input by input (32-channel runs outermost): the test
+    """With ``CHUNK_MAJOR`` a concatenation's vectors run input by input (32-channel runs outermost): the test
     picking the input reads only the block index, each thread still loads 4 channels at once and
     stores 4 int8. (The values: ``benchmarks/gpu_elementwise.py`` checks the kernels against numpy on a
     GPU.)"""
@@ -180,6 +180,7 @@ def test_chunk_major_concat_picks_inputs_per_block(monkeypatch, chans):
         return relax.op.astype(relax.op.clip(relax.op.round(y), -128, 127), "int8")
 
     mod = _concat_module([(8, 16, 16, c) for c in chans], 3, "float16", epilogue)
+    monkeypatch.setattr(vectorized_elementwise, "CHUNK_MAJOR", True)
     kernel = kernel_source("h200", mod).split("__global__")[-1]
     conditions = re.findall(r"if \((.*)\) \{", kernel)
     assert len(conditions) == 4 * (len(chans) - 1)  # per input boundary and vector of a thread

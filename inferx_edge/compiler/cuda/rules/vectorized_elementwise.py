@@ -23,8 +23,10 @@ UNROLL_BELOW_BYTES = 16
 #: a kernel picking between inputs along its innermost axis (a concatenation) walks that axis in runs
 #: no input boundary splits, the runs outermost (:func:`_concat_chunk`), so a warp's vectors come from
 #: one input and a pixel's run is written in one piece; only where a run holds at least
-#: :data:`CHUNK_MIN_BYTES` of the narrowest dtype the kernel touches (a whole 32-byte sector)
-CHUNK_MAJOR = True
+#: :data:`CHUNK_MIN_BYTES` of the narrowest dtype the kernel touches (a whole 32-byte sector). Off by
+#: default until timed: ``python -m benchmarks.gpu_elementwise`` times both orders per kernel; DenseNet-121
+#: end to end is the A/B to run (``docs/zoo.md``, "Concatenation runs outermost")
+CHUNK_MAJOR = False
 CHUNK_MIN_BYTES = 32
 
 
