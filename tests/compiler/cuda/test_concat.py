@@ -197,7 +197,7 @@ def test_chunk_major_concat_picks_inputs_per_block(monkeypatch, chans):
 
 def test_concat_chunk_is_the_gcd_of_the_boundaries():
     """The run width: the gcd of the innermost extent and every boundary an ``axis < start`` test names;
-    the extent itself where nothing is tested on that axis (a padding along another axis)."""
+    the extent itself where nothing is tested on that axis (a concatenation along another axis)."""
     from tvm import s_tir, te
 
     from inferx_edge.compiler.cuda.concat import concat_compute

@@ -38,24 +38,33 @@ def _unroll_for(extent: int, unroll: int) -> int:
     return max(unroll, 1)
 
 
+def _buffers(block) -> list:
+    """The buffers ``block`` reads and writes, each once."""
+    seen = []
+    for region in [*block.reads, *block.writes]:
+        if not any(region.source.same_as(b) for b in seen):
+            seen.append(region.source)
+    return seen
+
+
+def _element_bytes(buf) -> int:
+    from tvm import DataType
+
+    return DataType(str(buf.dtype)).bits // 8
+
+
 def _bytes_per_element(block, total: int) -> float:
     """Bytes a kernel of ``total`` output elements reads and writes per element: each buffer ``block``
     touches counted whole, so a concatenation's inputs add up to one read per element and a per-channel
     parameter adds next to nothing; infinite where a buffer's shape is symbolic."""
-    from tvm import DataType
-
-    seen, moved = [], 0
-    for region in [*block.reads, *block.writes]:
-        buf = region.source
-        if any(buf.same_as(b) for b in seen):
-            continue
-        seen.append(buf)
+    moved = 0
+    for buf in _buffers(block):
         numel = 1
         for extent in buf.shape:
             if not isinstance(extent, int) and not hasattr(extent, "value"):
                 return float("inf")  # a symbolic extent: not counted as small
             numel *= int(extent)
-        moved += numel * DataType(str(buf.dtype)).bits // 8
+        moved += numel * _element_bytes(buf)
     return moved / total
 
 
@@ -85,9 +94,7 @@ def _concat_chunk(block, extent: int) -> int:
 
 def _min_element_bytes(block) -> int:
     """Bytes of the narrowest dtype among the buffers ``block`` reads and writes."""
-    from tvm import DataType
-
-    return min(DataType(str(r.source.dtype)).bits // 8 or 1 for r in [*block.reads, *block.writes])
+    return min(_element_bytes(buf) or 1 for buf in _buffers(block))
 
 
 def vectorized_elementwise_rule(unroll: int | None = None, chunk_major: bool | None = None):
@@ -132,10 +139,10 @@ def vectorized_elementwise_rule(unroll: int | None = None, chunk_major: bool | N
                 # lanes, so its index stays ``4 * io + lane`` and a test on it (``< start``, a multiple
                 # of 4) holds for the whole vector
                 *outer, inner = sch.get_loops(block)
-                chunk = _concat_chunk(sch.get(block), extents[-1])
                 major = CHUNK_MAJOR if chunk_major is None else chunk_major
-                wide = chunk * _min_element_bytes(sch.get(block)) >= CHUNK_MIN_BYTES
-                if major and wide and outer and chunk < extents[-1] and chunk % _VECTOR == 0:
+                chunk = _concat_chunk(sch.get(block), extents[-1]) if major and outer else extents[-1]
+                wide = chunk < extents[-1] and chunk * _min_element_bytes(sch.get(block)) >= CHUNK_MIN_BYTES
+                if wide and chunk % _VECTOR == 0:
                     # (run, pixel, vector in run): ``run * chunk + 4 * io + lane < start`` holds for
                     # whole runs, so the test reads ``run < start / chunk``
                     cj, cr = sch.split(inner, factors=[None, chunk])
