@@ -141,12 +141,23 @@ def tiny_llama(tmp_path_factory):
     return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
-@pytest.fixture(scope="session")
-def tiny_llm_artifact(tiny_llama, tmp_path_factory):
-    """``tiny_llama`` built for this CPU: variants fp32, q4, q4_1, int8."""
+def _tiny_llm_build(tiny_llama, tmp_path_factory, precisions) -> Path:
     from inferx_edge.llm.build import LLMBuildOptions, build_llm_artifact
 
     out = tmp_path_factory.mktemp("llm-art") / "tiny.ixa"
-    opts = LLMBuildOptions(model=tiny_llama, target="x86-cpu", output=out, precisions=("fp32", "q4", "q4_1", "int8"))
-    build_llm_artifact(opts, log=lambda s: None)
+    build_llm_artifact(LLMBuildOptions(model=tiny_llama, target="x86-cpu", output=out, precisions=precisions), log=lambda s: None)  # fmt: skip
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_llm_fp32_artifact(tiny_llama, tmp_path_factory):
+    """``tiny_llama`` built for this CPU, variant fp32 (about 8 s on a 2-core host; each xdist worker
+    that needs it builds its own)."""
+    return _tiny_llm_build(tiny_llama, tmp_path_factory, ("fp32",))
+
+
+@pytest.fixture(scope="session")
+def tiny_llm_quantized_artifact(tiny_llama, tmp_path_factory):
+    """``tiny_llama`` built for this CPU, variants int8, q4 and q4_1 in one artifact (about 35 s; one
+    test uses it, so one worker builds it)."""
+    return _tiny_llm_build(tiny_llama, tmp_path_factory, ("int8", "q4", "q4_1"))

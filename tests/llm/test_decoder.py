@@ -21,8 +21,8 @@ def tiny(tiny_llama):
 
 
 @pytest.fixture(scope="module")
-def artifact(tiny_llm_artifact):
-    return tiny_llm_artifact
+def artifact(tiny_llm_fp32_artifact):
+    return tiny_llm_fp32_artifact
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +231,7 @@ def test_float_int4_kernels_compute_their_dequantized_model(tiny, reference, tmp
         np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max())
 
 
-def test_quantized_variants_compute_their_dequantized_model(artifact, reference):
+def test_quantized_variants_compute_their_dequantized_model(tiny_llm_quantized_artifact, reference):
     """int8/q4 kernels compute exactly the model with the dequantized weights: the kernels are right."""
     from inferx_edge.runtime.llm import LLMEngine
 
@@ -239,7 +239,7 @@ def test_quantized_variants_compute_their_dequantized_model(artifact, reference)
     ref = _ref_logits(reference, ids)
     for variant in ("int8", "q4", "q4_1"):
         twin = _dequantized_twin(reference, variant)
-        with LLMEngine(artifact, variant=variant) as e:
+        with LLMEngine(tiny_llm_quantized_artifact, variant=variant) as e:
             e.add_sequence(1)
             got = e.prefill([1], [ids], all_logits=True)
         if e.manifest.variant(variant).extra["llm"]["int4_activations"] == "int8":

@@ -19,11 +19,11 @@ pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llm_artifact):
+def server(tiny_llm_fp32_artifact):
     from inferx_edge.serve.llm_server import LLMServer
 
     srv = LLMServer(
-        tiny_llm_artifact,
+        tiny_llm_fp32_artifact,
         port=0,
         variant="fp32",
         max_sequences=2,
@@ -40,13 +40,13 @@ def server(tiny_llm_artifact):
 
 
 @pytest.fixture(scope="module")
-def expected(tiny_llm_artifact):
+def expected(tiny_llm_fp32_artifact):
     """Greedy continuations computed without the server."""
     from inferx_edge.runtime.llm import LLMEngine
     from inferx_edge.runtime.llm_scheduler import SamplingParams, generate
 
     def run(prompts, max_tokens):
-        with LLMEngine(tiny_llm_artifact, variant="fp32") as e:
+        with LLMEngine(tiny_llm_fp32_artifact, variant="fp32") as e:
             outs = generate(e, [e.encode(p) for p in prompts], SamplingParams(max_tokens=max_tokens, temperature=0))
             return [e.tokenizer.decode(o) for o in outs]
 
