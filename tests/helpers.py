@@ -115,6 +115,20 @@ def cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subproc
     )
 
 
+def cli_in_process(*args, capsys) -> tuple[int, str]:
+    """``python -m inferx_edge ARGS`` run in this process (``main``): (exit code, stderr). For error
+    paths that end before any real work: a subprocess spends 5-9 s importing TVM first. Tests of what a
+    separate process does (signals, exit on a traceback) use :func:`cli`."""
+    from inferx_edge.__main__ import main
+
+    capsys.readouterr()
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

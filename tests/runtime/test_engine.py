@@ -13,7 +13,7 @@ import pytest
 from inferx_edge.errors import InputError, TargetMismatchError
 from inferx_edge.package import open_artifact, read_manifest, write_artifact
 from inferx_edge.runtime import Engine
-from tests.helpers import REPO, build_quietly, cli, retarget_artifact
+from tests.helpers import REPO, build_quietly, cli, cli_in_process, retarget_artifact
 
 
 def _image(batch=1, dtype=np.float32):
@@ -156,7 +156,7 @@ def test_cpu_threads_default_to_physical_cores_unless_the_user_chose(monkeypatch
     assert "OMP_NUM_THREADS=5" in set_default_cpu_threads() and "TVM_NUM_THREADS" not in os.environ
 
 
-def test_nonfinite_inputs_are_refused_unless_allowed(default_artifact, tmp_path):
+def test_nonfinite_inputs_are_refused_unless_allowed(default_artifact, tmp_path, capsys):
     x = np.zeros((1, 1, 28, 28), np.float32)
     x[0, 0, :2, :3] = np.nan
     x[0, 0, 5, 5] = np.inf
@@ -166,13 +166,13 @@ def test_nonfinite_inputs_are_refused_unless_allowed(default_artifact, tmp_path)
     with Engine(default_artifact, allow_nonfinite=True) as engine:
         engine.run(x)
     np.save(tmp_path / "nan.npy", x)
-    r = cli("run", default_artifact, "--input", tmp_path / "nan.npy", "--repeat", "0")
-    assert r.returncode == 6 and "7 NaN/Inf" in r.stderr
-    r = cli("run", default_artifact, "--input", tmp_path / "nan.npy", "--repeat", "0", "--allow-nonfinite")
-    assert r.returncode == 0, r.stderr
+    code, err = cli_in_process("run", default_artifact, "--input", tmp_path / "nan.npy", "--repeat", "0", capsys=capsys)
+    assert code == 6 and "7 NaN/Inf" in err
+    code, err = cli_in_process("run", default_artifact, "--input", tmp_path / "nan.npy", "--repeat", "0", "--allow-nonfinite", capsys=capsys)  # fmt: skip
+    assert code == 0, err
 
 
-def test_bad_run_arguments_and_input_files(default_artifact, tmp_path):
+def test_bad_run_arguments_and_input_files(default_artifact, tmp_path, capsys):
     x = tmp_path / "x.npy"
     np.save(x, np.zeros((1, 1, 28, 28), np.float32))
     (tmp_path / "empty.npy").write_bytes(b"")
@@ -183,9 +183,9 @@ def test_bad_run_arguments_and_input_files(default_artifact, tmp_path):
         (["--input", tmp_path / "empty.npy"], 6, "cannot read input file"),
         (["--input", tmp_path / "scalar.npy"], 6, "got scalar"),
     ]
-    for args, code, msg in cases:
-        r = cli("run", default_artifact, *args)
-        assert r.returncode == code and msg in r.stderr, (args, r.stderr)
+    for args, want, msg in cases:
+        code, err = cli_in_process("run", default_artifact, *args, capsys=capsys)
+        assert code == want and msg in err, (args, err)
 
 
 def test_one_engine_shared_by_threads_that_run_and_switch(tmp_path):
