@@ -49,11 +49,13 @@ def test_run_without_input_is_a_smoke_test(default_artifact):
         (["build", "--precision", "int3"], 2, "unknown precision 'int3'; did you mean 'int8'? valid: fp32"),
     ],
 )
-def test_cli_errors(tmp_path, args, code, msg):
-    r = cli(*args, cwd=tmp_path)
-    assert r.returncode == code, r.stderr
-    assert msg in r.stderr
-    assert "Traceback" not in r.stderr
+def test_cli_errors(tmp_path, args, code, msg, monkeypatch, capsys):
+    from tests.helpers import cli_in_process
+
+    monkeypatch.chdir(tmp_path)
+    got, err = cli_in_process(*args, capsys=capsys)
+    assert got == code, err
+    assert msg in err
 
 
 def test_inspect_device_says_what_this_machine_would_load(default_artifact, tmp_path):
