@@ -38,6 +38,7 @@ def test_the_fp16_form_has_the_extra_cast_kernel():
 
 
 @needs_nvrtc
+@pytest.mark.slow  # 17-19 s on a 2-core host (two GPU builds of a benchmark's kernels); run with -m slow
 def test_both_forms_build_for_the_gpu():
     from benchmarks.gpu_depthwise_input import build, residual_depthwise
 
