@@ -56,6 +56,7 @@ def test_cli_errors(tmp_path, args, code, msg, monkeypatch, capsys):
     got, err = cli_in_process(*args, capsys=capsys)
     assert got == code, err
     assert msg in err
+    assert "Traceback" not in err
 
 
 def test_inspect_device_says_what_this_machine_would_load(default_artifact, tmp_path):
