@@ -51,8 +51,8 @@ def import_tvm_runtime():
     """Return the ``tvm`` module, loaded runtime-only unless a full TVM is already in this process."""
     set_default_cpu_threads()
     if "tvm" not in sys.modules:
-        # TVM_USE_RUNTIME_LIB: load libtvm_runtime.so only. TVM_FFI_DISABLE_TORCH_C_DLPACK: tvm_ffi would
-        # otherwise import torch when installed (seconds of start-up, and it may try to build an extension).
+        # TVM_USE_RUNTIME_LIB: load libtvm_runtime.so only. TVM_FFI_DISABLE_TORCH_C_DLPACK: no torch DLPack
+        # extension (tvm_ffi builds one on first use where torch is loaded; _tvm_ffi_import keeps torch out).
         settings = {"TVM_USE_RUNTIME_LIB": "1", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1"}
         previous = {k: os.environ.get(k) for k in settings}
         os.environ.update(settings)
