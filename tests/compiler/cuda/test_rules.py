@@ -75,33 +75,30 @@ def _depthwise(n, hw, c, k, stride, out_dtype="float32", group_width=1):
     return _fused_kernel(bb.get(), "")
 
 
-@pytest.mark.parametrize(
-    "shape, out_dtype, pixels",
-    [
-        ((8, 56, 96, 7, 1), "float32", 7),  # ConvNeXt's 7x7: a row of 13 columns serves 7 pixels
-        ((64, 14, 384, 7, 1), "float32", 7),  # W = 14: 7 divides it
-        (
-            (16, 14, 384, 7, 1),
-            "float32",
-            2,
-        ),  # ... at batch 16 7 pixels would leave too few threads; 4 does not divide W
-        ((8, 7, 768, 7, 1), "float32", 1),  # W = 7: a whole row would leave too few threads at batch 8
-        ((64, 7, 768, 7, 1), "float32", 7),  # ... at batch 64 a thread takes the whole 7-pixel row
-        ((8, 56, 128, 3, 1, "int8", 4), None, 7),  # ResNeXt's 4-channel groups (36 elements: wide), int8 out
-        ((8, 56, 144, 3, 1), "float32", 2),  # 3x3 with fp32 out: capped at 2
-        ((16, 56, 144, 3, 2), "int8", 4),  # 3x3 with int8 out, stride 2
-        ((8, 56, 144, 3, 2), "int8", 2),  # ... at batch 8 4 pixels would leave too few threads
-        ((1, 28, 64, 5, 1), "float32", 1),
-    ],
-)
-def test_small_reductions_take_pixels_along_w_and_match_the_unscheduled_kernel(shape, out_dtype, pixels):
-    """The pixels along W per thread follow the window, the output width, W's divisors and the thread
-    count; run serially on the CPU, the schedule gives the unscheduled kernel's outputs exactly."""
-    from benchmarks.gpu_small_reduction import pixels_taken
+#: (shape, out dtype, pixels along W taken); the heavy ones' CPU check of the schedule is a slow test
+_SMALL_REDUCTIONS = [
+    ((8, 56, 96, 7, 1), "float32", 7, "heavy"),  # ConvNeXt's 7x7: a row of 13 columns serves 7 pixels
+    ((64, 14, 384, 7, 1), "float32", 7, "heavy"),  # W = 14: 7 divides it
+    (
+        (16, 14, 384, 7, 1),
+        "float32",
+        2,
+        "",
+    ),  # ... at batch 16 7 pixels would leave too few threads; 4 does not divide W
+    ((8, 7, 768, 7, 1), "float32", 1, ""),  # W = 7: a whole row would leave too few threads at batch 8
+    ((64, 7, 768, 7, 1), "float32", 7, "heavy"),  # ... at batch 64 a thread takes the whole 7-pixel row
+    ((8, 56, 128, 3, 1, "int8", 4), None, 7, "heavy"),  # ResNeXt's 4-channel groups (36 elements: wide), int8 out
+    ((8, 56, 144, 3, 1), "float32", 2, ""),  # 3x3 with fp32 out: capped at 2
+    ((16, 56, 144, 3, 2), "int8", 4, ""),  # 3x3 with int8 out, stride 2
+    ((8, 56, 144, 3, 2), "int8", 2, ""),  # ... at batch 8 4 pixels would leave too few threads
+    ((1, 28, 64, 5, 1), "float32", 1, ""),
+]
+
+
+def _small_reduction(shape, out_dtype):
+    """The kernel and its schedule for h200."""
     from inferx_edge.compiler.compile import resolve_tvm_target
-    from inferx_edge.compiler.cuda import SMALL_REDUCTION_CHANNELS, channel_vectorized_reduction
-    from inferx_edge.compiler.cuda.rules.small_reduction import SMALL_REDUCTION_PIXELS, WIDE_WINDOW_PIXELS
-    from inferx_edge.compiler.schedule_check import check_kernel
+    from inferx_edge.compiler.cuda import channel_vectorized_reduction
     from inferx_edge.targets import get_target
 
     if out_dtype is None:  # grouped: (n, hw, c, k, stride, out dtype, group width)
@@ -110,12 +107,36 @@ def test_small_reductions_take_pixels_along_w_and_match_the_unscheduled_kernel(s
         group_width = 1
     n, hw, c, k, stride = shape
     func = _depthwise(n, hw, c, k, stride, out_dtype, group_width)
-    target = resolve_tvm_target(get_target("h200"))
-    with target:
+    with resolve_tvm_target(get_target("h200")) as target:
         sch = channel_vectorized_reduction(func, target)
-    taken = pixels_taken(func, "h200", SMALL_REDUCTION_CHANNELS, SMALL_REDUCTION_PIXELS, WIDE_WINDOW_PIXELS)
-    assert taken == pixels
     assert sch is not None
+    return func, sch
+
+
+@pytest.mark.parametrize("shape, out_dtype, pixels", [case[:3] for case in _SMALL_REDUCTIONS])
+def test_small_reductions_take_pixels_along_w(shape, out_dtype, pixels):
+    """The pixels along W per thread follow the window, the output width, W's divisors and the thread
+    count."""
+    from benchmarks.gpu_small_reduction import pixels_taken
+    from inferx_edge.compiler.cuda import SMALL_REDUCTION_CHANNELS
+    from inferx_edge.compiler.cuda.rules.small_reduction import SMALL_REDUCTION_PIXELS, WIDE_WINDOW_PIXELS
+
+    func, _ = _small_reduction(shape, out_dtype)
+    assert pixels_taken(func, "h200", SMALL_REDUCTION_CHANNELS, SMALL_REDUCTION_PIXELS, WIDE_WINDOW_PIXELS) == pixels
+
+
+@pytest.mark.parametrize(
+    "shape, out_dtype",
+    [
+        pytest.param(shape, dtype, marks=[pytest.mark.slow] if heavy else [])  # 7-16 s each on a 2-core host
+        for shape, dtype, _, heavy in _SMALL_REDUCTIONS
+    ],
+)
+def test_small_reduction_schedules_match_the_unscheduled_kernel(shape, out_dtype):
+    """Run serially on the CPU, the schedule gives the unscheduled kernel's outputs exactly."""
+    from inferx_edge.compiler.schedule_check import check_kernel
+
+    func, sch = _small_reduction(shape, out_dtype)
     assert check_kernel(func, sch.mod["main"]) == 0.0
 
 
