@@ -8,9 +8,11 @@ modules execute, this hook makes ``import torch`` fail as if torch were missing;
 "no torch" and go on. Torch imports normally afterwards.
 
 What TVM then lacks is its torch fast paths (``torch.dtype`` arguments to FFI calls, the DLPack C
-exchange API); tensors still cross through the standard ``__dlpack__`` protocol. Where torch is already
-imported when TVM loads (the torch frontend imports it first), nothing changes.
-``INFERX_TVM_FFI_TORCH=1`` switches the hook off.
+exchange API); tensors still cross through the standard ``__dlpack__`` protocol, and the torch.export
+frontend works the same (``tests/test_tvm_ffi_import.py``). Where torch is already imported when TVM
+loads, nothing changes. A thread that imports torch for the first time at the very moment another one
+loads TVM would get the ImportError too; ``INFERX_TVM_FFI_TORCH=1`` switches the hook off. In a
+runtime-only process (no ``tvm.relax``) the finder stays on ``sys.meta_path``, answering None.
 """
 
 from __future__ import annotations
