@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.helpers import cli
+from tests.helpers import cli, cli_in_process
 
 
 def test_help_lists_every_command():
@@ -50,8 +50,6 @@ def test_run_without_input_is_a_smoke_test(default_artifact):
     ],
 )
 def test_cli_errors(tmp_path, args, code, msg, monkeypatch, capsys):
-    from tests.helpers import cli_in_process
-
     monkeypatch.chdir(tmp_path)
     got, err = cli_in_process(*args, capsys=capsys)
     assert got == code, err

@@ -75,23 +75,20 @@ def _depthwise(n, hw, c, k, stride, out_dtype="float32", group_width=1):
     return _fused_kernel(bb.get(), "")
 
 
-#: (shape, out dtype, pixels along W taken); the heavy ones' CPU check of the schedule is a slow test
+#: (shape, out dtype, pixels along W taken, heavy: the CPU check of its schedule takes 7-16 s on a 2-core
+#: host and is a slow test)
 _SMALL_REDUCTIONS = [
-    ((8, 56, 96, 7, 1), "float32", 7, "heavy"),  # ConvNeXt's 7x7: a row of 13 columns serves 7 pixels
-    ((64, 14, 384, 7, 1), "float32", 7, "heavy"),  # W = 14: 7 divides it
-    (
-        (16, 14, 384, 7, 1),
-        "float32",
-        2,
-        "",
-    ),  # ... at batch 16 7 pixels would leave too few threads; 4 does not divide W
-    ((8, 7, 768, 7, 1), "float32", 1, ""),  # W = 7: a whole row would leave too few threads at batch 8
-    ((64, 7, 768, 7, 1), "float32", 7, "heavy"),  # ... at batch 64 a thread takes the whole 7-pixel row
-    ((8, 56, 128, 3, 1, "int8", 4), None, 7, "heavy"),  # ResNeXt's 4-channel groups (36 elements: wide), int8 out
-    ((8, 56, 144, 3, 1), "float32", 2, ""),  # 3x3 with fp32 out: capped at 2
-    ((16, 56, 144, 3, 2), "int8", 4, ""),  # 3x3 with int8 out, stride 2
-    ((8, 56, 144, 3, 2), "int8", 2, ""),  # ... at batch 8 4 pixels would leave too few threads
-    ((1, 28, 64, 5, 1), "float32", 1, ""),
+    ((8, 56, 96, 7, 1), "float32", 7, True),  # ConvNeXt's 7x7: a row of 13 columns serves 7 pixels
+    ((64, 14, 384, 7, 1), "float32", 7, True),  # W = 14: 7 divides it
+    # ... at batch 16 7 pixels would leave too few threads; 4 does not divide W
+    ((16, 14, 384, 7, 1), "float32", 2, False),
+    ((8, 7, 768, 7, 1), "float32", 1, False),  # W = 7: a whole row would leave too few threads at batch 8
+    ((64, 7, 768, 7, 1), "float32", 7, True),  # ... at batch 64 a thread takes the whole 7-pixel row
+    ((8, 56, 128, 3, 1, "int8", 4), None, 7, True),  # ResNeXt's 4-channel groups (36 elements: wide), int8 out
+    ((8, 56, 144, 3, 1), "float32", 2, False),  # 3x3 with fp32 out: capped at 2
+    ((16, 56, 144, 3, 2), "int8", 4, False),  # 3x3 with int8 out, stride 2
+    ((8, 56, 144, 3, 2), "int8", 2, False),  # ... at batch 8 4 pixels would leave too few threads
+    ((1, 28, 64, 5, 1), "float32", 1, False),
 ]
 
 
@@ -128,7 +125,7 @@ def test_small_reductions_take_pixels_along_w(shape, out_dtype, pixels):
 @pytest.mark.parametrize(
     "shape, out_dtype",
     [
-        pytest.param(shape, dtype, marks=[pytest.mark.slow] if heavy else [])  # 7-16 s each on a 2-core host
+        pytest.param(shape, dtype, marks=[pytest.mark.slow] if heavy else [])
         for shape, dtype, _, heavy in _SMALL_REDUCTIONS
     ],
 )
