@@ -1,5 +1,6 @@
 """fp16 small-reduction kernels of networks (depthwise convolutions, grouped convolutions, pools): up to
-8, 7, 4, 2 and 1 pixels x 8 channels per thread against one output per thread, in one process on one GPU.
+8, 7, 4, 2 and 1 pixels x 8 channels per thread against one output per thread, and thread blocks of
+several output rows against blocks along W, in one process on one GPU.
 
     python -m benchmarks.gpu_small_reduction [--models mobilenet_v2,convnext_tiny] [--batches 64,1]
         [--precision int8] [--variants "7 pixels x 8 channels,4 pixels x 8 channels"] [--sums fp16,fp32]
@@ -26,9 +27,13 @@ import numpy as np
 from benchmarks._kernels import DEPTHWISE_SUMS, depthwise_sums
 from benchmarks._record import gpu_driver, versions, write_record
 
-#: variant: (channels, pixels along W[, pixels for wide windows]) per thread, the most a kernel may take
+#: variant: (channels, pixels along W[, pixels for wide windows[, output rows per thread block]]) per
+#: thread, the most a kernel may take (rows: ``block_rows``' aim; default the build's, 1: blocks along W)
 VARIANTS = {
     "as built: 4 pixels or 7 for wide windows": (8, 4, 7),
+    "as built with blocks along W only": (8, 4, 7, 1),
+    "as built with blocks of about 8 rows": (8, 4, 7, 8),
+    "as built with blocks of about 2 rows": (8, 4, 7, 2),
     "8 pixels x 8 channels": (8, 8),
     "7 pixels x 8 channels": (8, 7),
     "4 pixels x 8 channels": (8, 4),
@@ -97,19 +102,27 @@ def random_args(func, seed: int = 0) -> list[np.ndarray]:
     return out
 
 
-def compile_kernel(func, target: str, channels: int, pixels: int, wide_pixels: int | None = None):
+def compile_kernel(
+    func, target: str, channels: int, pixels: int, wide_pixels: int | None = None, rows: int | None = None
+):
     from tvm.s_tir import dlight as dl
 
     from benchmarks._kernels import compile_with_rules
     from inferx_edge.compiler.cuda import small_reduction_rule
+    from inferx_edge.compiler.cuda.rules.small_reduction import BLOCK_ROWS
 
-    rule = small_reduction_rule(channels, pixels=pixels, wide_pixels=wide_pixels or pixels)
+    rule = small_reduction_rule(
+        channels, pixels=pixels, wide_pixels=wide_pixels or pixels, rows=BLOCK_ROWS if rows is None else rows
+    )
     return compile_with_rules(func, target, [rule, dl.gpu.Fallback()])
 
 
-def pixels_taken(func, target: str, channels: int, pixels: int, wide_pixels: int | None = None) -> int:
+def pixels_taken(
+    func, target: str, channels: int, pixels: int, wide_pixels: int | None = None, rows: int | None = None
+) -> int:
     """The pixels along W per thread the channel-vectorized schedule gives ``func`` (1 when it declines)
-    with ``pixels`` and ``wide_pixels`` (default: ``pixels``, as :func:`compile_kernel` compiles)."""
+    with ``pixels`` and ``wide_pixels`` (default: ``pixels``, as :func:`compile_kernel` compiles);
+    ``rows`` is ignored (see :func:`rows_taken`)."""
     import tvm
     from tvm.s_tir import Schedule
     from tvm.s_tir.dlight.analysis import normalize_prim_func
@@ -136,6 +149,34 @@ def pixels_taken(func, target: str, channels: int, pixels: int, wide_pixels: int
     return row_pixels(block, reds[0].iters, per_thread, pixels, bits, wide_pixels=wide_pixels or pixels)
 
 
+def rows_taken(func, target: str, channels: int, *_, rows: int | None = None) -> int:
+    """The output rows per thread block the channel-vectorized schedule gives ``func`` with ``channels``
+    and ``rows`` (default: the build's :data:`BLOCK_ROWS`); 1 when it declines or takes none."""
+    from tvm.s_tir import Schedule
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.cuda.rules.small_reduction import (
+        BLOCK_ROWS,
+        FP32_SMALL_REDUCTION_CHANNELS,
+        block_rows,
+        thread_channels,
+    )
+    from inferx_edge.targets import get_target
+
+    with resolve_tvm_target(get_target(target)):
+        sch = Schedule(func)
+        infos = normalize_prim_func(sch)
+    reds = [b for b in infos or [] if "R" in b.dom_kind()]
+    if len(reds) != 1:
+        return 1
+    block = sch.get(reds[0].block_rv)
+    per_thread = thread_channels(block, channels, FP32_SMALL_REDUCTION_CHANNELS)
+    if not per_thread or per_thread == 1:
+        return 1
+    return block_rows(block, reds[0].iters, per_thread, BLOCK_ROWS if rows is None else rows)
+
+
 def time_variants(model_name: str, name: str, func, batch: int, target: str, dev, variants=VARIANTS) -> dict:
     """One kernel compiled, run and timed as each of ``variants`` (name: (channels, pixels))."""
     import tvm
@@ -143,7 +184,7 @@ def time_variants(model_name: str, name: str, func, batch: int, target: str, dev
     host = random_args(func)
     row = {"model": model_name, "kernel": name, "batch": batch, "input_shape": list(host[0].shape)}
     outputs = {}
-    for variant, (channels, pixels, *wide) in variants.items():
+    for variant, (channels, pixels, *wide) in variants.items():  # wide: [wide pixels[, rows]]
         lib = compile_kernel(func, target, channels, pixels, *wide)
         tensors = [tvm.runtime.tensor(a, dev) for a in host]
         lib["main"](*tensors)
@@ -152,6 +193,7 @@ def time_variants(model_name: str, name: str, func, batch: int, target: str, dev
         timer = lib.mod.time_evaluator("main", dev, number=20, repeat=5, min_repeat_ms=50)
         row[f"{variant} us"] = float(np.median(timer(*tensors).results)) * 1e6
         row[f"{variant} pixels"] = pixels_taken(func, target, channels, pixels, *wide)
+        row[f"{variant} rows"] = rows_taken(func, target, channels, rows=(wide[1:] or [None])[0])
     first = next(iter(outputs.values()))
     row["identical"] = all(np.array_equal(first, o) for o in outputs.values())
     return row

@@ -33,12 +33,15 @@ def test_fp16_nhwc_small_reductions_take_eight_channels_and_two_pixels_per_threa
     """Each thread copies its padded window of 8 channels into registers with 16-byte loads (the
     bounds test once per load), the depthwise weights too, for 2 pixels along W (3x3 windows: the wide
     outputs cap it at 2; int8 out has room for 4 but batch 8 keeps the thread count up with 2); the
-    outputs leave 4 elements at a time."""
+    outputs leave 4 elements at a time. The stride-1 conv's blocks are 8 output rows x 12 threads of
+    channels; over the 28 output rows of the stride-2 kernels no row count makes whole warps of 12-thread
+    rows, so their blocks are 64 threads along W."""
     from inferx_edge.compiler.cuda import SMALL_REDUCTION_CHANNELS
 
     assert SMALL_REDUCTION_CHANNELS == 8
     kernel = kernel_source("h200", nhwc_fp16_small_reduction(kind)).split("__global__")[-1]
-    assert "__launch_bounds__(64)" in kernel and "tvm_thread_allreduce" not in kernel
+    threads = 96 if kind == "depthwise-fp16" else 64
+    assert f"__launch_bounds__({threads})" in kernel and "tvm_thread_allreduce" not in kernel
     # 3 rows x the columns 2 pixels' windows span: 5 at stride 2, 4 at stride 1
     columns = 4 if kind == "depthwise-fp16" else 5
     assert len(re.findall(r"= \*\(uint4\*\)\(x_ptr \+", kernel)) == 3 * columns
@@ -135,6 +138,36 @@ def test_small_reduction_schedules_match_the_unscheduled_kernel(shape, out_dtype
 
     func, sch = _small_reduction(shape, out_dtype)
     assert check_kernel(func, sch.mod["main"]) == 0.0
+
+
+@pytest.mark.parametrize(
+    "shape, out_dtype, aim, rows",
+    [
+        ((8, 56, 128, 3, 1, "int8", 4), None, 4, 4),  # ResNeXt's 4-channel groups: 4 rows x 16 threads
+        ((8, 56, 96, 7, 1), "float32", 4, 8),  # 12 threads a row: 8 rows make 3 warps (4 would make 1.5)
+        ((64, 14, 384, 7, 1), "float32", 4, 2),  # 48 threads a row: 2 rows (4 does not divide H)
+        ((64, 7, 768, 7, 1), "float32", 4, 1),  # 96 threads a row: 7 rows would be 672 threads
+        ((8, 56, 144, 3, 1), "float32", 4, 1),  # 18 threads a row: whole warps need 16 rows, 288 threads
+        ((8, 56, 128, 3, 1, "int8", 4), None, 8, 8),  # the aim moves it
+        ((8, 56, 128, 3, 1, "int8", 4), None, 1, 1),  # 1: off
+    ],
+)
+def test_small_reduction_blocks_take_output_rows(shape, out_dtype, aim, rows):
+    """Thread blocks hold a few whole output rows of the same pixels (whole warps, H divisible), so the
+    input rows their windows share are read once per block; the schedule is still exact."""
+    from benchmarks.gpu_small_reduction import rows_taken
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.cuda import SMALL_REDUCTION_CHANNELS
+    from inferx_edge.compiler.cuda.rules.small_reduction import channel_vectorized_reduction
+    from inferx_edge.targets import get_target
+
+    func, _ = _small_reduction(shape, out_dtype)
+    assert rows_taken(func, "h200", SMALL_REDUCTION_CHANNELS, rows=aim) == rows
+    with resolve_tvm_target(get_target("h200")) as target:
+        sch = channel_vectorized_reduction(func, target, rows=aim)
+    lanes = shape[2] // SMALL_REDUCTION_CHANNELS  # fp16 inputs: 8 channels a thread
+    threads = rows * lanes if rows > 1 else 64
+    assert re.search(rf"T.thread_binding\((T.int64\()?{threads}\)?, thread=.threadIdx.x.\)", sch.mod["main"].script())
 
 
 def _int8_max_pool(n=8, hw=112, c=64, k=3, stride=2):

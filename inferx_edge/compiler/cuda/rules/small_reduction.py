@@ -66,6 +66,16 @@ WIDE_WINDOW_PIXELS = 7
 
 _SMALL_REDUCTION_THREADS = 64
 
+#: channel-vectorized small reductions whose window slides along H as well give a thread block about
+#: this many consecutive output rows of the same pixels (all their channels), so the input rows those
+#: rows' windows share are read from the SM's L1 instead of L2 once per output row: 3x3 windows over 4
+#: rows read 6 input rows instead of 12, 7x7 ones over 8 rows 14 instead of 56. The rows taken divide H
+#: and make the block whole warps (:func:`block_rows`). 1: off (a block is 64 threads along W and C)
+BLOCK_ROWS = 4
+
+#: ... the most threads such a block may have
+MAX_BLOCK_ROW_THREADS = 256
+
 
 #: a thread's copy of an operand window (e.g. 3x3 taps x 8 channels) stays in registers up to this
 #: many elements; a larger window is loaded one reduction step at a time
@@ -172,6 +182,24 @@ def row_pixels(
     return max(pixels, 1)
 
 
+def block_rows(block, iters, channels: int, rows: int = BLOCK_ROWS) -> int:
+    """Output rows per thread block for a channel-vectorized small reduction with block iterators
+    ``iters`` (NHWC order, ``channels`` per thread): of the divisors of H from 2 up that make a block of
+    rows x (C / channels) threads whole warps and at most :data:`MAX_BLOCK_ROW_THREADS`, the one closest
+    to ``rows`` (the smaller on a tie); 1 where none does, ``rows`` is 1 or the window does not slide
+    along H."""
+    spatial = [it for it in iters if it.kind == "S"]
+    if rows <= 1 or len(spatial) < 3 or spatial[-3].var not in sliding_vars(block):
+        return 1
+    height, lanes = spatial[-3].dom, spatial[-1].dom // channels
+    fits = [
+        r
+        for r in range(2, height + 1)
+        if height % r == 0 and (r * lanes) % 32 == 0 and r * lanes <= MAX_BLOCK_ROW_THREADS
+    ]
+    return min(fits, key=lambda r: (abs(math.log(r / rows)), r)) if fits else 1
+
+
 def channel_vectorized_reduction(
     func,
     target,
@@ -179,11 +207,13 @@ def channel_vectorized_reduction(
     fp32_channels: int = FP32_SMALL_REDUCTION_CHANNELS,
     pixels: int = SMALL_REDUCTION_PIXELS,
     wide_pixels: int = WIDE_WINDOW_PIXELS,
+    rows: int = BLOCK_ROWS,
 ):
     """Schedule a small fp16 reduction with ``channels`` consecutive innermost outputs per thread (an
     fp32 one with ``fp32_channels``, an int8 one with twice ``channels``; 1: not this schedule) times up
-    to ``pixels`` (``wide_pixels`` for wide windows) along W (:func:`row_pixels`), or None when it does
-    not apply (another dtype, channels not a multiple, a schedule error).
+    to ``pixels`` (``wide_pixels`` for wide windows) along W (:func:`row_pixels`), thread blocks of
+    about ``rows`` output rows (:func:`block_rows`), or None when it does not apply (another dtype,
+    channels not a multiple, a schedule error).
 
     The input's padding block is not inlined: each thread copies its padded window into registers
     (16-byte loads, the bounds test once per tap), as it does weights and epilogue constants; the
@@ -230,8 +260,14 @@ def channel_vectorized_reduction(
             p_out, p_in = sch.split(s_loops[-2], [None, per_row])
             inner = [p_in, c_in]
             outer = [*s_loops[:-2], p_out, c_out]
+        threads = _SMALL_REDUCTION_THREADS
+        per_block = block_rows(sch.get(block), red.iters, channels, rows)
+        if per_block > 1:  # (..., H / rows, W / pixels, rows, C / channels): a block is rows x C
+            h_out, h_in = sch.split(outer[-3], [None, per_block])
+            outer = [*outer[:-3], h_out, outer[-2], h_in, c_out]
+            threads = per_block * red.iters[kinds.index("R") - 1].dom // channels
         sch.reorder(*outer, *r_loops, *inner)
-        bx, tx = sch.split(sch.fuse(*outer), [None, _SMALL_REDUCTION_THREADS])
+        bx, tx = sch.split(sch.fuse(*outer), [None, threads])
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
         padded = {sch.get(p.block_rv).writes[0].source.name for p in producers}
@@ -272,11 +308,12 @@ def small_reduction_rule(
     fp32_channels: int = FP32_SMALL_REDUCTION_CHANNELS,
     pixels: int = SMALL_REDUCTION_PIXELS,
     wide_pixels: int = WIDE_WINDOW_PIXELS,
+    rows: int = BLOCK_ROWS,
 ):
     """A dlight rule for reductions over a few elements per output: :func:`channel_vectorized_reduction`
     for fp16, fp32 and int8 NHWC ones (``channels`` / ``fp32_channels`` per thread, a multiple of 4, int8
-    twice ``channels``; 1: off; up to ``pixels`` along W, ``wide_pixels`` for wide windows), else one
-    output per thread."""
+    twice ``channels``; 1: off; up to ``pixels`` along W, ``wide_pixels`` for wide windows, blocks of
+    about ``rows`` output rows), else one output per thread."""
     from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
     class SmallReduction(GPUScheduleRule):
@@ -285,7 +322,7 @@ def small_reduction_rule(
 
             if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
                 return None
-            vectorized = channel_vectorized_reduction(func, target, channels, fp32_channels, pixels, wide_pixels)
+            vectorized = channel_vectorized_reduction(func, target, channels, fp32_channels, pixels, wide_pixels, rows)
             if vectorized is not None:
                 return vectorized
             found = _inlined_blocks(self, func, target)
