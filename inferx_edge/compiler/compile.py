@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import time
@@ -321,6 +322,17 @@ def uncompilable_kernels(
         try:
             compile_kernel(func, spec, target, cuda_code, cuda_options)
         except Exception as exc:  # noqa: BLE001 - this kernel's schedule does not compile: the next rule's may
-            lines = str(exc).strip().splitlines()
-            failed[gv.name_hint] = (rule, f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:300])
+            failed[gv.name_hint] = (rule, f"{type(exc).__name__}: {error_summary(str(exc))}"[:300])
     return failed
+
+
+def error_summary(text: str) -> str:
+    """The line of a compiler's error text that says what went wrong: the first compiler diagnostic
+    (``kernels.cu(203): error: too many arguments in function call``), else the last line with words
+    in it (NVRTC ends its log with the offending source line and a caret line under it)."""
+    lines = [ln.strip() for ln in text.strip().splitlines()]
+    for ln in lines:
+        if re.search(r"\berror\b\s*:", ln) and not ln.lower().startswith(("traceback", "runtimeerror", "tvmerror")):
+            return ln
+    worded = [ln for ln in lines if re.search(r"[A-Za-z]{2}", ln)]
+    return worded[-1] if worded else ""

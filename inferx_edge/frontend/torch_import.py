@@ -36,6 +36,28 @@ def _cast_int_operands_of_float_arith(ep) -> int:
     return inserted
 
 
+def _select(node, importer):
+    """``aten.select.int`` (``x[:, i]``) for the translator: a negative index counts from the end. TVM's
+    own conversion passes the index to an unchecked ``take`` as it is, so ``x[:, -1]`` (a sequence
+    model's last step, ``h_n[-1]``) read outside the tensor: a GRU classifier's logits came out ~1e20,
+    with no error. Negative indices become a one-element slice and a squeeze (slices count from the
+    end, dynamic dims included)."""
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    dim, index = node.args[1], node.args[2]
+    if not isinstance(index, int) or index >= 0:
+        return importer.block_builder.emit(relax.op.take(x, relax.const(index, "int64"), dim))
+    dim %= len(importer.shape_of(x))
+    end = index + 1 if index != -1 else (1 << 63) - 1  # -1: to the end
+    one = importer.block_builder.emit(relax.op.strided_slice(x, [dim], [index], [end]))
+    return importer.block_builder.emit(relax.op.squeeze(one, [dim]))
+
+
+#: aten ops converted here instead of by TVM's translator (see each function)
+_CONVERTERS = {"select.int": _select}
+
+
 def import_exported_program(path: Path, overrides: dict[str, tuple[int, ...]]) -> ImportedModel:
     try:
         import torch
@@ -63,7 +85,7 @@ def import_exported_program(path: Path, overrides: dict[str, tuple[int, ...]]) -
 
     _cast_int_operands_of_float_arith(ep)
     try:
-        mod = from_exported_program(ep, keep_params_as_input=True)
+        mod = from_exported_program(ep, keep_params_as_input=True, custom_convert_map=_CONVERTERS)
     except Exception as exc:  # unsupported aten ops raise ValueError/AssertionError/KeyError...
         raise ModelError(f"TVM could not import {path.name}: {type(exc).__name__}: {exc}") from exc
 

@@ -173,3 +173,20 @@ def test_a_kernel_that_compiles_under_no_rule_is_named_in_the_error(monkeypatch,
     prepared = PreparedVariant(Mod, variant_layout(spec, "fp32"), None, [], None, None, None)
     with pytest.raises(BuildError, match=r"kernel add\w* \(scheduled by SixteenLanes\): .*int32x16"):
         compile_mod.compile_variant(prepared, spec, tmp_path / "lib.so")
+
+
+def test_code_generation_errors_are_summarised_by_their_diagnostic():
+    """NVRTC ends its log with the offending source line and a caret under it: the summary a build log
+    shows is the compiler's diagnostic (it showed the caret line), else the last line with words."""
+    from inferx_edge.compiler.compile import error_summary
+
+    nvrtc = (
+        "RuntimeError: Compilation error:\n"
+        "inferx_kernels.cu(203): error: too many arguments in function call\n"
+        "    longlong4 v__1 = make_longlong4(4, 4, 4, 4, 4, 4, 4, 4);\n"
+        "                                    ^\n"
+    )
+    assert error_summary(nvrtc) == "inferx_kernels.cu(203): error: too many arguments in function call"
+    tvm_check = "Traceback (most recent call last):\n  0: f\nInternalError: Cannot convert type int32x16 to CUDA type\n"
+    assert error_summary(tvm_check) == "InternalError: Cannot convert type int32x16 to CUDA type"
+    assert error_summary("a failure\n   ^\n") == "a failure" and error_summary("") == ""

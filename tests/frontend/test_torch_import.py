@@ -134,3 +134,70 @@ def test_multihead_attention_export_builds_in_nhwc_and_matches_torch(tmp_path):
         want = net(x).numpy()
     (name,) = got
     np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5)
+
+
+class DecoderNet(torch.nn.Module):
+    """A UNet decoder step: a strided conv down, transposed convs back up (kernel 2 and kernel 4 with
+    padding, both stride 2), concatenated with a skip branch, GroupNorm + SiLU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = torch.nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.up2 = torch.nn.ConvTranspose2d(8, 8, 2, stride=2)
+        self.up4 = torch.nn.ConvTranspose2d(8, 8, 4, stride=2, padding=1)
+        self.skip = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = torch.nn.GroupNorm(4, 24)
+
+    def forward(self, x):
+        d = self.down(x)
+        y = torch.cat([self.up2(d), self.up4(d), self.skip(x)], 1)
+        return torch.nn.functional.silu(self.norm(y))
+
+
+def test_transposed_convolutions_export_builds_and_matches_torch(tmp_path):
+    """torch.export writes ConvTranspose2d with an explicit out_dtype; the NHWC layout conversion then
+    carried the channels-last input through it, a layout its legalization has no lowering for, and the
+    build failed in VM codegen. Transposed convs stay NCHW between NHWC convolutions."""
+    torch.manual_seed(0)
+    net = DecoderNet().eval()
+    x = torch.randn(2, 3, 16, 16)
+    path = tmp_path / "decoder.pt2"
+    torch.export.save(torch.export.export(net, (x,)), str(path))
+    out = tmp_path / "decoder.ixa"
+    build_artifact(BuildOptions(model=path, target=host_target_name(), output=out), log=lambda *a: None)
+    with Engine(out) as engine, torch.no_grad():
+        got = engine.run({"x": x.numpy()})
+        want = net(x).numpy()
+    (name,) = got
+    np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5)
+
+
+class LastStepNet(torch.nn.Module):
+    """A GRU sequence classifier reading its last step, plus an index from the end of the feature axis."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru = torch.nn.GRU(5, 8, batch_first=True)
+        self.fc = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        y, h = self.gru(x)
+        return self.fc(y[:, -1]) + h[-1, :, :3], x[..., -2]
+
+
+def test_negative_indices_count_from_the_end(tmp_path):
+    """``x[:, -1]`` (aten.select.int with a negative index) went to an unchecked take as it was and
+    read outside the tensor (a GRU classifier's logits ~1e20, no error); it matches torch now."""
+    torch.manual_seed(0)
+    net = LastStepNet().eval()
+    x = torch.randn(2, 6, 5)
+    path = tmp_path / "last_step.pt2"
+    torch.export.save(torch.export.export(net, (x,)), str(path))
+    out = tmp_path / "last_step.ixa"
+    build_artifact(BuildOptions(model=path, target=host_target_name(), output=out), log=lambda *a: None)
+    with Engine(out) as engine, torch.no_grad():
+        got = list(engine.run({"x": x.numpy()}).values())
+        want = [t.numpy() for t in net(x)]
+    assert len(got) == 2
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)

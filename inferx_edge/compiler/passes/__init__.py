@@ -49,7 +49,7 @@ def to_fp16(mod):
 
 def convert_layout(mod, layout: str, kernel_layout: str = "OHWI"):
     """Run every ``conv2d`` in ``layout`` with ``kernel_layout`` weights (inputs and outputs converted
-    where the graph needs NCHW), with the clean-ups that make that cheap.
+    where the graph needs NCHW; transposed convolutions stay NCHW), with the clean-ups that make that cheap.
 
     ``clip`` has no layout rule in Relax: ConvertLayout wrapped every int8 quantize (and ReLU6) in a
     transpose pair, a standalone strided kernel after each convolution. Clips become
@@ -69,7 +69,12 @@ def convert_layout(mod, layout: str, kernel_layout: str = "OHWI"):
     from tvm import relax
 
     mod = nonnegative_axes(clip_to_min_max(mod))
-    mod = relax.transform.ConvertLayout({"relax.nn.conv2d": [layout, kernel_layout]})(mod)
+    # transposed convolutions stay NCHW / IOHW, the only layouts their legalization lowers: left to
+    # itself ConvertLayout carried the NHWC input through them when the frontend set out_dtype
+    # (torch.export), and the build failed in VM codegen on the unlowered op
+    mod = relax.transform.ConvertLayout(
+        {"relax.nn.conv2d": [layout, kernel_layout], "relax.nn.conv2d_transpose": ["NCHW", "IOHW"]}
+    )(mod)
     mod = relax.transform.DeadCodeElimination()(sink_permutes(mod))
     if layout == "NHWC":
         mod = space_to_depth_int8_convs(pad_int8_conv_channels(mod))
