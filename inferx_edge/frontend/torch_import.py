@@ -54,8 +54,41 @@ def _select(node, importer):
     return importer.block_builder.emit(relax.op.squeeze(one, [dim]))
 
 
+def _index_tensor(node, importer):
+    """``aten.index.Tensor`` (``x[:, [-1, 0]]``, ``x[idx]``) for the translator: negative entries of
+    the index tensors count from the end. TVM's conversion gathers with an unchecked ``take`` or
+    ``index_tensor``, which read outside the tensor for them (no error). Each integer index tensor
+    becomes ``where(i < 0, i + size, i)`` for its axis, then TVM's own conversion runs on those."""
+    import torch
+    from tvm import relax
+
+    data = importer.env[node.args[0]]
+    shape = importer.shape_of(data)
+    saved = {}
+    for axis, index in enumerate(node.args[1]):
+        val = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
+        if val is None or val.dtype in (torch.bool, torch.uint8) or index in saved:
+            continue  # None (a whole axis), a mask, or a tensor already wrapped for an earlier axis
+        idx = importer.env[index]
+        dtype = str(val.dtype).replace("torch.", "")
+        size = shape[axis]
+        if isinstance(size, int) or hasattr(size, "value"):
+            size = relax.const(int(size), dtype)
+        else:  # a dynamic dim: its value as a tensor
+            size = importer.block_builder.emit(
+                relax.op.astype(relax.op.shape_to_tensor(relax.ShapeExpr([size])), dtype)
+            )
+        wrapped = relax.op.where(relax.op.less(idx, relax.const(0, dtype)), relax.op.add(idx, size), idx)
+        saved[index] = idx
+        importer.env[index] = importer.block_builder.emit(wrapped)
+    try:
+        return importer._index_tensor(node)
+    finally:
+        importer.env.update(saved)
+
+
 #: aten ops converted here instead of by TVM's translator (see each function)
-_CONVERTERS = {"select.int": _select}
+_CONVERTERS = {"select.int": _select, "index.Tensor": _index_tensor}
 
 
 def import_exported_program(path: Path, overrides: dict[str, tuple[int, ...]]) -> ImportedModel:

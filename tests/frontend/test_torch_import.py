@@ -182,12 +182,18 @@ class LastStepNet(torch.nn.Module):
 
     def forward(self, x):
         y, h = self.gru(x)
-        return self.fc(y[:, -1]) + h[-1, :, :3], x[..., -2]
+        return (
+            self.fc(y[:, -1]) + h[-1, :, :3],
+            x[..., -2],
+            x[:, [-1, 0, -3]],
+            x[torch.tensor([-1, 0]), torch.tensor([-2, 3])],
+        )
 
 
 def test_negative_indices_count_from_the_end(tmp_path):
-    """``x[:, -1]`` (aten.select.int with a negative index) went to an unchecked take as it was and
-    read outside the tensor (a GRU classifier's logits ~1e20, no error); it matches torch now."""
+    """``x[:, -1]`` (aten.select.int) and ``x[:, [-1, 0]]`` (aten.index.Tensor) with negative indices
+    went to an unchecked gather as they were and read outside the tensor (a GRU classifier's logits
+    ~1e20, no error); they match torch now."""
     torch.manual_seed(0)
     net = LastStepNet().eval()
     x = torch.randn(2, 6, 5)
@@ -198,6 +204,29 @@ def test_negative_indices_count_from_the_end(tmp_path):
     with Engine(out) as engine, torch.no_grad():
         got = list(engine.run({"x": x.numpy()}).values())
         want = [t.numpy() for t in net(x)]
-    assert len(got) == 2
+    assert len(got) == 4
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+class FromTheEnd(torch.nn.Module):
+    def forward(self, x):
+        return x[:, -1] * 2, x[:, [-1, 1]]
+
+
+def test_negative_indices_over_a_dynamic_dimension(tmp_path):
+    """The same over an axis whose size is pinned only at import (the wrap takes the dim's value)."""
+    seq = torch.export.Dim("seq", min=2, max=64)
+    path = tmp_path / "from_the_end.pt2"
+    program = torch.export.export(FromTheEnd(), (torch.randn(2, 5, 3),), dynamic_shapes={"x": {1: seq}})
+    torch.export.save(program, str(path))
+    out = tmp_path / "from_the_end.ixa"
+    build_artifact(
+        BuildOptions(model=path, target=host_target_name(), output=out, input_shapes={"x": (2, 7, 3)}),
+        log=lambda *a: None,
+    )
+    x = torch.randn(2, 7, 3)
+    with Engine(out) as engine:
+        got = list(engine.run({"x": x.numpy()}).values())
+    for g, w in zip(got, FromTheEnd()(x), strict=True):
+        np.testing.assert_array_equal(g, w.numpy())
