@@ -87,8 +87,30 @@ def _index_tensor(node, importer):
         importer.env.update(saved)
 
 
+def _reduction(name: str):
+    """A converter for ``aten.amax`` / ``amin`` / ``prod`` (``torch.logsumexp`` decomposes to amax),
+    which TVM's translator does not know: ``(x, dim[s], keepdim)``, no dims reducing every axis."""
+
+    def convert(node, importer):
+        from tvm import relax
+
+        x = importer.env[node.args[0]]
+        dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+        axis = None if dims is None or dims == [] else [dims] if isinstance(dims, int) else list(dims)
+        return importer.block_builder.emit(getattr(relax.op, name)(x, axis=axis, keepdims=bool(keepdim)))
+
+    return convert
+
+
 #: aten ops converted here instead of by TVM's translator (see each function)
-_CONVERTERS = {"select.int": _select, "index.Tensor": _index_tensor}
+_CONVERTERS = {
+    "select.int": _select,
+    "index.Tensor": _index_tensor,
+    "amax.default": _reduction("max"),
+    "amin.default": _reduction("min"),
+    "prod.dim_int": _reduction("prod"),
+}
 
 
 def import_exported_program(path: Path, overrides: dict[str, tuple[int, ...]]) -> ImportedModel:
