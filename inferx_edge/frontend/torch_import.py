@@ -103,6 +103,30 @@ def _reduction(name: str):
     return convert
 
 
+def _native_group_norm(node, importer):
+    """``aten.native_group_norm`` ``(x, weight, bias, N, C, HxW, groups, eps)``: a GroupNorm without
+    affine parameters (``nn.GroupNorm(affine=False)``, ``F.group_norm(x, g)``) passes None for them,
+    which TVM's conversion handed on as is (an internal null-pointer error); they become ones and
+    zeros."""
+    import numpy as np
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    shape = importer.shape_of(x)
+    dtype = str(node.args[0].meta["val"].dtype).replace("torch.", "")
+    channels = int(shape[1])
+    gamma, beta = (
+        importer.env[node.args[i]] if node.args[i] is not None else relax.const(np.full(channels, fill, dtype))
+        for i, fill in ((1, 1.0), (2, 0.0))
+    )
+    groups = node.args[6] if len(node.args) > 6 else 1
+    eps = node.args[7] if len(node.args) > 7 else 1e-5
+    axes = list(range(2, len(shape)))
+    return importer.block_builder.emit(
+        relax.op.nn.group_norm(x, gamma, beta, num_groups=groups, channel_axis=1, axes=axes, epsilon=eps)
+    )
+
+
 #: aten ops converted here instead of by TVM's translator (see each function)
 _CONVERTERS = {
     "select.int": _select,
@@ -110,6 +134,7 @@ _CONVERTERS = {
     "amax.default": _reduction("max"),
     "amin.default": _reduction("min"),
     "prod.dim_int": _reduction("prod"),
+    "native_group_norm.default": _native_group_norm,
 }
 
 

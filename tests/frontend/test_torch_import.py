@@ -249,3 +249,26 @@ def test_amax_amin_prod_and_logsumexp_import(tmp_path):
         got = list(engine.run({"x": x.numpy()}).values())
     for g, w in zip(got, Reductions()(x), strict=True):
         np.testing.assert_allclose(g, w.numpy(), rtol=1e-5, atol=1e-6)
+
+
+class PlainGroupNorms(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.GroupNorm(2, 6, affine=False)
+
+    def forward(self, x):
+        return self.norm(x), torch.nn.functional.group_norm(x.flatten(2), 3)
+
+
+def test_group_norms_without_affine_parameters_import(tmp_path):
+    """GroupNorm without weight and bias failed inside TVM's translator (a null pointer); it imports
+    with ones and zeros and matches torch, over 4-D and 3-D inputs."""
+    x = torch.randn(2, 6, 4, 5)
+    path = tmp_path / "group_norms.pt2"
+    torch.export.save(torch.export.export(PlainGroupNorms(), (x,)), str(path))
+    out = tmp_path / "group_norms.ixa"
+    build_artifact(BuildOptions(model=path, target=host_target_name(), output=out), log=lambda *a: None)
+    with Engine(out) as engine:
+        got = list(engine.run({"x": x.numpy()}).values())
+    for g, w in zip(got, PlainGroupNorms()(x), strict=True):
+        np.testing.assert_allclose(g, w.numpy(), rtol=1e-4, atol=1e-5)
