@@ -26,7 +26,7 @@ import numpy as np
 
 @dataclass(frozen=True)
 class ZooModel:
-    """One zoo entry. ``kind``: ``cnn`` / ``detector`` / ``segmenter`` / ``transformer`` (what the speed
+    """One zoo entry. ``kind``: ``cnn`` / ``detector`` / ``segmenter`` / ``super-resolution`` / ``transformer`` (what the speed
     goal is); ``real_weights``: the checkpoint is the trained one (accuracy is meaningful);
     ``classes``: the architecture classes it covers (for the table)."""
 
@@ -415,6 +415,56 @@ def _yolov8n(seed: int = 0):
     return YOLOv8n().eval()
 
 
+def _unet(seed: int = 0, width: int = 32, classes: int = 4):
+    """A UNet-style segmenter written here (no checkpoint): two stride-2 conv stages down, transposed
+    convs back up (kernel 2 stride 2, kernel 4 stride 2 padding 1), skip concatenations, conv blocks with
+    GroupNorm + SiLU (as diffusion and medical UNets use), a 1x1 head. Output (N, classes, H, W)."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+
+    def block(i, o):
+        return nn.Sequential(
+            nn.Conv2d(i, o, 3, padding=1), nn.GroupNorm(8, o), nn.SiLU(),
+            nn.Conv2d(o, o, 3, padding=1), nn.GroupNorm(8, o), nn.SiLU(),
+        )  # fmt: skip
+
+    class UNet(nn.Module):
+        def __init__(self, c=width):
+            super().__init__()
+            self.e1, self.e2, self.e3 = block(3, c), block(c, 2 * c), block(2 * c, 4 * c)
+            self.d1, self.d2 = nn.Conv2d(c, c, 3, 2, 1), nn.Conv2d(2 * c, 2 * c, 3, 2, 1)
+            self.mid = block(4 * c, 4 * c)
+            self.u2 = nn.ConvTranspose2d(4 * c, 2 * c, 2, stride=2)
+            self.c2 = block(4 * c, 2 * c)
+            self.u1 = nn.ConvTranspose2d(2 * c, c, 4, stride=2, padding=1)
+            self.c1 = block(2 * c, c)
+            self.head = nn.Conv2d(c, classes, 1)
+
+        def forward(self, x):
+            a = self.e1(x)
+            b = self.e2(self.d1(a))
+            m = self.mid(self.e3(self.d2(b)))
+            y = self.c2(torch.cat([self.u2(m), b], 1))
+            return self.head(self.c1(torch.cat([self.u1(y), a], 1)))
+
+    return UNet()
+
+
+def _espcn(seed: int = 0, scale: int = 3):
+    """ESPCN super-resolution (Shi et al. 2016) written here: 5x5 and 3x3 convs with tanh, a 3x3 conv to
+    3 * scale^2 channels and PixelShuffle (depth-to-space) to the upscaled image, sigmoid."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Conv2d(3, 64, 5, padding=2), nn.Tanh(), nn.Conv2d(64, 32, 3, padding=1), nn.Tanh(),
+        nn.Conv2d(32, 3 * scale * scale, 3, padding=1), nn.PixelShuffle(scale), nn.Sigmoid(),
+    )  # fmt: skip
+
+
 def _entries() -> dict[str, ZooModel]:
     e = [
         ZooModel("resnet18", _tv("resnet18"), classes=("residual",)),
@@ -481,6 +531,10 @@ def _extra_entries() -> dict[str, ZooModel]:
         ZooModel("deeplabv3_mobilenet_v3_large", lambda seed=0: _segmentation(seed, "deeplabv3_mobilenet_v3_large"),
                  kind="segmenter", image=320, classes=("dilated", "aspp", "upsample")),
         ZooModel("maxvit_t", _tv("maxvit_t"), kind="transformer", classes=("block-attention", "mbconv", "relative-bias")),
+        # written here, no torchvision needed: the classes above do not cover them
+        ZooModel("unet_gn", _unet, kind="segmenter", image=128,
+                 classes=("transposed-conv", "group-norm", "skip-concat")),
+        ZooModel("espcn_x3", _espcn, kind="super-resolution", image=96, classes=("pixel-shuffle", "tanh")),
     ]  # fmt: skip
     return {m.name: m for m in e}
 

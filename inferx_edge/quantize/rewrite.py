@@ -13,6 +13,7 @@ weights). Legalized, the int8 ops load int8 and accumulate in int32 (checked in 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,14 @@ class QuantTarget:
     weight: object  # relax.Var (function parameter)
     channel_axis: int
     key: str = ""  # stable, user-facing layer name: the weight's name (suffixed #k if a weight is shared)
+
+
+def int8_weight_name(name: str) -> str:
+    """The name of a weight's int8 parameter: ``name`` + ``_int8`` made a C identifier. Kernels that
+    read it take the name for their argument, so ``2.weight`` (an ``nn.Sequential``'s third layer, as
+    ONNX names it) gave CUDA source with an argument ``2_weight_int8_ptr``, which NVRTC rejects."""
+    ident = re.sub(r"\W", "_", f"{name}_int8")
+    return ident if not ident[0].isdigit() else f"w{ident}"
 
 
 def _param_of(expr, bindings, params):
@@ -248,7 +257,7 @@ def quantize_imported(
                 qvar = relax.const(wq)
             else:
                 arrays[i] = wq
-                qvar = relax.Var(t.weight.name + "_int8", relax.TensorType(list(wq.shape), "int8"))
+                qvar = relax.Var(int8_weight_name(t.weight.name), relax.TensorType(list(wq.shape), "int8"))
                 new_params[num_input + i] = qvar
             info[t.weight] = (qvar, w_scales, wq)
         s_x = amax[t.key] / QMAX if amax[t.key] > 0 else 1.0

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from inferx_edge.frontend import import_model
 from inferx_edge.quantize.calibration import QMAX, quantize_per_channel
 from inferx_edge.quantize.rewrite import calibrate, find_targets, quantize_imported
-from tests.helpers import build_quietly, float_matmul_module, write_onnx
+from tests.helpers import build_quietly, float_matmul_module, needs_nvrtc, write_onnx
 
 
 def _run(mod, params, x):
@@ -275,3 +275,40 @@ def test_calibration_and_accuracy_runs_use_the_cpu_schedules():
     xs, ws = rng.standard_normal((64, 128)).astype("float32"), rng.standard_normal((128, 96)).astype("float32")
     got = relax.VirtualMachine(exe, tvm.cpu())["main"](tvm.runtime.tensor(xs), tvm.runtime.tensor(ws)).numpy()
     np.testing.assert_allclose(got, xs.astype(np.float64) @ ws, rtol=1e-4, atol=1e-4)
+
+
+def test_int8_weight_parameters_have_c_identifier_names():
+    from inferx_edge.quantize.rewrite import int8_weight_name
+
+    assert int8_weight_name("2.weight") == "w2_weight_int8"  # nn.Sequential's third layer, as ONNX names it
+    assert int8_weight_name("features.0.conv/w") == "features_0_conv_w_int8"
+    assert int8_weight_name("conv1_weight") == "conv1_weight_int8"
+
+
+@needs_nvrtc
+def test_sequential_layer_names_build_int8_for_cuda(tmp_path):
+    """An nn.Sequential exported to ONNX names its weights '0.weight', '2.weight': their int8 copies
+    became CUDA kernel arguments named '2_weight_int8_ptr' and NVRTC rejected the source (ESPCN's int8
+    build for h200 failed). They build now."""
+    from inferx_edge.quantize.driver import QuantOptions
+
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array((rng.standard_normal(s) * 0.2).astype(np.float32), n)
+        for n, s in (("0.weight", (64, 3, 5, 5)), ("2.weight", (32, 64, 3, 3)), ("4.weight", (27, 32, 3, 3)))
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "0.weight"], ["a"], pads=[2] * 4),
+        helper.make_node("Tanh", ["a"], ["b"]),
+        helper.make_node("Conv", ["b", "2.weight"], ["c"], pads=[1] * 4),
+        helper.make_node("Tanh", ["c"], ["d"]),
+        helper.make_node("Conv", ["d", "4.weight"], ["y"], pads=[1] * 4),
+    ]
+    model = write_onnx(tmp_path / "seq.onnx", nodes, {"x": [1, 3, 24, 24]}, {"y": [1, 27, 24, 24]}, inits)
+    calib = tmp_path / "calib.npy"
+    np.save(calib, rng.standard_normal((4, 3, 24, 24)).astype(np.float32))
+    out = build_quietly(
+        tmp_path / "seq.ixa", model=model, target="h200", precisions=("int8",), tuning=False,
+        quant=QuantOptions(calib=calib, calib_method="minmax"),
+    )  # fmt: skip
+    assert out.stat().st_size > 0

@@ -5,6 +5,7 @@ with the source patches applied first."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +79,10 @@ def _toolkit(spec: TargetSpec, forced: str):
         return tool, nvcc_compile, f"nvcc {tool.version_str}"
 
 
+#: numbers the sources ``INFERX_DUMP_CUDA`` keeps, across every compilation of a process
+_DUMPS = itertools.count(1)
+
+
 @contextlib.contextmanager
 def device_compiler(spec: TargetSpec, fmt: str, options: CudaOptions | None = None):
     """Within the block, TVM compiles CUDA kernels with the toolkit matching ``spec``; yields its record."""
@@ -94,14 +99,20 @@ def device_compiler(spec: TargetSpec, fmt: str, options: CudaOptions | None = No
 
     def compile_cuda(code, *_):
         calls.append(1)
-        if options.dump_dir:
-            options.dump_dir.mkdir(parents=True, exist_ok=True)
-            (options.dump_dir / f"kernels_{os.getpid()}_{len(calls)}.cu").write_text(str(code))
-        code = drop_own_lane_shuffles(str(code))
+        generated = str(code)
+        code = drop_own_lane_shuffles(generated)
         if options.interleave_copies:
             code, n = interleave_pipelined_copies(code)
             interleaved.append(n)
-        return bytearray(compile_fn(tool, fix_gathered_half8_packs(fix_int8_vector_constants(code)), arch, fmt))
+        code = fix_gathered_half8_packs(fix_int8_vector_constants(code))
+        if options.dump_dir:  # as TVM wrote it and, where the repairs changed it, as compiled (the
+            # line numbers of a compiler error); numbered per process, so per-kernel retries keep theirs
+            options.dump_dir.mkdir(parents=True, exist_ok=True)
+            stem = options.dump_dir / f"kernels_{os.getpid()}_{next(_DUMPS)}"
+            stem.with_suffix(".cu").write_text(generated)
+            if code != generated:
+                stem.with_suffix(".compiled.cu").write_text(code)
+        return bytearray(compile_fn(tool, code, arch, fmt))
 
     previous = tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True)
     tvm_ffi.register_global_func("tvm_callback_cuda_compile", compile_cuda, override=True)

@@ -194,3 +194,23 @@ def test_gathered_half8_packs_compile_after_the_patch():
     with pytest.raises(Exception, match="too many arguments"):
         nvrtc_compile(nvrtc, _KERNEL8, "sm_90", "cubin")
     assert nvrtc_compile(nvrtc, source_patches.fix_gathered_half8_packs(_KERNEL8), "sm_90", "cubin")
+
+
+@needs_nvrtc
+def test_dumped_sources_keep_one_file_per_compilation(tmp_path):
+    """INFERX_DUMP_CUDA numbered its files per compiler context, so a build's per-kernel retries all
+    wrote kernels_<pid>_1.cu over each other; each compilation keeps its own file now, and the source
+    as compiled (after the repairs) where it differs."""
+    from inferx_edge.compiler.cuda import CudaOptions
+    from tests.helpers import nhwc_fp16_small_reduction
+
+    dump = tmp_path / "dump"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("INFERX_DUMP_CUDA", str(dump))
+        assert CudaOptions.from_env().dump_dir == dump
+        kernel_source("h200", nhwc_fp16_small_reduction("pool"))
+        kernel_source("h200", nhwc_fp16_small_reduction("depthwise"))
+    generated = sorted(p.name for p in dump.glob("*.cu") if not p.name.endswith(".compiled.cu"))
+    assert len(generated) == 2
+    sources = [(dump / name).read_text() for name in generated]
+    assert sum("max_pool2d" in src for src in sources) == 1 and sum("conv2d" in src for src in sources) == 1
