@@ -117,6 +117,27 @@ def compile_kernel(
     return compile_with_rules(func, target, [rule, dl.gpu.Fallback()])
 
 
+def _channel_vectorized(func, target: str, channels: int):
+    """(the reduction block, its iterators, channels per thread) of ``func`` where the
+    channel-vectorized schedule takes it with ``channels``; None where it declines."""
+    from tvm.s_tir import Schedule
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.cuda.rules.small_reduction import FP32_SMALL_REDUCTION_CHANNELS, thread_channels
+    from inferx_edge.targets import get_target
+
+    with resolve_tvm_target(get_target(target)):
+        sch = Schedule(func)
+        infos = normalize_prim_func(sch)
+    reds = [b for b in infos or [] if "R" in b.dom_kind()]
+    if len(reds) != 1:
+        return None
+    block = sch.get(reds[0].block_rv)
+    per_thread = thread_channels(block, channels, FP32_SMALL_REDUCTION_CHANNELS)
+    return (block, reds[0].iters, per_thread) if per_thread and per_thread > 1 else None
+
+
 def pixels_taken(
     func, target: str, channels: int, pixels: int, wide_pixels: int | None = None, rows: int | None = None
 ) -> int:
@@ -124,57 +145,27 @@ def pixels_taken(
     with ``pixels`` and ``wide_pixels`` (default: ``pixels``, as :func:`compile_kernel` compiles);
     ``rows`` is ignored (see :func:`rows_taken`)."""
     import tvm
-    from tvm.s_tir import Schedule
-    from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-    from inferx_edge.compiler.compile import resolve_tvm_target
-    from inferx_edge.compiler.cuda.rules.small_reduction import (
-        FP32_SMALL_REDUCTION_CHANNELS,
-        row_pixels,
-        thread_channels,
-    )
-    from inferx_edge.targets import get_target
+    from inferx_edge.compiler.cuda.rules.small_reduction import row_pixels
 
-    with resolve_tvm_target(get_target(target)):
-        sch = Schedule(func)
-        infos = normalize_prim_func(sch)
-    reds = [b for b in infos or [] if "R" in b.dom_kind()]
-    if len(reds) != 1:
+    taken = _channel_vectorized(func, target, channels)
+    if taken is None:
         return 1
-    block = sch.get(reds[0].block_rv)
-    per_thread = thread_channels(block, channels, FP32_SMALL_REDUCTION_CHANNELS)
-    if not per_thread or per_thread == 1:
-        return 1
+    block, iters, per_thread = taken
     bits = tvm.DataType(str(func.params[-1].dtype)).bits
-    return row_pixels(block, reds[0].iters, per_thread, pixels, bits, wide_pixels=wide_pixels or pixels)
+    return row_pixels(block, iters, per_thread, pixels, bits, wide_pixels=wide_pixels or pixels)
 
 
 def rows_taken(func, target: str, channels: int, *_, rows: int | None = None) -> int:
     """The output rows per thread block the channel-vectorized schedule gives ``func`` with ``channels``
     and ``rows`` (default: the build's :data:`BLOCK_ROWS`); 1 when it declines or takes none."""
-    from tvm.s_tir import Schedule
-    from tvm.s_tir.dlight.analysis import normalize_prim_func
+    from inferx_edge.compiler.cuda.rules.small_reduction import BLOCK_ROWS, block_rows
 
-    from inferx_edge.compiler.compile import resolve_tvm_target
-    from inferx_edge.compiler.cuda.rules.small_reduction import (
-        BLOCK_ROWS,
-        FP32_SMALL_REDUCTION_CHANNELS,
-        block_rows,
-        thread_channels,
-    )
-    from inferx_edge.targets import get_target
-
-    with resolve_tvm_target(get_target(target)):
-        sch = Schedule(func)
-        infos = normalize_prim_func(sch)
-    reds = [b for b in infos or [] if "R" in b.dom_kind()]
-    if len(reds) != 1:
+    taken = _channel_vectorized(func, target, channels)
+    if taken is None:
         return 1
-    block = sch.get(reds[0].block_rv)
-    per_thread = thread_channels(block, channels, FP32_SMALL_REDUCTION_CHANNELS)
-    if not per_thread or per_thread == 1:
-        return 1
-    return block_rows(block, reds[0].iters, per_thread, BLOCK_ROWS if rows is None else rows)
+    block, iters, per_thread = taken
+    return block_rows(block, iters, per_thread, BLOCK_ROWS if rows is None else rows)
 
 
 def time_variants(model_name: str, name: str, func, batch: int, target: str, dev, variants=VARIANTS) -> dict:

@@ -136,6 +136,22 @@ def test_multihead_attention_export_builds_in_nhwc_and_matches_torch(tmp_path):
     np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5)
 
 
+def _exported_built_and_run(tmp_path, net, x, dynamic_shapes=None, run=None):
+    """``net`` exported with torch.export on ``x`` (``dynamic_shapes`` as torch takes them), built for
+    this host with input ``x`` pinned to ``run``'s shape, run on ``run`` (default ``x``): (our outputs,
+    torch's), in order."""
+    run = x if run is None else run
+    path = tmp_path / "net.pt2"
+    torch.export.save(torch.export.export(net, (x,), dynamic_shapes=dynamic_shapes), str(path))
+    out = tmp_path / "net.ixa"
+    options = BuildOptions(model=path, target=host_target_name(), output=out, input_shapes={"x": tuple(run.shape)})
+    build_artifact(options, log=lambda *a: None)
+    with Engine(out) as engine, torch.no_grad():
+        got = list(engine.run({"x": run.numpy()}).values())
+        want = net(run)
+    return got, [t.numpy() for t in (want if isinstance(want, tuple) else (want,))]
+
+
 class DecoderNet(torch.nn.Module):
     """A UNet decoder step: a strided conv down, transposed convs back up (kernel 2 and kernel 4 with
     padding, both stride 2), concatenated with a skip branch, GroupNorm + SiLU."""
@@ -159,17 +175,8 @@ def test_transposed_convolutions_export_builds_and_matches_torch(tmp_path):
     carried the channels-last input through it, a layout its legalization has no lowering for, and the
     build failed in VM codegen. Transposed convs stay NCHW between NHWC convolutions."""
     torch.manual_seed(0)
-    net = DecoderNet().eval()
-    x = torch.randn(2, 3, 16, 16)
-    path = tmp_path / "decoder.pt2"
-    torch.export.save(torch.export.export(net, (x,)), str(path))
-    out = tmp_path / "decoder.ixa"
-    build_artifact(BuildOptions(model=path, target=host_target_name(), output=out), log=lambda *a: None)
-    with Engine(out) as engine, torch.no_grad():
-        got = engine.run({"x": x.numpy()})
-        want = net(x).numpy()
-    (name,) = got
-    np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5)
+    (got,), (want,) = _exported_built_and_run(tmp_path, DecoderNet().eval(), torch.randn(2, 3, 16, 16))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
 class LastStepNet(torch.nn.Module):
@@ -195,17 +202,9 @@ def test_negative_indices_count_from_the_end(tmp_path):
     went to an unchecked gather as they were and read outside the tensor (a GRU classifier's logits
     ~1e20, no error); they match torch now."""
     torch.manual_seed(0)
-    net = LastStepNet().eval()
-    x = torch.randn(2, 6, 5)
-    path = tmp_path / "last_step.pt2"
-    torch.export.save(torch.export.export(net, (x,)), str(path))
-    out = tmp_path / "last_step.ixa"
-    build_artifact(BuildOptions(model=path, target=host_target_name(), output=out), log=lambda *a: None)
-    with Engine(out) as engine, torch.no_grad():
-        got = list(engine.run({"x": x.numpy()}).values())
-        want = [t.numpy() for t in net(x)]
+    got, want = _exported_built_and_run(tmp_path, LastStepNet().eval(), torch.randn(2, 6, 5))
     assert len(got) == 4
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
@@ -216,20 +215,10 @@ class FromTheEnd(torch.nn.Module):
 
 def test_negative_indices_over_a_dynamic_dimension(tmp_path):
     """The same over an axis whose size is pinned only at import (the wrap takes the dim's value)."""
-    seq = torch.export.Dim("seq", min=2, max=64)
-    path = tmp_path / "from_the_end.pt2"
-    program = torch.export.export(FromTheEnd(), (torch.randn(2, 5, 3),), dynamic_shapes={"x": {1: seq}})
-    torch.export.save(program, str(path))
-    out = tmp_path / "from_the_end.ixa"
-    build_artifact(
-        BuildOptions(model=path, target=host_target_name(), output=out, input_shapes={"x": (2, 7, 3)}),
-        log=lambda *a: None,
-    )
-    x = torch.randn(2, 7, 3)
-    with Engine(out) as engine:
-        got = list(engine.run({"x": x.numpy()}).values())
-    for g, w in zip(got, FromTheEnd()(x), strict=True):
-        np.testing.assert_array_equal(g, w.numpy())
+    seq = {"x": {1: torch.export.Dim("seq", min=2, max=64)}}
+    got, want = _exported_built_and_run(tmp_path, FromTheEnd(), torch.randn(2, 5, 3), seq, torch.randn(2, 7, 3))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
 
 
 class Reductions(torch.nn.Module):
@@ -240,15 +229,9 @@ class Reductions(torch.nn.Module):
 def test_amax_amin_prod_and_logsumexp_import(tmp_path):
     """aten.amax / amin / prod (and logsumexp, which decomposes to amax) were 'Unsupported function
     types' for TVM's translator; they import and match torch."""
-    x = torch.randn(2, 5, 3)
-    path = tmp_path / "reductions.pt2"
-    torch.export.save(torch.export.export(Reductions(), (x,)), str(path))
-    out = tmp_path / "reductions.ixa"
-    build_artifact(BuildOptions(model=path, target=host_target_name(), output=out), log=lambda *a: None)
-    with Engine(out) as engine:
-        got = list(engine.run({"x": x.numpy()}).values())
-    for g, w in zip(got, Reductions()(x), strict=True):
-        np.testing.assert_allclose(g, w.numpy(), rtol=1e-5, atol=1e-6)
+    got, want = _exported_built_and_run(tmp_path, Reductions(), torch.randn(2, 5, 3))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
 
 
 class PlainGroupNorms(torch.nn.Module):
@@ -263,15 +246,9 @@ class PlainGroupNorms(torch.nn.Module):
 def test_group_norms_without_affine_parameters_import(tmp_path):
     """GroupNorm without weight and bias failed inside TVM's translator (a null pointer); it imports
     with ones and zeros and matches torch, over 4-D and 3-D inputs."""
-    x = torch.randn(2, 6, 4, 5)
-    path = tmp_path / "group_norms.pt2"
-    torch.export.save(torch.export.export(PlainGroupNorms(), (x,)), str(path))
-    out = tmp_path / "group_norms.ixa"
-    build_artifact(BuildOptions(model=path, target=host_target_name(), output=out), log=lambda *a: None)
-    with Engine(out) as engine:
-        got = list(engine.run({"x": x.numpy()}).values())
-    for g, w in zip(got, PlainGroupNorms()(x), strict=True):
-        np.testing.assert_allclose(g, w.numpy(), rtol=1e-4, atol=1e-5)
+    got, want = _exported_built_and_run(tmp_path, PlainGroupNorms(), torch.randn(2, 6, 4, 5))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
 class ExponentialUnits(torch.nn.Module):
@@ -282,12 +259,6 @@ class ExponentialUnits(torch.nn.Module):
 def test_selu_keeps_its_scale(tmp_path):
     """torch.export writes SELU as aten.elu(x, alpha, scale); TVM's conversion dropped the scale (and
     input_scale): SELU came out 5 % low on positive inputs with no error. ELU and CELU are checked too."""
-    x = torch.randn(2, 6, 5) * 2
-    path = tmp_path / "exponential_units.pt2"
-    torch.export.save(torch.export.export(ExponentialUnits(), (x,)), str(path))
-    out = tmp_path / "exponential_units.ixa"
-    build_artifact(BuildOptions(model=path, target=host_target_name(), output=out), log=lambda *a: None)
-    with Engine(out) as engine:
-        got = list(engine.run({"x": x.numpy()}).values())
-    for g, w in zip(got, ExponentialUnits()(x), strict=True):
-        np.testing.assert_allclose(g, w.numpy(), rtol=1e-5, atol=1e-6)
+    got, want = _exported_built_and_run(tmp_path, ExponentialUnits(), torch.randn(2, 6, 5) * 2)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
