@@ -145,6 +145,43 @@ def _elu(node, importer):
     return importer.block_builder.emit(op.multiply(out, const(scale)) if scale != 1.0 else out)
 
 
+def _upsample_nearest2d(node, importer):
+    """``aten.upsample_nearest2d.vec(x, size, scale_factors)``: torch's "nearest" takes source pixel
+    ``floor(i * in / out)`` (asymmetric coordinates, floor). TVM's conversion resized with half-pixel
+    coordinates and rounding, the rule of "nearest-exact": a 5 -> 3 downsample picked other pixels
+    (no error); integer upsampling happens to agree."""
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    size = node.args[1] if len(node.args) > 1 else node.kwargs.get("output_size")
+    if not size:
+        scales = node.args[2] if len(node.args) > 2 else node.kwargs.get("scale_factors")
+        shape = importer.shape_of(x)
+        scales = list(scales) if isinstance(scales, (list, tuple)) else [scales] * (len(shape) - 2)
+        size = [int(int(shape[i]) * scales[i - 2]) for i in range(2, len(shape))]
+    resize = relax.op.image.resize2d(
+        x, size, layout="NCHW", method="nearest_neighbor",
+        coordinate_transformation_mode="asymmetric", rounding_method="floor",
+    )  # fmt: skip
+    return importer.block_builder.emit(resize)
+
+
+def _grid_sampler_2d(node, importer):
+    """``aten.grid_sampler_2d(x, grid, interpolation, padding, align_corners)``: torch's grid is (N, H,
+    W, 2); Relax's ``image.grid_sample`` takes (N, 2, H, W). TVM's conversion passed torch's grid as it
+    was, so the output had the wrong shape (N, C, W, 2) and values, no error. The grid is transposed."""
+    from tvm import relax
+
+    x, grid = importer.env[node.args[0]], importer.env[node.args[1]]
+    mode, padding, align = (node.args[i] if len(node.args) > i else d for i, d in ((2, 0), (3, 0), (4, False)))
+    grid = importer.block_builder.emit(relax.op.permute_dims(grid, [0, 3, 1, 2]))
+    sample = relax.op.image.grid_sample(
+        x, grid, method={0: "bilinear", 1: "nearest", 2: "bicubic"}[mode], layout="NCHW",
+        padding_mode={0: "zeros", 1: "border", 2: "reflection"}[padding], align_corners=bool(align),
+    )  # fmt: skip
+    return importer.block_builder.emit(sample)
+
+
 #: aten ops converted here instead of by TVM's translator (see each function)
 _CONVERTERS = {
     "select.int": _select,
@@ -154,6 +191,8 @@ _CONVERTERS = {
     "prod.dim_int": _reduction("prod"),
     "native_group_norm.default": _native_group_norm,
     "elu.default": _elu,
+    "upsample_nearest2d.vec": _upsample_nearest2d,
+    "grid_sampler_2d.default": _grid_sampler_2d,
 }
 
 

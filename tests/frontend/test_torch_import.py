@@ -262,3 +262,28 @@ def test_selu_keeps_its_scale(tmp_path):
     got, want = _exported_built_and_run(tmp_path, ExponentialUnits(), torch.randn(2, 6, 5) * 2)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+class Resamplers(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("grid", torch.rand(2, 4, 5, 2, generator=torch.Generator().manual_seed(0)) * 2.4 - 1.2)
+
+    def forward(self, x):
+        f = torch.nn.functional
+        return (
+            f.interpolate(x, size=(3, 2), mode="nearest"),
+            f.interpolate(x, scale_factor=1.5, mode="nearest"),
+            f.grid_sample(x, self.grid, align_corners=False),
+            f.grid_sample(x, self.grid, mode="nearest", padding_mode="border", align_corners=True),
+        )
+
+
+def test_nearest_resizes_and_grid_samples_match_torch(tmp_path):
+    """TVM's conversion resized "nearest" with half-pixel rounding (torch floors asymmetric
+    coordinates: a 5 -> 3 downsample picked other pixels) and passed grid_sample torch's (N, H, W, 2)
+    grid where Relax takes (N, 2, H, W) (wrong shape and values). Both silently; both match now."""
+    got, want = _exported_built_and_run(tmp_path, Resamplers(), torch.randn(2, 3, 6, 6))
+    assert [g.shape for g in got] == [w.shape for w in want]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
