@@ -36,6 +36,21 @@ def _cast_int_operands_of_float_arith(ep) -> int:
     return inserted
 
 
+def _dtype(node) -> str:
+    """The dtype torch recorded for an fx node's value (``float32``, ``int64``...)."""
+    return str(node.meta["val"].dtype).replace("torch.", "")
+
+
+def _operand(importer, arg, dtype: str):
+    """An fx argument (a node or a Python number) as a Relax value of ``dtype``."""
+    from tvm import relax
+
+    if not hasattr(arg, "meta"):
+        return relax.const(arg, dtype)
+    value = importer.env[arg]
+    return value if _dtype(arg) == dtype else importer.block_builder.emit(relax.op.astype(value, dtype))
+
+
 def _select(node, importer):
     """``aten.select.int`` (``x[:, i]``) for the translator: a negative index counts from the end. TVM's
     own conversion passes the index to an unchecked ``take`` as it is, so ``x[:, -1]`` (a sequence
@@ -113,7 +128,7 @@ def _native_group_norm(node, importer):
 
     x = importer.env[node.args[0]]
     shape = importer.shape_of(x)
-    dtype = str(node.args[0].meta["val"].dtype).replace("torch.", "")
+    dtype = _dtype(node.args[0])
     channels = int(shape[1])
     gamma, beta = (
         importer.env[node.args[i]] if node.args[i] is not None else relax.const(np.full(channels, fill, dtype))
@@ -134,7 +149,7 @@ def _elu(node, importer):
     from tvm import relax
 
     x = importer.env[node.args[0]]
-    dtype = str(node.args[0].meta["val"].dtype).replace("torch.", "")
+    dtype = _dtype(node.args[0])
     alpha, scale, input_scale = (
         node.args[i] if len(node.args) > i else node.kwargs.get(key, 1.0)
         for i, key in ((1, "alpha"), (2, "scale"), (3, "input_scale"))
@@ -182,6 +197,49 @@ def _grid_sampler_2d(node, importer):
     return importer.block_builder.emit(sample)
 
 
+def _clamp(node, importer):
+    """``aten.clamp(x, min, max)`` with one bound None: TVM's conversion wrote the other as an infinite
+    float bound, which an integer tensor's legalization could not cast ("Cannot convert infinity to
+    BigInt": ``counts.clamp(min=1)`` failed the build). One-sided and integer clamps are a maximum
+    and/or a minimum in the dtype torch gives the result; two-sided float ones stay a clip."""
+    from tvm import relax
+
+    dtype = _dtype(node)
+    out = _operand(importer, node.args[0], dtype)
+    low = node.args[1] if len(node.args) > 1 else node.kwargs.get("min")
+    high = node.args[2] if len(node.args) > 2 else node.kwargs.get("max")
+    if dtype.startswith("float") and all(isinstance(b, (int, float)) for b in (low, high)):
+        return importer.block_builder.emit(relax.op.clip(out, low, high))  # as TVM converts it (ReLU6)
+    if low is not None:
+        out = relax.op.maximum(out, _operand(importer, low, dtype))
+    if high is not None:
+        out = relax.op.minimum(out, _operand(importer, high, dtype))
+    return importer.block_builder.emit(out)
+
+
+def _div_mode(node, importer):
+    """``aten.div.Tensor_mode(a, b, rounding_mode)`` (``torch.div(x, 3, rounding_mode="floor")``, an
+    integer tensor's ``//``): TVM's conversion made a Python divisor an int32 constant next to a float32
+    or int64 tensor and the import failed. Both operands take the result's dtype; "floor" is floor
+    division (Python's, for integers too), "trunc" rounds toward zero."""
+    from tvm import relax
+
+    dtype = _dtype(node)
+    a, b = (_operand(importer, arg, dtype) for arg in node.args[:2])
+    mode = node.kwargs.get("rounding_mode", node.args[2] if len(node.args) > 2 else None)
+    op = relax.op
+    if mode == "floor":
+        out = op.floor_divide(a, b) if dtype.startswith(("int", "uint")) else op.floor(op.divide(a, b))
+    elif mode == "trunc" and dtype.startswith(("int", "uint")):  # exact below 2**53
+        wide = op.trunc(op.divide(op.astype(a, "float64"), op.astype(b, "float64")))
+        out = op.astype(wide, dtype)
+    elif mode == "trunc":
+        out = op.trunc(op.divide(a, b))
+    else:
+        out = op.divide(a, b)
+    return importer.block_builder.emit(out)
+
+
 #: aten ops converted here instead of by TVM's translator (see each function)
 _CONVERTERS = {
     "select.int": _select,
@@ -193,6 +251,8 @@ _CONVERTERS = {
     "elu.default": _elu,
     "upsample_nearest2d.vec": _upsample_nearest2d,
     "grid_sampler_2d.default": _grid_sampler_2d,
+    "clamp.default": _clamp,
+    "div.Tensor_mode": _div_mode,
 }
 
 

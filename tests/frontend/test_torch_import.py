@@ -287,3 +287,26 @@ def test_nearest_resizes_and_grid_samples_match_torch(tmp_path):
     assert [g.shape for g in got] == [w.shape for w in want]
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+class IntegerArithmetic(torch.nn.Module):
+    def forward(self, x):
+        counts = (x > 0).sum(1)
+        ints = (x * 10).long()
+        return (
+            (x * (x > 0)).sum(1) / counts.clamp(min=1),  # a masked mean
+            (ints // 3).float(),
+            (ints // -3).float(),
+            torch.div(ints, 3, rounding_mode="trunc").float(),
+            torch.div(x * 10, 3, rounding_mode="floor"),
+            ints.clamp(max=3).float(),
+        )
+
+
+def test_integer_floor_division_and_one_sided_clamps_import(tmp_path):
+    """``ints // 3`` and ``torch.div(x, 3, rounding_mode=...)`` failed to import (an int32 constant next
+    to int64 / float32 tensors); ``counts.clamp(min=1)`` failed the build (an infinite bound cast to
+    int64). They import and match torch, Python's floor semantics for negative operands included."""
+    got, want = _exported_built_and_run(tmp_path, IntegerArithmetic(), torch.randn(2, 5, 3))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
