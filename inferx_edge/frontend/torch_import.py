@@ -97,9 +97,45 @@ def _index_tensor(node, importer):
         saved[index] = idx
         importer.env[index] = importer.block_builder.emit(wrapped)
     try:
-        return importer._index_tensor(node)
+        gathered = _adjacent_advanced_index(node, importer)
+        return importer._index_tensor(node) if gathered is None else gathered
     finally:
         importer.env.update(saved)
+
+
+def _adjacent_advanced_index(node, importer):
+    """``x[:, :, i, j]``-style indexing: whole leading axes (None), then several index tensors on
+    adjacent axes that broadcast together, e.g. ``F.unfold``'s decomposition (``i``: (3, 3, 1, 1),
+    ``j``: (3, 3)). TVM's conversion failed on these ("cannot broadcast index shapes"). The indexed
+    axes are moved to the front, gathered with index tensors broadcast to one shape, and the gathered
+    dims moved back to where the first indexed axis was, as torch places them. None (TVM's conversion)
+    for other patterns."""
+    import numpy as np
+    import torch
+    from tvm import relax
+
+    indices = list(node.args[1])
+    at = [i for i, ix in enumerate(indices) if ix is not None]
+    if len(at) < 2 or at != list(range(at[0], at[-1] + 1)) or at[0] == 0:
+        return None
+    vals = [indices[i].meta.get("val") if isinstance(indices[i], torch.fx.Node) else None for i in at]
+    if any(v is None or v.dtype in (torch.bool, torch.uint8) for v in vals):
+        return None
+    try:
+        common = tuple(int(d) for d in np.broadcast_shapes(*(tuple(v.shape) for v in vals)))
+    except (TypeError, ValueError):  # dynamic index shapes
+        return None
+    bb, op = importer.block_builder, relax.op
+    data = importer.env[node.args[0]]
+    rank = len(importer.shape_of(data))
+    rest = [a for a in range(rank) if a not in at]
+    front = bb.emit(op.permute_dims(data, [*at, *rest]))
+    index = [bb.emit(op.broadcast_to(importer.env[indices[i]], common)) for i in at]
+    gathered = bb.emit(op.index_tensor(front, index))  # common + the other axes, in order
+    k, first = len(common), at[0]
+    # the other axes before the first indexed one, then the gathered dims, then the remaining axes
+    order = [k + j for j in range(first)] + list(range(k)) + [k + j for j in range(first, len(rest))]
+    return bb.emit(op.permute_dims(gathered, order))
 
 
 def _reduction(name: str):

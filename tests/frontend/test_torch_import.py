@@ -310,3 +310,19 @@ def test_integer_floor_division_and_one_sided_clamps_import(tmp_path):
     got, want = _exported_built_and_run(tmp_path, IntegerArithmetic(), torch.randn(2, 5, 3))
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+class Patches(torch.nn.Module):
+    def forward(self, x):
+        rows, cols = torch.tensor([[0], [2]]), torch.tensor([1, -1, 2])
+        return torch.nn.functional.unfold(x, 3, padding=1, stride=2), x[:, :, rows, cols]
+
+
+def test_unfold_and_advanced_indexing_after_whole_axes(tmp_path):
+    """``F.unfold`` decomposes to ``x[:, :, i, j]`` with index tensors of shapes (3, 3, 1, 1) and (3, 3);
+    TVM's conversion failed on such indexing ("cannot broadcast index shapes"). It imports and matches
+    torch, with the gathered dims where torch puts them and a negative index among them."""
+    got, want = _exported_built_and_run(tmp_path, Patches(), torch.randn(2, 4, 6, 6))
+    assert [g.shape for g in got] == [(2, 36, 9), (2, 4, 2, 3)]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
