@@ -32,6 +32,7 @@ from inferx_edge.compiler.passes.pad_int8_conv_channels import pad_int8_conv_cha
 from inferx_edge.compiler.passes.pad_ragged_conv_outputs import PAD_TO, pad_ragged_conv_outputs
 from inferx_edge.compiler.passes.sink_permutes import sink_permutes
 from inferx_edge.compiler.passes.space_to_depth_int8_convs import space_to_depth_int8_convs
+from inferx_edge.compiler.passes.stack_as_concat import stack_as_concat
 from inferx_edge.compiler.passes.unit_transposes_to_reshapes import drop_identity_reshapes, unit_transposes_to_reshapes
 
 
@@ -58,7 +59,8 @@ def convert_layout(mod, layout: str, kernel_layout: str = "OHWI"):
     zero-padded to 4 channels (:func:`pad_int8_conv_channels`: one 4-byte load per pixel instead of a
     byte gather), and stride-2 ones over at most 4 (padded) channels run on a space-to-depth input
     (:func:`space_to_depth_int8_convs`). Negative ``squeeze``/``permute_dims`` axes are made
-    non-negative first (:func:`nonnegative_axes`: TVM's layout rules for those two fail on them).
+    non-negative first (:func:`nonnegative_axes`: TVM's layout rules for those two fail on them), and
+    stacks become concatenations (:func:`stack_as_concat`: ``stack`` has no working layout rule).
     Transposes move below elementwise ops and cancel where they meet their inverse
     (:func:`sink_permutes`: a channels-last block inside an NCHW network), and last, transposes that
     only move axes of extent 1 become reshapes (:func:`unit_transposes_to_reshapes`) and reshapes
@@ -68,7 +70,7 @@ def convert_layout(mod, layout: str, kernel_layout: str = "OHWI"):
         return mod
     from tvm import relax
 
-    mod = nonnegative_axes(clip_to_min_max(mod))
+    mod = stack_as_concat(nonnegative_axes(clip_to_min_max(mod)))
     # transposed convolutions stay NCHW / IOHW, the only layouts their legalization lowers: left to
     # itself ConvertLayout carried the NHWC input through them when the frontend set out_dtype
     # (torch.export), and the build failed in VM codegen on the unlowered op

@@ -136,3 +136,41 @@ def test_negative_squeeze_and_permute_axes_convert_and_compute_the_same():
             outs.append(vm["main"](tvm.runtime.tensor(x)).numpy())
         assert outs[0].shape == outs[1].shape, name
         np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_stacks_convert_and_compute_the_same():
+    """relax.stack has no working layout rule in TVM's ConvertLayout ('Index -1 out of bounds',
+    'Invalid SLayout'): ONNX Max/Min of several inputs import as stack + reduction, and torch.max(a, b)
+    exported to ONNX did not build. convert_layout writes stacks as concatenations of expand_dims."""
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.passes import convert_layout
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 3, 3, 3)).astype(np.float32)
+    x = rng.standard_normal((1, 3, 6, 8)).astype(np.float32)
+    tails = {
+        "elementwise max of two branches (ONNX Max)": lambda y: relax.op.max(
+            relax.op.stack([y, relax.op.negative(y)], axis=0), axis=[0]
+        ),
+        "stack on the last axis": lambda y: relax.op.stack([y, y * relax.const(np.float32(2))], axis=-1),
+        "stack without convolutions around it": None,
+    }
+    for name, tail in tails.items():
+        bb = relax.BlockBuilder()
+        xv = relax.Var("x", relax.TensorType(x.shape, "float32"))
+        with bb.function("main", [xv]):
+            with bb.dataflow():
+                if tail is None:
+                    out = bb.emit_output(relax.op.stack([xv, xv], axis=1))
+                else:
+                    y = bb.emit(relax.op.nn.conv2d(xv, relax.const(w)))
+                    out = bb.emit_output(bb.emit(tail(y)))
+            bb.emit_func_output(out)
+        outs = []
+        for mod in (bb.get(), convert_layout(bb.get(), "NHWC", "HWIO")):
+            vm = relax.VirtualMachine(relax.build(mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+            outs.append(vm["main"](tvm.runtime.tensor(x)).numpy())
+        assert outs[0].shape == outs[1].shape, name
+        np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5, err_msg=name)
