@@ -109,10 +109,7 @@ def test_onnx_clip_with_tensor_bounds_stays_in_nhwc(tmp_path):
 def test_negative_squeeze_and_permute_axes_convert_and_compute_the_same():
     """TVM's layout rules for squeeze and permute_dims fail on negative axes (std::bad_alloc, 'Invalid
     layout'); convert_layout makes them non-negative first. Every case against the unconverted module."""
-    import tvm
     from tvm import relax
-
-    from inferx_edge.compiler.passes import convert_layout
 
     rng = np.random.default_rng(0)
     w = rng.standard_normal((8, 3, 3, 3)).astype(np.float32)
@@ -123,29 +120,14 @@ def test_negative_squeeze_and_permute_axes_convert_and_compute_the_same():
         "permute with a negative axis": lambda y: relax.op.permute_dims(y, axes=[0, -1, 1, 2]),
     }
     for name, tail in tails.items():
-        bb = relax.BlockBuilder()
-        xv = relax.Var("x", relax.TensorType(x.shape, "float32"))
-        with bb.function("main", [xv]):
-            with bb.dataflow():
-                y = bb.emit(relax.op.nn.conv2d(xv, relax.const(w)))
-                out = bb.emit_output(bb.emit(tail(y)))
-            bb.emit_func_output(out)
-        outs = []
-        for mod in (bb.get(), convert_layout(bb.get(), "NHWC", "HWIO")):
-            vm = relax.VirtualMachine(relax.build(mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
-            outs.append(vm["main"](tvm.runtime.tensor(x)).numpy())
-        assert outs[0].shape == outs[1].shape, name
-        np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5, err_msg=name)
+        _converts_and_computes_the_same(name, x, lambda xv, t=tail: t(relax.op.nn.conv2d(xv, relax.const(w))))
 
 
 def test_stacks_convert_and_compute_the_same():
     """relax.stack has no working layout rule in TVM's ConvertLayout ('Index -1 out of bounds',
     'Invalid SLayout'): ONNX Max/Min of several inputs import as stack + reduction, and torch.max(a, b)
     exported to ONNX did not build. convert_layout writes stacks as concatenations of expand_dims."""
-    import tvm
     from tvm import relax
-
-    from inferx_edge.compiler.passes import convert_layout
 
     rng = np.random.default_rng(0)
     w = rng.standard_normal((8, 3, 3, 3)).astype(np.float32)
@@ -158,19 +140,29 @@ def test_stacks_convert_and_compute_the_same():
         "stack without convolutions around it": None,
     }
     for name, tail in tails.items():
-        bb = relax.BlockBuilder()
-        xv = relax.Var("x", relax.TensorType(x.shape, "float32"))
-        with bb.function("main", [xv]):
-            with bb.dataflow():
-                if tail is None:
-                    out = bb.emit_output(relax.op.stack([xv, xv], axis=1))
-                else:
-                    y = bb.emit(relax.op.nn.conv2d(xv, relax.const(w)))
-                    out = bb.emit_output(bb.emit(tail(y)))
-            bb.emit_func_output(out)
-        outs = []
-        for mod in (bb.get(), convert_layout(bb.get(), "NHWC", "HWIO")):
-            vm = relax.VirtualMachine(relax.build(mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
-            outs.append(vm["main"](tvm.runtime.tensor(x)).numpy())
-        assert outs[0].shape == outs[1].shape, name
-        np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5, err_msg=name)
+        if tail is None:
+            _converts_and_computes_the_same(name, x, lambda xv: relax.op.stack([xv, xv], axis=1))
+        else:
+            _converts_and_computes_the_same(name, x, lambda xv, t=tail: t(relax.op.nn.conv2d(xv, relax.const(w))))
+
+
+def _converts_and_computes_the_same(name, x, body):
+    """A one-input function ``body(x)`` built for the CPU as it is and after ``convert_layout`` to NHWC
+    (HWIO weights): the same shape and values."""
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.passes import convert_layout
+
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType(x.shape, "float32"))
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            out = bb.emit_output(body(xv))
+        bb.emit_func_output(out)
+    outs = []
+    for mod in (bb.get(), convert_layout(bb.get(), "NHWC", "HWIO")):
+        vm = relax.VirtualMachine(relax.build(mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+        outs.append(vm["main"](tvm.runtime.tensor(x)).numpy())
+    assert outs[0].shape == outs[1].shape, name
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5, err_msg=name)
