@@ -10,6 +10,9 @@ part of the convolution's own window. A ``Pad`` by zero everywhere (Swin's pad o
 whole windows, when it already is whole) becomes an ``Identity``: as a TIR function it was a copy,
 and it kept the fp16 conversion from running at all (TVM's ``ToMixedPrecision`` rejects ``call_tir``
 arguments: "Expected TensorType, but got R.Callable").
+
+``ConvTranspose`` nodes that give an ``output_shape`` get the explicit pads that shape implies
+(:func:`explicit_conv_transpose_pads`): TVM's frontend ignored the attribute.
 """
 
 from __future__ import annotations
@@ -130,3 +133,71 @@ def _no_op(node, constants: dict) -> bool:
 
     pads = _pad_amounts(node, {a.name: helper.get_attribute_value(a) for a in node.attribute}, constants)
     return bool(pads) and not any(pads)
+
+
+def explicit_conv_transpose_pads(model, shapes: dict[str, tuple[int, ...]]):
+    """A copy of ``model`` where each ``ConvTranspose`` with an ``output_shape`` attribute gets the
+    ``pads`` (and, where the shape needs more than padding removes, ``output_padding``) that give that
+    shape, as the ONNX specification derives them: total = stride * (in - 1) + output_padding +
+    (kernel - 1) * dilation + 1 - out, split with the extra pixel at the start (NOTSET, SAME_LOWER) or
+    the end (SAME_UPPER). TVM's ONNX frontend ignored ``output_shape``: a 5x5 -> 10x10 stride-2
+    transposed conv came out 11x11, no error. ``shapes``: the graph inputs' pinned shapes (static).
+    Returns ``(model, rewritten node count)``."""
+    import onnx
+    from onnx import helper
+
+    def attrs_of(node):
+        return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+    todo = [n for n in model.graph.node if n.op_type == "ConvTranspose" and "output_shape" in attrs_of(n)]
+    if not todo:
+        return model, 0
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for inp in m.graph.input:  # pin the inputs so shape inference knows every spatial size
+        if inp.name in shapes:
+            for dim, size in zip(inp.type.tensor_type.shape.dim, shapes[inp.name], strict=False):
+                dim.Clear()
+                dim.dim_value = int(size)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(m)
+    except Exception:  # noqa: BLE001 - a model shape inference rejects: left to the frontend as it was
+        return model, 0
+    known = {}
+    for vi in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
+        dims = vi.type.tensor_type.shape.dim
+        if dims and all(d.HasField("dim_value") for d in dims):
+            known[vi.name] = [d.dim_value for d in dims]
+    weights = {t.name: list(t.dims) for t in m.graph.initializer}
+    rewritten = 0
+    for node in (n for n in m.graph.node if n.op_type == "ConvTranspose"):
+        attrs = attrs_of(node)
+        if "output_shape" not in attrs or node.input[0] not in known:
+            continue
+        spatial = known[node.input[0]][2:]
+        rank = len(spatial)
+        kernel = list(attrs.get("kernel_shape") or weights.get(node.input[1], [])[2:])
+        out = list(attrs["output_shape"])[-rank:]
+        if len(kernel) != rank or len(out) != rank:
+            continue
+        strides = list(attrs.get("strides", [1] * rank))
+        dilations = list(attrs.get("dilations", [1] * rank))
+        extra = list(attrs.get("output_padding", [0] * rank))
+        upper = _text(attrs.get("auto_pad", b"NOTSET")) == "SAME_UPPER"
+        begin, end = [], []
+        for i in range(rank):
+            total = strides[i] * (spatial[i] - 1) + extra[i] + (kernel[i] - 1) * dilations[i] + 1 - out[i]
+            if total < 0:  # more than the natural size: the rest is output padding
+                extra[i] -= total
+                total = 0
+            small, large = total // 2, total - total // 2
+            begin.append(small if upper else large)
+            end.append(large if upper else small)
+        for a in list(node.attribute):
+            if a.name in ("output_shape", "auto_pad", "pads", "output_padding"):
+                node.attribute.remove(a)
+        node.attribute.extend(
+            [helper.make_attribute("pads", begin + end), helper.make_attribute("output_padding", extra)]
+        )
+        rewritten += 1
+    return m, rewritten

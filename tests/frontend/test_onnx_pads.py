@@ -167,3 +167,40 @@ def test_a_pad_by_nothing_is_an_identity_and_the_model_converts_to_fp16(tmp_path
     vm = relax.VirtualMachine(relax.build(prepared.mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
     got = vm["main"](tvm.runtime.tensor(x), *[tvm.runtime.tensor(a) for a in prepared.weight_arrays]).numpy()
     np.testing.assert_allclose(got, x @ numpy_helper.to_array(w), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize(
+    "attrs, in_hw, out_hw",
+    [
+        ({"strides": [2, 2], "output_shape": [10, 10]}, (5, 5), (10, 10)),  # the extra pixel at the start
+        ({"strides": [2, 2], "output_shape": [10, 10], "auto_pad": "SAME_UPPER"}, (5, 5), (10, 10)),  # at the end
+        ({"strides": [3, 3], "output_shape": [14, 13]}, (4, 4), (14, 13)),  # beyond the natural 12: output padding
+        ({"strides": [2, 2], "dilations": [2, 2], "output_shape": [9, 11]}, (4, 5), (9, 11)),
+    ],
+)
+def test_conv_transpose_output_shape_gives_that_shape(tmp_path, attrs, in_hw, out_hw):
+    """TVM's ONNX frontend ignored ConvTranspose's output_shape (a 5x5 -> 10x10 stride-2 one came out
+    11x11, no error); the import writes the pads and output padding the specification derives."""
+    ort = pytest.importorskip("onnxruntime")
+    import onnx
+    import tvm
+    from onnx import TensorProto
+    from tvm import relax
+
+    from inferx_edge.frontend import import_model
+
+    w = np.random.default_rng(0).standard_normal((3, 4, 3, 3)).astype(np.float32)
+    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], kernel_shape=[3, 3], **attrs)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, *in_hw])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, *out_hw])], [numpy_helper.from_array(w, "w")],
+    )  # fmt: skip
+    path = tmp_path / "convt.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    x = np.random.default_rng(1).standard_normal((1, 3, *in_hw)).astype(np.float32)
+    (want,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    imported = import_model(path, {})
+    vm = relax.VirtualMachine(relax.build(imported.mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x), *[tvm.runtime.tensor(p) for p in imported.params]).numpy()
+    assert got.shape == want.shape == (1, 4, *out_hw)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
