@@ -7,7 +7,11 @@ from pathlib import Path
 from inferx_edge.errors import ModelError
 from inferx_edge.frontend.imported import ImportedModel, finish_import
 from inferx_edge.frontend.onnx_fold import fold_shape_subgraphs
-from inferx_edge.frontend.onnx_pads import explicit_conv_transpose_pads, fold_pads_into_convs
+from inferx_edge.frontend.onnx_pads import (
+    explicit_conv_transpose_pads,
+    fold_pads_into_convs,
+    refuse_fractional_resize_scales,
+)
 from inferx_edge.frontend.qdq import is_qdq, strip_qdq
 from inferx_edge.frontend.shapes import resolve_shapes
 
@@ -75,6 +79,7 @@ def import_onnx(path: Path, overrides: dict[str, tuple[int, ...]]) -> ImportedMo
         model, _ = fold_shape_subgraphs(model, shapes)
     model, _ = fold_pads_into_convs(model)  # after folding: "same" pads computed from shapes are constants now
     model, _ = explicit_conv_transpose_pads(model, shapes)
+    refuse_fractional_resize_scales(model, shapes)
 
     from tvm.relax.frontend.onnx import from_onnx
 

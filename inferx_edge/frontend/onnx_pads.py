@@ -201,3 +201,85 @@ def explicit_conv_transpose_pads(model, shapes: dict[str, tuple[int, ...]]):
         )
         rewritten += 1
     return m, rewritten
+
+
+def refuse_fractional_resize_scales(model, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Raise a :class:`~inferx_edge.errors.ModelError` for a ``Resize`` given constant ``scales`` where a
+    spatial size times its scale is not a whole number (5 pixels x 1.5, 9 x 0.7). The ONNX specification
+    (and onnxruntime) map output pixels back with the scale itself; TVM's frontend uses the ratio of
+    the rounded sizes, so such a resize imported with other values, silently (a bilinear 5 -> 7 resize
+    50 % off). Scales whose products are whole agree either way and pass."""
+    import onnx
+
+    from inferx_edge.errors import ModelError
+
+    resizes = [n for n in model.graph.node if n.op_type == "Resize" and len(n.input) > 2 and n.input[2]]
+    if not resizes:
+        return
+    constants = _constants(model)
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for inp in m.graph.input:
+        if inp.name in shapes:
+            for dim, size in zip(inp.type.tensor_type.shape.dim, shapes[inp.name], strict=False):
+                dim.Clear()
+                dim.dim_value = int(size)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(m)
+    except Exception:  # noqa: BLE001 - shapes unknown: nothing to check against
+        return
+    known = {}
+    for vi in (*inferred.graph.input, *inferred.graph.value_info):
+        dims = vi.type.tensor_type.shape.dim
+        if dims and all(d.HasField("dim_value") for d in dims):
+            known[vi.name] = [d.dim_value for d in dims]
+    for node in resizes:
+        scales = constants.get(node.input[2])
+        if scales is None or node.input[0] not in known or not np.asarray(scales).size:
+            continue
+        sizes = known[node.input[0]]
+        factors = [float(f) for f in np.asarray(scales).reshape(-1)]
+        products = [s * f for s, f in zip(sizes, factors, strict=False)]
+        if all(abs(p - round(p)) < 1e-6 for p in products) or _same_nearest_pixels(node, sizes, factors):
+            continue
+        raise ModelError(
+            f"Resize {node.name or node.output[0]!r} scales {sizes} by {np.asarray(scales).reshape(-1).tolist()}: "
+            f"not whole output sizes ({[round(p, 3) for p in products]}). ONNX samples such a resize with the "
+            "scale itself and TVM's importer with the ratio of the rounded sizes, so it would compute other "
+            "values; re-export it with output sizes instead of scales (torch: F.interpolate(size=...) or "
+            "recompute_scale_factor=True), or from torch.export, whose import follows torch"
+        )
+
+
+def _same_nearest_pixels(node, sizes: list[int], factors: list[float]) -> bool:
+    """Whether a nearest ``Resize`` picks the same source pixels mapped with its scales (the
+    specification) as with the ratio of the rounded sizes (TVM): a 5 -> 7 upsample by 1.5 does, a
+    9 -> 6 downsample by 0.7 does not. False for other modes and attribute values."""
+    from onnx import helper
+
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    mode = _text(attrs.get("mode", b"nearest"))
+    transform = _text(attrs.get("coordinate_transformation_mode", b"half_pixel"))
+    rounding = _text(attrs.get("nearest_mode", b"round_prefer_floor"))
+    if mode != "nearest" or transform not in ("asymmetric", "half_pixel", "pytorch_half_pixel"):
+        return False
+    pick = {
+        "floor": np.floor,
+        "ceil": np.ceil,
+        "round_prefer_floor": lambda v: np.ceil(v - 0.5),
+        "round_prefer_ceil": lambda v: np.floor(v + 0.5),
+    }.get(rounding)
+    if pick is None:
+        return False
+    for size, factor in zip(sizes, factors, strict=False):
+        out = int(np.floor(size * factor))
+        dst = np.arange(out, dtype=np.float64)
+        maps = []
+        for step in (1.0 / factor, size / max(out, 1)):
+            src = dst * step if transform == "asymmetric" else (dst + 0.5) * step - 0.5
+            if transform == "pytorch_half_pixel" and out == 1:
+                src = np.zeros_like(dst)
+            maps.append(np.clip(pick(src), 0, size - 1))
+        if not np.array_equal(*maps):
+            return False
+    return True

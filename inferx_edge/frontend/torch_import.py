@@ -196,17 +196,68 @@ def _elu(node, importer):
     return importer.block_builder.emit(op.multiply(out, const(scale)) if scale != 1.0 else out)
 
 
+def _resize_by_scale(importer, x, scales, linear: bool):
+    """``x`` (NCHW) resized along H and W by ``scales`` as torch does when it is given scale factors and
+    ``in * scale`` is not a whole number: the output has ``floor(in * scale)`` pixels, and source
+    coordinates use ``1 / scale`` (float32, as torch computes them), not the size ratio Relax's
+    ``resize2d`` takes. Each axis is a gather of precomputed source rows (nearest: ``floor(dst / s)``;
+    linear, half-pixel: two rows and their weights, negative coordinates clamped to 0)."""
+    import numpy as np
+    from tvm import relax
+
+    bb = importer.block_builder
+    shape = importer.shape_of(x)
+    dtype = str(x.ty.dtype)
+    for axis, scale in zip((2, 3), scales, strict=True):
+        size = int(shape[axis])
+        out = int(np.floor(size * float(scale)))
+        inv = np.float32(1.0 / float(scale))
+        dst = np.arange(out, dtype=np.float32)
+        if not linear:
+            src = np.minimum(np.floor(dst * inv).astype(np.int64), size - 1)
+            x = bb.emit(relax.op.take(x, relax.const(src), axis=axis))
+            continue
+        coord = np.maximum(inv * (dst + np.float32(0.5)) - np.float32(0.5), np.float32(0.0))
+        lo = np.minimum(coord.astype(np.int64), size - 1)
+        hi = np.minimum(lo + 1, size - 1)
+        frac = (coord - lo.astype(np.float32)).astype(dtype)
+        bcast = [1] * len(shape)
+        bcast[axis] = out
+        w = relax.const(frac.reshape(bcast))
+        a = relax.op.take(x, relax.const(lo), axis=axis)
+        b = relax.op.take(x, relax.const(hi), axis=axis)
+        x = bb.emit(relax.op.add(a, relax.op.multiply(relax.op.subtract(b, a), w)))
+    return x
+
+
+def _fractional_scales(importer, x, scales) -> list | None:
+    """``scales`` (one or one per spatial axis) when some spatial size times its scale is not a whole
+    number (where torch's sampling differs from a size-ratio resize), else None."""
+    if not scales:
+        return None
+    shape = importer.shape_of(x)
+    scales = list(scales) if isinstance(scales, (list, tuple)) else [scales] * (len(shape) - 2)
+    if len(shape) != 4 or any(not hasattr(shape[i], "value") and not isinstance(shape[i], int) for i in (2, 3)):
+        return None
+    products = [int(shape[i]) * float(scales[i - 2]) for i in (2, 3)]
+    return scales if any(p != int(p) for p in products) else None
+
+
 def _upsample_nearest2d(node, importer):
     """``aten.upsample_nearest2d.vec(x, size, scale_factors)``: torch's "nearest" takes source pixel
     ``floor(i * in / out)`` (asymmetric coordinates, floor). TVM's conversion resized with half-pixel
     coordinates and rounding, the rule of "nearest-exact": a 5 -> 3 downsample picked other pixels
-    (no error); integer upsampling happens to agree."""
+    (no error); integer upsamples happen to agree. Scales that give no whole output size sample with
+    the scale itself (:func:`_resize_by_scale`)."""
     from tvm import relax
 
     x = importer.env[node.args[0]]
     size = node.args[1] if len(node.args) > 1 else node.kwargs.get("output_size")
+    scales = None if size else (node.args[2] if len(node.args) > 2 else node.kwargs.get("scale_factors"))
+    fractional = _fractional_scales(importer, x, scales)
+    if fractional is not None:
+        return _resize_by_scale(importer, x, fractional, linear=False)
     if not size:
-        scales = node.args[2] if len(node.args) > 2 else node.kwargs.get("scale_factors")
         shape = importer.shape_of(x)
         scales = list(scales) if isinstance(scales, (list, tuple)) else [scales] * (len(shape) - 2)
         size = [int(int(shape[i]) * scales[i - 2]) for i in range(2, len(shape))]
@@ -215,6 +266,21 @@ def _upsample_nearest2d(node, importer):
         coordinate_transformation_mode="asymmetric", rounding_method="floor",
     )  # fmt: skip
     return importer.block_builder.emit(resize)
+
+
+def _upsample_bilinear2d(node, importer):
+    """``aten.upsample_bilinear2d.vec(x, size, align_corners, scale_factors)``: with scale factors whose
+    output size is not whole (5 pixels x 1.5), torch samples with ``1 / scale`` where TVM's conversion
+    used the size ratio (41 % off, no error); those go through :func:`_resize_by_scale`, the rest
+    through TVM's conversion."""
+    x = importer.env[node.args[0]]
+    size = node.args[1] if len(node.args) > 1 else node.kwargs.get("output_size")
+    align = node.args[2] if len(node.args) > 2 else node.kwargs.get("align_corners", False)
+    scales = None if size else (node.args[3] if len(node.args) > 3 else node.kwargs.get("scale_factors"))
+    fractional = None if align else _fractional_scales(importer, x, scales)
+    if fractional is not None:
+        return _resize_by_scale(importer, x, fractional, linear=True)
+    return importer._upsample_bilinear2d(node)
 
 
 def _grid_sampler_2d(node, importer):
@@ -286,6 +352,7 @@ _CONVERTERS = {
     "native_group_norm.default": _native_group_norm,
     "elu.default": _elu,
     "upsample_nearest2d.vec": _upsample_nearest2d,
+    "upsample_bilinear2d.vec": _upsample_bilinear2d,
     "grid_sampler_2d.default": _grid_sampler_2d,
     "clamp.default": _clamp,
     "div.Tensor_mode": _div_mode,

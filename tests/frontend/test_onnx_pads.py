@@ -204,3 +204,34 @@ def test_conv_transpose_output_shape_gives_that_shape(tmp_path, attrs, in_hw, ou
     got = vm["main"](tvm.runtime.tensor(x), *[tvm.runtime.tensor(p) for p in imported.params]).numpy()
     assert got.shape == want.shape == (1, 4, *out_hw)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "mode, scale, refused",
+    [("linear", 1.5, True), ("nearest", 0.7, True), ("nearest", 1.5, False), ("linear", 2.0, False)],
+)
+def test_resizes_by_scales_tvm_would_sample_otherwise_are_refused(tmp_path, mode, scale, refused):
+    """ONNX maps a Resize's output pixels back with its scales; TVM's importer uses the ratio of the
+    rounded sizes, which differs where size x scale is not whole (9 x 0.7, 7 x 1.5) and silently gave
+    other values. Those are refused with an error saying how to re-export; a nearest resize whose
+    pixels happen to agree (7 x 1.5 picks the same ones) and whole scales import."""
+    import onnx
+    from onnx import TensorProto
+
+    from inferx_edge.errors import ModelError
+    from inferx_edge.frontend import import_model
+
+    scales = numpy_helper.from_array(np.array([1, 1, scale, scale], np.float32), "s")
+    node = helper.make_node("Resize", ["x", "", "s"], ["y"], mode=mode, nearest_mode="floor",
+                            coordinate_transformation_mode="asymmetric" if mode == "nearest" else "half_pixel")  # fmt: skip
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 9, 7])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, int(9 * scale), int(7 * scale)])], [scales],
+    )  # fmt: skip
+    path = tmp_path / "resize.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    if refused:
+        with pytest.raises(ModelError, match=r"not whole output sizes.*re-export it with output sizes"):
+            import_model(path, {})
+    else:
+        import_model(path, {})

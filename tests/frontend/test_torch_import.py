@@ -326,3 +326,23 @@ def test_unfold_and_advanced_indexing_after_whole_axes(tmp_path):
     assert [g.shape for g in got] == [(2, 36, 9), (2, 4, 2, 3)]
     for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g, w)
+
+
+class FractionalResizes(torch.nn.Module):
+    def forward(self, x):
+        f = torch.nn.functional
+        return (
+            f.interpolate(x, scale_factor=0.7, mode="nearest"),
+            f.interpolate(x, scale_factor=(1.5, 1.3), mode="bilinear"),
+            f.interpolate(x, scale_factor=2, mode="bilinear"),
+        )
+
+
+def test_resizes_by_scales_without_whole_sizes_match_torch(tmp_path):
+    """With scale factors that give no whole output size (9 x 0.7), torch maps output pixels back with
+    the scale itself; TVM's conversion used the ratio of the rounded sizes (nearest: other pixels,
+    bilinear 41 % off, no error). Such resizes are gathers of torch's own source rows now."""
+    got, want = _exported_built_and_run(tmp_path, FractionalResizes(), torch.randn(2, 3, 9, 10))
+    assert [g.shape for g in got] == [(2, 3, 6, 7), (2, 3, 13, 13), (2, 3, 18, 20)]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
