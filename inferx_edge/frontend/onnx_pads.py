@@ -143,7 +143,6 @@ def explicit_conv_transpose_pads(model, shapes: dict[str, tuple[int, ...]]):
     the end (SAME_UPPER). TVM's ONNX frontend ignored ``output_shape``: a 5x5 -> 10x10 stride-2
     transposed conv came out 11x11, no error. ``shapes``: the graph inputs' pinned shapes (static).
     Returns ``(model, rewritten node count)``."""
-    import onnx
     from onnx import helper
 
     def attrs_of(node):
@@ -152,22 +151,10 @@ def explicit_conv_transpose_pads(model, shapes: dict[str, tuple[int, ...]]):
     todo = [n for n in model.graph.node if n.op_type == "ConvTranspose" and "output_shape" in attrs_of(n)]
     if not todo:
         return model, 0
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    for inp in m.graph.input:  # pin the inputs so shape inference knows every spatial size
-        if inp.name in shapes:
-            for dim, size in zip(inp.type.tensor_type.shape.dim, shapes[inp.name], strict=False):
-                dim.Clear()
-                dim.dim_value = int(size)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(m)
-    except Exception:  # noqa: BLE001 - a model shape inference rejects: left to the frontend as it was
+    pinned = _pinned(model, shapes)
+    if pinned is None:  # a model shape inference rejects: left to the frontend as it was
         return model, 0
-    known = {}
-    for vi in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
-        dims = vi.type.tensor_type.shape.dim
-        if dims and all(d.HasField("dim_value") for d in dims):
-            known[vi.name] = [d.dim_value for d in dims]
+    m, known = pinned
     weights = {t.name: list(t.dims) for t in m.graph.initializer}
     rewritten = 0
     for node in (n for n in m.graph.node if n.op_type == "ConvTranspose"):
@@ -209,7 +196,6 @@ def refuse_fractional_resize_scales(model, shapes: dict[str, tuple[int, ...]]) -
     (and onnxruntime) map output pixels back with the scale itself; TVM's frontend uses the ratio of
     the rounded sizes, so such a resize imported with other values, silently (a bilinear 5 -> 7 resize
     50 % off). Scales whose products are whole agree either way and pass."""
-    import onnx
 
     from inferx_edge.errors import ModelError
 
@@ -217,22 +203,10 @@ def refuse_fractional_resize_scales(model, shapes: dict[str, tuple[int, ...]]) -
     if not resizes:
         return
     constants = _constants(model)
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    for inp in m.graph.input:
-        if inp.name in shapes:
-            for dim, size in zip(inp.type.tensor_type.shape.dim, shapes[inp.name], strict=False):
-                dim.Clear()
-                dim.dim_value = int(size)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(m)
-    except Exception:  # noqa: BLE001 - shapes unknown: nothing to check against
+    pinned = _pinned(model, shapes)
+    if pinned is None:  # shapes unknown: nothing to check against
         return
-    known = {}
-    for vi in (*inferred.graph.input, *inferred.graph.value_info):
-        dims = vi.type.tensor_type.shape.dim
-        if dims and all(d.HasField("dim_value") for d in dims):
-            known[vi.name] = [d.dim_value for d in dims]
+    known = pinned[1]
     for node in resizes:
         scales = constants.get(node.input[2])
         if scales is None or node.input[0] not in known or not np.asarray(scales).size:
@@ -283,3 +257,27 @@ def _same_nearest_pixels(node, sizes: list[int], factors: list[float]) -> bool:
         if not np.array_equal(*maps):
             return False
     return True
+
+
+def _pinned(model, shapes: dict[str, tuple[int, ...]]):
+    """``(a copy of model with its inputs pinned to shapes, {tensor: its static shape})`` from ONNX shape
+    inference, for every tensor whose dims it knows; None where inference rejects the model."""
+    import onnx
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for inp in m.graph.input:
+        if inp.name in shapes:
+            for dim, size in zip(inp.type.tensor_type.shape.dim, shapes[inp.name], strict=False):
+                dim.Clear()
+                dim.dim_value = int(size)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(m)
+    except Exception:  # noqa: BLE001 - the caller leaves the model to the frontend as it is
+        return None
+    known = {}
+    for vi in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
+        dims = vi.type.tensor_type.shape.dim
+        if dims and all(d.HasField("dim_value") for d in dims):
+            known[vi.name] = [d.dim_value for d in dims]
+    return m, known
