@@ -36,6 +36,13 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _attrs(node) -> dict:
+    """A node's attributes by name, as Python values."""
+    from onnx import helper
+
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
 def _pad_amounts(node, attrs: dict, constants: dict) -> list[int] | None:
     """A ``Pad`` node's amounts as ONNX lists them (all begins, then all ends): its ``pads`` attribute
     (opset < 11) or its constant ``pads`` input; None when not known."""
@@ -49,9 +56,8 @@ def _pad_amounts(node, attrs: dict, constants: dict) -> list[int] | None:
 def _zero_pads(node, constants: dict) -> list[int] | None:
     """The pads of a ``Pad`` node that pads with zeros (constant mode), as ONNX lists them (all begins,
     then all ends), when every value is known; else None."""
-    from onnx import helper
 
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attrs = _attrs(node)
     if _text(attrs.get("mode", b"constant")) != "constant":
         return None
     pads = _pad_amounts(node, attrs, constants)
@@ -101,7 +107,7 @@ def fold_pads_into_convs(model):
             continue
         ok = True
         for conv in users:
-            attrs = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
+            attrs = _attrs(conv)
             if (
                 conv.op_type != "Conv"
                 or list(conv.input).count(node.output[0]) != 1
@@ -113,7 +119,7 @@ def fold_pads_into_convs(model):
             continue
         begin, end = pads[2:rank], pads[rank + 2 :]
         for conv in users:
-            attrs = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
+            attrs = _attrs(conv)
             own = list(attrs.get("pads", [0] * (2 * (rank - 2))))
             new = [own[i] + begin[i] for i in range(rank - 2)] + [own[rank - 2 + i] + end[i] for i in range(rank - 2)]
             for a in list(conv.attribute):
@@ -129,9 +135,8 @@ def fold_pads_into_convs(model):
 
 def _no_op(node, constants: dict) -> bool:
     """Whether a ``Pad`` node pads nothing (every amount zero, known)."""
-    from onnx import helper
 
-    pads = _pad_amounts(node, {a.name: helper.get_attribute_value(a) for a in node.attribute}, constants)
+    pads = _pad_amounts(node, _attrs(node), constants)
     return bool(pads) and not any(pads)
 
 
@@ -145,10 +150,7 @@ def explicit_conv_transpose_pads(model, shapes: dict[str, tuple[int, ...]]):
     Returns ``(model, rewritten node count)``."""
     from onnx import helper
 
-    def attrs_of(node):
-        return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-    todo = [n for n in model.graph.node if n.op_type == "ConvTranspose" and "output_shape" in attrs_of(n)]
+    todo = [n for n in model.graph.node if n.op_type == "ConvTranspose" and "output_shape" in _attrs(n)]
     if not todo:
         return model, 0
     pinned = _pinned(model, shapes)
@@ -158,7 +160,7 @@ def explicit_conv_transpose_pads(model, shapes: dict[str, tuple[int, ...]]):
     weights = {t.name: list(t.dims) for t in m.graph.initializer}
     rewritten = 0
     for node in (n for n in m.graph.node if n.op_type == "ConvTranspose"):
-        attrs = attrs_of(node)
+        attrs = _attrs(node)
         if "output_shape" not in attrs or node.input[0] not in known:
             continue
         spatial = known[node.input[0]][2:]
@@ -209,15 +211,15 @@ def refuse_fractional_resize_scales(model, shapes: dict[str, tuple[int, ...]]) -
     known = pinned[1]
     for node in resizes:
         scales = constants.get(node.input[2])
-        if scales is None or node.input[0] not in known or not np.asarray(scales).size:
+        factors = [] if scales is None else [float(f) for f in np.asarray(scales).reshape(-1)]
+        if not factors or node.input[0] not in known:
             continue
         sizes = known[node.input[0]]
-        factors = [float(f) for f in np.asarray(scales).reshape(-1)]
         products = [s * f for s, f in zip(sizes, factors, strict=False)]
         if all(abs(p - round(p)) < 1e-6 for p in products) or _same_nearest_pixels(node, sizes, factors):
             continue
         raise ModelError(
-            f"Resize {node.name or node.output[0]!r} scales {sizes} by {np.asarray(scales).reshape(-1).tolist()}: "
+            f"Resize {node.name or node.output[0]!r} scales {sizes} by {factors}: "
             f"not whole output sizes ({[round(p, 3) for p in products]}). ONNX samples such a resize with the "
             "scale itself and TVM's importer with the ratio of the rounded sizes, so it would compute other "
             "values; re-export it with output sizes instead of scales (torch: F.interpolate(size=...) or "
@@ -229,9 +231,8 @@ def _same_nearest_pixels(node, sizes: list[int], factors: list[float]) -> bool:
     """Whether a nearest ``Resize`` picks the same source pixels mapped with its scales (the
     specification) as with the ratio of the rounded sizes (TVM): a 5 -> 7 upsample by 1.5 does, a
     9 -> 6 downsample by 0.7 does not. False for other modes and attribute values."""
-    from onnx import helper
 
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attrs = _attrs(node)
     mode = _text(attrs.get("mode", b"nearest"))
     transform = _text(attrs.get("coordinate_transformation_mode", b"half_pixel"))
     rounding = _text(attrs.get("nearest_mode", b"round_prefer_floor"))

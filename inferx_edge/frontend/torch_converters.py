@@ -23,6 +23,20 @@ def _operand(importer, arg, dtype: str):
     return value if _dtype(arg) == dtype else importer.block_builder.emit(relax.op.astype(value, dtype))
 
 
+def _integer_index(index):
+    """The value torch recorded for an ``aten.index.Tensor`` index that is an integer tensor; None for
+    a whole axis (None) or a boolean / uint8 mask."""
+    import torch
+
+    val = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
+    return None if val is None or val.dtype in (torch.bool, torch.uint8) else val
+
+
+def _per_axis(scales, rank: int) -> list:
+    """Resize scale factors as one per spatial axis (torch.export gives one or a list)."""
+    return list(scales) if isinstance(scales, (list, tuple)) else [scales] * (rank - 2)
+
+
 def _select(node, importer):
     """``aten.select.int`` (``x[:, i]``) for the translator: a negative index counts from the end. TVM's
     own conversion passes the index to an unchecked ``take`` as it is, so ``x[:, -1]`` (a sequence
@@ -46,18 +60,16 @@ def _index_tensor(node, importer):
     the index tensors count from the end. TVM's conversion gathers with an unchecked ``take`` or
     ``index_tensor``, which read outside the tensor for them (no error). Each integer index tensor
     becomes ``where(i < 0, i + size, i)`` for its axis, then TVM's own conversion runs on those."""
-    import torch
     from tvm import relax
 
     data = importer.env[node.args[0]]
     shape = importer.shape_of(data)
     saved = {}
     for axis, index in enumerate(node.args[1]):
-        val = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
-        if val is None or val.dtype in (torch.bool, torch.uint8) or index in saved:
+        if _integer_index(index) is None or index in saved:
             continue  # None (a whole axis), a mask, or a tensor already wrapped for an earlier axis
         idx = importer.env[index]
-        dtype = str(val.dtype).replace("torch.", "")
+        dtype = _dtype(index)
         size = shape[axis]
         if isinstance(size, int) or hasattr(size, "value"):
             size = relax.const(int(size), dtype)
@@ -83,15 +95,14 @@ def _adjacent_advanced_index(node, importer):
     dims moved back to where the first indexed axis was, as torch places them. None (TVM's conversion)
     for other patterns."""
     import numpy as np
-    import torch
     from tvm import relax
 
     indices = list(node.args[1])
     at = [i for i, ix in enumerate(indices) if ix is not None]
     if len(at) < 2 or at != list(range(at[0], at[-1] + 1)) or at[0] == 0:
         return None
-    vals = [indices[i].meta.get("val") if isinstance(indices[i], torch.fx.Node) else None for i in at]
-    if any(v is None or v.dtype in (torch.bool, torch.uint8) for v in vals):
+    vals = [_integer_index(indices[i]) for i in at]
+    if any(v is None for v in vals):
         return None
     try:
         common = tuple(int(d) for d in np.broadcast_shapes(*(tuple(v.shape) for v in vals)))
@@ -208,7 +219,7 @@ def _fractional_scales(importer, x, scales) -> list | None:
     if not scales:
         return None
     shape = importer.shape_of(x)
-    scales = list(scales) if isinstance(scales, (list, tuple)) else [scales] * (len(shape) - 2)
+    scales = _per_axis(scales, len(shape))
     if len(shape) != 4 or any(not hasattr(shape[i], "value") and not isinstance(shape[i], int) for i in (2, 3)):
         return None
     products = [int(shape[i]) * float(scales[i - 2]) for i in (2, 3)]
@@ -231,7 +242,7 @@ def _upsample_nearest2d(node, importer):
         return _resize_by_scale(importer, x, fractional, linear=False)
     if not size:
         shape = importer.shape_of(x)
-        scales = list(scales) if isinstance(scales, (list, tuple)) else [scales] * (len(shape) - 2)
+        scales = _per_axis(scales, len(shape))
         size = [int(int(shape[i]) * scales[i - 2]) for i in range(2, len(shape))]
     resize = relax.op.image.resize2d(
         x, size, layout="NCHW", method="nearest_neighbor",
