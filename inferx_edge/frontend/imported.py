@@ -43,8 +43,9 @@ def finish_import(
     from tvm.relax.frontend import detach_params
 
     from inferx_edge.frontend.broadcasts import drop_redundant_broadcasts
+    from inferx_edge.frontend.row_permutes import hoist_row_permutes
 
-    mod, params = detach_params(drop_redundant_broadcasts(mod))
+    mod, params = detach_params(hoist_row_permutes(drop_redundant_broadcasts(mod)))
     func = mod["main"]
     num_input = int(func.attrs["num_input"])
     weights = [p.numpy() for p in params.get("main", [])]
