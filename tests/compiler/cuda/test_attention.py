@@ -15,9 +15,10 @@ from benchmarks.gpu_attention import CHECKS, check
 from tests.helpers import needs_gpu, needs_nvrtc
 
 
-def _attention_mod(heads=4, width=16, tokens=24, bias_shape=None, scale=0.25, axis=-1, batch=2):
+def _attention_mod(heads=4, width=16, tokens=24, bias_shape=None, scale=0.25, axis=-1, batch=2, tail=None):
     """A Relax module of multi-head attention over ``x[batch, tokens, heads*width]`` (q = k = v = x split
-    into heads), scores scaled by a constant, plus an optional bias input."""
+    into heads), scores scaled by a constant, plus an optional bias input; ``tail(bb, out)`` gives what
+    the function returns (default the attention's output)."""
     from tvm import relax
 
     bb = relax.BlockBuilder()
@@ -35,7 +36,8 @@ def _attention_mod(heads=4, width=16, tokens=24, bias_shape=None, scale=0.25, ax
             if bias is not None:
                 s = bb.emit(relax.op.add(s, bias))
             p = bb.emit(relax.op.nn.softmax(s, axis=axis))
-            out = bb.emit_output(relax.op.matmul(p, h))
+            out = relax.op.matmul(p, h)
+            out = bb.emit_output(tail(bb, bb.emit(out)) if tail else out)
         bb.emit_func_output(out)
     return bb.get()
 
@@ -378,3 +380,40 @@ def test_the_fused_kernel_does_not_count_as_a_tuned_kernel(tmp_path):
     empty.mkdir()
     _, tuned, tiled, total = apply_tuning(mod, resolve_tvm_target(spec), empty)
     assert (tuned, tiled) == (0, 0) and total >= 2
+
+
+def _quantized_attention_mod(float_reader: bool):
+    """:func:`_attention_mod`'s output with its heads merged and quantized to int8 (as the int8 rewrite
+    writes it); with ``float_reader`` the merged float32 output is returned too."""
+    from tvm import relax
+
+    def tail(bb, att):
+        merged = bb.emit(relax.op.reshape(relax.op.permute_dims(att, [0, 2, 1, 3]), [2, 24, 64]))
+        scaled = bb.emit(relax.op.multiply(merged, relax.const(np.float32(40.0))))
+        q = bb.emit(relax.op.astype(relax.op.clip(relax.op.round(scaled), -127, 127), "int8"))
+        return relax.Tuple([q, merged]) if float_reader else q
+
+    return relax.transform.Normalize()(_attention_mod(tail=tail))
+
+
+@pytest.mark.parametrize("float_reader", [False, True], ids=["quantized_only", "also_read_as_float"])
+def test_an_output_only_int8_quantizes_read_is_written_fp16(float_reader):
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.passes.fused_attention import emulated_attention, fused_attention
+
+    mod = _quantized_attention_mod(float_reader)
+    with emulated_attention():
+        fused = fused_attention(mod)
+    bound = [b.value for blk in fused["main"].body.blocks for b in blk.bindings]
+    (call,) = [v for v in bound if "call_tir" in str(getattr(v, "op", ""))]
+    assert str(call.ty.dtype) == ("float32" if float_reader else "float16")
+    x = np.random.default_rng(0).standard_normal((2, 24, 64)).astype(np.float32)
+    got, want = (
+        relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x))
+        for m in (fused, mod)
+    )
+    got, want = (o[0] if float_reader else o for o in (got, want))
+    # int8 codes: the fp16 output moves a code by at most one step where it sat on a rounding boundary
+    assert np.abs(got.numpy().astype(int) - want.numpy().astype(int)).max() <= 1
