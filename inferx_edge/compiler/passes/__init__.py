@@ -21,6 +21,7 @@ from inferx_edge.compiler.passes.fp16_concat_inputs import fp16_concat_inputs
 from inferx_edge.compiler.passes.fp16_data_movement import fp16_data_movement
 from inferx_edge.compiler.passes.fp16_depthwise import FP16_MAX, fp16_depthwise
 from inferx_edge.compiler.passes.fp16_matmul_weights_along_k import fp16_matmul_weights_along_k
+from inferx_edge.compiler.passes.fp16_residual_streams import fp16_residual_streams
 from inferx_edge.compiler.passes.fp16_shared_inputs import fp16_shared_inputs
 from inferx_edge.compiler.passes.fused_attention import fused_attention
 from inferx_edge.compiler.passes.grouped_conv_gemm import grouped_conv_gemm
@@ -138,6 +139,12 @@ PASSES: tuple[Pass, ...] = (
     Pass("fp16_depthwise", lambda v: v.conv == "NHWC" and v.quantized, lambda mod, v: fp16_depthwise(mod)),
     # CUDA int8/mixed: a value those read in fp16 is read in fp16 by its other readers too (a residual stream)
     Pass("fp16_shared_inputs", lambda v: v.conv == "NHWC" and v.quantized, lambda mod, v: fp16_shared_inputs(mod)),
+    # CUDA int8/mixed: a pre-norm transformer's residual stream (read by LayerNorms and adds only) stored in fp16
+    Pass(
+        "fp16_residual_streams",
+        lambda v: v.conv == "NHWC" and v.quantized,
+        lambda mod, v: fp16_residual_streams(mod),
+    ),
     # CUDA int8/mixed: values read only by concats (dense blocks re-read every earlier map) stored in fp16
     Pass("fp16_concat_inputs", lambda v: v.conv == "NHWC" and v.quantized, lambda mod, v: fp16_concat_inputs(mod)),
     # CUDA int8/mixed: reshapes, transposes and slices of a value widened from fp16 move it in fp16 (a shuffle)
@@ -161,6 +168,7 @@ __all__ = [
     "fp16_data_movement",
     "fp16_depthwise",
     "fp16_matmul_weights_along_k",
+    "fp16_residual_streams",
     "fp16_shared_inputs",
     "fused_attention",
     "grouped_conv_gemm",
