@@ -43,9 +43,10 @@ def finish_import(
     from tvm.relax.frontend import detach_params
 
     from inferx_edge.frontend.broadcasts import drop_redundant_broadcasts
-    from inferx_edge.frontend.row_permutes import hoist_row_permutes
+    from inferx_edge.frontend.row_permutes import hoist_row_permutes, sink_row_permutes
 
-    mod, params = detach_params(hoist_row_permutes(drop_redundant_broadcasts(mod)))
+    mod = sink_row_permutes(hoist_row_permutes(drop_redundant_broadcasts(mod)))
+    mod, params = detach_params(mod)
     func = mod["main"]
     num_input = int(func.attrs["num_input"])
     weights = [p.numpy() for p in params.get("main", [])]

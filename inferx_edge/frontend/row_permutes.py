@@ -28,33 +28,35 @@ _UNARY = (
 )  # fmt: skip
 
 
-def hoist_row_permutes(mod):
-    """``mod`` with transposes of a dense layer's rows (last axis fixed) moved to the layer's input."""
-    import tvm
-    from tvm import relax
+class _Rows:
+    """What both rewrites share: the module's use counts, the row-wise ops, and a dense layer's chain."""
 
-    from inferx_edge.compiler.passes._rewrite import (
-        permute_axes,
-        rewrite_calls_in_context,
-        static_shape,
-        use_counts,
-    )
+    def __init__(self, mod):
+        import tvm
 
-    permute, reshape, matmul = (tvm.ir.Op.get(f"relax.{n}") for n in ("permute_dims", "reshape", "matmul"))
-    binary = {tvm.ir.Op.get(f"relax.{n}") for n in _BINARY}
-    unary = {tvm.ir.Op.get(f"relax.{n}") for n in _UNARY}
-    uses = use_counts(mod)
+        from inferx_edge.compiler.passes._rewrite import use_counts
 
-    def single(ctx, var, op_set):
-        """The call bound to ``var`` when it is one of ``op_set`` and ``var`` has no other reader."""
+        self.permute, self.reshape, self.matmul = (
+            tvm.ir.Op.get(f"relax.{n}") for n in ("permute_dims", "reshape", "matmul")
+        )
+        self.binary = {tvm.ir.Op.get(f"relax.{n}") for n in _BINARY}
+        self.unary = {tvm.ir.Op.get(f"relax.{n}") for n in _UNARY}
+        self.uses = use_counts(mod)
+
+    def single(self, ctx, var, ops):
+        """The call bound to ``var`` when it is one of ``ops`` and ``var`` has no other reader."""
+        from tvm import relax
+
         value = ctx.producer(var)
-        if isinstance(value, relax.Call) and value.op in op_set and uses.get(var) == 1:
+        if isinstance(value, relax.Call) and value.op in ops and self.uses.get(var) == 1:
             return value
         return None
 
-    rank = 0  # the permute's rank, set per call: a row operand may not add axes
+    @staticmethod
+    def rows_only(expr, width: int, rank: int) -> bool:
+        """Whether ``expr`` varies only along the last axis (``width`` or 1 long) and has at most ``rank`` axes."""
+        from inferx_edge.compiler.passes._rewrite import static_shape
 
-    def rows_only(expr, width: int) -> bool:
         shape = static_shape(expr)
         return (
             shape is not None
@@ -63,76 +65,162 @@ def hoist_row_permutes(mod):
             and (not shape or shape[-1] in (1, width))
         )
 
+    def chain(self, ctx, var, rank: int, first=None):
+        """[(variable, call)] from ``var`` (bound to ``first`` if given, else to a call read only once)
+        back through row-wise ops to a ``matmul`` with a 2-D right operand, that matmul last; None where
+        the walk meets anything else."""
+        from inferx_edge.compiler.passes._rewrite import static_shape
+
+        flat = static_shape(var)
+        if flat is None:
+            return None
+        chain = []
+        while True:
+            value = (
+                first
+                if first is not None and not chain
+                else self.single(ctx, var, self.binary | self.unary | {self.matmul})
+            )
+            if value is None or static_shape(value) is None or static_shape(value)[:-1] != flat[:-1]:
+                return None
+            chain.append((var, value))
+            if value.op == self.matmul:
+                w = static_shape(value.args[1])
+                return chain if w is not None and len(w) == 2 else None
+            if value.op in self.unary:
+                var = value.args[0]
+                continue
+            on_chain = [x for x in value.args if not self.rows_only(x, flat[-1], rank)]
+            if len(on_chain) != 1 or static_shape(on_chain[0]) != flat:
+                return None
+            var = on_chain[0]
+
+    def rebuild(self, ctx, x, chain, rank: int, width: int):
+        """The chain's ops (innermost last, as :meth:`chain` gives them) applied to the rewritten input
+        ``x`` of its matmul; bindings are named after the ones they replace (the quantizer keys its plan
+        on names). The outermost op is returned unbound."""
+        from tvm import relax
+
+        dense_var, dense = chain[-1]
+        expr = relax.Call(self.matmul, [x, ctx.rewritten(dense.args[1])], dense.attrs, dense.ty_args)
+        name = dense_var.name
+        for var, op in reversed(chain[:-1]):
+            expr, name = ctx.builder.emit(expr, f"{name}_rows"), var.name
+            if op.op in self.unary:
+                expr = relax.Call(op.op, [expr, *(ctx.rewritten(z) for z in op.args[1:])], op.attrs, op.ty_args)
+                continue
+            args = [ctx.rewritten(z) if self.rows_only(z, width, rank) else expr for z in op.args]
+            expr = relax.Call(op.op, args, op.attrs, op.ty_args)
+        return expr
+
+
+def hoist_row_permutes(mod):
+    """``mod`` with transposes of a dense layer's rows (last axis fixed) moved to the layer's input."""
+    from tvm import relax
+
+    from inferx_edge.compiler.passes._rewrite import permute_axes, rewrite_calls_in_context, static_shape
+
+    rows = _Rows(mod)
+
     def rewrite(call, ctx):
-        if call.op != permute:
+        if call.op != rows.permute:
             return None
         out = static_shape(call)
         if out is None or len(out) < 3:
             return None
-        nonlocal rank
-        n = rank = len(out)
+        n = len(out)
         p = permute_axes(call, n)
         if p[-1] != n - 1 or p == list(range(n)):
             return None
-        split = single(ctx, ctx.given[0], {reshape})
+        split = rows.single(ctx, ctx.given[0], {rows.reshape})
         if split is None:
             return None
-        shape = static_shape(split)
-        chain_out = split.args[0]
-        flat = static_shape(chain_out)
+        shape, flat = static_shape(split), static_shape(split.args[0])
         if shape is None or flat is None or flat[-1] != shape[-1]:
             return None
-        # walk back from the reshape's input to the dense layer, innermost op last
-        chain, var = [], chain_out
-        while True:
-            value = single(ctx, var, binary | unary | {matmul})
-            if value is None or static_shape(value)[:-1] != flat[:-1]:
-                return None
-            chain.append((var, value))
-            if value.op == matmul:
-                break
-            if value.op in unary:
-                var = value.args[0]
-                continue
-            a, b = value.args
-            on_chain = [x for x in (a, b) if not rows_only(x, flat[-1])]
-            if len(on_chain) != 1 or static_shape(on_chain[0]) != flat:
-                return None
-            var = on_chain[0]
-        dense_var, dense = chain[-1]
-        a, w = dense.args
-        w_shape, a_shape = static_shape(w), static_shape(a)
-        if w_shape is None or len(w_shape) != 2 or a_shape is None or a_shape[:-1] != flat[:-1]:
+        chain = rows.chain(ctx, split.args[0], n)
+        if chain is None:
             return None
+        a = chain[-1][1].args[0]
+        a_shape = static_shape(a)
         merge = ctx.producer(a)
-        if not isinstance(merge, relax.Call) or merge.op != reshape:
+        if a_shape is None or a_shape[:-1] != flat[:-1] or getattr(merge, "op", None) != rows.reshape:
             return None
         x = merge.args[0]
         x_shape = static_shape(x)
         lead = shape[:-1]
         if x_shape is None or x_shape[: n - 1] != lead or math.prod(x_shape[n - 1 :]) != a_shape[-1]:
             return None
-        # rebuild: x's leading axes permuted, rows merged in the new order, the chain on top
+        # x's leading axes permuted (composed with the transposes that made x), rows merged in the new order
         axes = [*p[:-1], *range(n - 1, len(x_shape))]
         x = ctx.rewritten(x)
         inner = ctx.bound(x)
-        while isinstance(inner, relax.Call) and inner.op == permute:  # transposes of transposes compose
+        while isinstance(inner, relax.Call) and inner.op == rows.permute:
             q = permute_axes(inner, len(axes))
             axes, x = [q[i] for i in axes], inner.args[0]
             inner = ctx.bound(x)
-        # new bindings are named after the ones they replace (the quantizer keys its plan on names)
-        emit, name = ctx.builder.emit, dense_var.name
+        name = chain[-1][0].name
         if axes != list(range(len(axes))):
-            x = emit(relax.op.permute_dims(x, axes), f"{name}_input_rows")
-        x = emit(relax.op.reshape(x, [*(lead[i] for i in p[:-1]), a_shape[-1]]), f"{name}_input")
-        expr = relax.Call(matmul, [x, ctx.rewritten(w)], dense.attrs, dense.ty_args)
-        for var, op in reversed(chain[:-1]):
-            expr, name = emit(expr, f"{name}_rows"), var.name
-            if op.op in unary:
-                expr = relax.Call(op.op, [expr, *(ctx.rewritten(z) for z in op.args[1:])], op.attrs, op.ty_args)
-                continue
-            args = [ctx.rewritten(z) if rows_only(z, flat[-1]) else expr for z in op.args]
-            expr = relax.Call(op.op, args, op.attrs, op.ty_args)
-        return expr
+            x = ctx.builder.emit(relax.op.permute_dims(x, axes), f"{name}_input_rows")
+        x = ctx.builder.emit(relax.op.reshape(x, [*(lead[i] for i in p[:-1]), a_shape[-1]]), f"{name}_input")
+        return rows.rebuild(ctx, x, chain, n, flat[-1])
+
+    return relax.transform.DeadCodeElimination()(rewrite_calls_in_context(mod, rewrite))
+
+
+#: readers that only move data: a transpose left in front of them fuses into their copy kernel (or, on
+#: CUDA, into the fused attention kernel's index maps)
+_VIEWS = ("relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze")
+
+
+def sink_row_permutes(mod):
+    """``mod`` with a transpose of rows (last axis fixed) feeding a dense layer moved below the layer and
+    its row-wise epilogue, where only views read the result: ``matmul(permute(x, p), W) + b`` ->
+    ``permute(matmul(x, W) + b, p)``. ``nn.MultiheadAttention``'s sequence-first input projection then
+    reads the LayerNorm's batch-first rows, and the transpose joins the head split's own (a copy kernel
+    already, or the fused attention kernel's index maps on CUDA)."""
+    from tvm import relax
+
+    from inferx_edge.compiler.passes._rewrite import permute_axes, rewrite_calls_in_context, static_shape
+
+    rows = _Rows(mod)
+    readers: dict = {}
+    for _gv, func in mod.functions_items():
+        if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
+            for blk in func.body.blocks:
+                for b in blk.bindings:
+                    for a in getattr(b.value, "args", []):
+                        if isinstance(a, relax.Var):
+                            readers.setdefault(a, []).append(b.value)
+    ends: dict = {}  # (op, original args) -> variable, for the calls whose readers are all views
+    for _gv, func in mod.functions_items():
+        if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
+            for blk in func.body.blocks:
+                for b in blk.bindings:
+                    found = readers.get(b.var, [])
+                    views = found and all(getattr(getattr(r, "op", None), "name", "") in _VIEWS for r in found)
+                    if isinstance(b.value, relax.Call) and views and len(found) == rows.uses.get(b.var, 0):
+                        ends[(b.value.op, tuple(b.value.args))] = b.var
+
+    def rewrite(call, ctx):
+        var = ends.get((call.op, tuple(ctx.given)))
+        if var is None or call.op not in rows.binary | rows.unary | {rows.matmul}:
+            return None
+        out = static_shape(call)
+        if out is None or len(out) < 3:
+            return None
+        n = len(out)
+        chain = rows.chain(ctx, var, n, first=ctx.producer(var))
+        if chain is None:
+            return None
+        given = chain[-1][1].args[0]
+        moved = rows.single(ctx, given, {rows.permute})
+        if moved is None:
+            return None
+        p = permute_axes(moved, n)
+        if p[-1] != n - 1 or p == list(range(n)):
+            return None
+        x = ctx.rewritten(moved.args[0])
+        return relax.op.permute_dims(ctx.builder.emit(rows.rebuild(ctx, x, chain, n, out[-1]), f"{var.name}_rows"), p)
 
     return relax.transform.DeadCodeElimination()(rewrite_calls_in_context(mod, rewrite))

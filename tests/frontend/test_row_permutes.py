@@ -55,9 +55,12 @@ def test_attention_output_projection_runs_batch_first_and_matches_torch(tmp_path
             torch.onnx.export(net, (x,), str(path), dynamo=False, input_names=["x"], output_names=["y"])
     imported = import_model(path, {})
     assert not _residual_reads_a_transpose(imported.mod)
-    # the output projection's matmul reads [N, L, E] rows and the residual add follows its bias add
-    dense = [v for v in main_bindings(imported.mod).values() if op_of(v) == "relax.matmul"]
-    assert [int(d) for d in dense[-1].args[0].ty.shape] == [3, 7, 32]
+    # both projections read [N, L, E] rows: the input projection the LayerNorm's output as it is, the
+    # output projection the merged heads (and the residual add follows its bias add)
+    bound = main_bindings(imported.mod)
+    dense = [v for v in bound.values() if op_of(v) == "relax.matmul" and len(v.args[1].ty.shape) == 2]
+    assert [[int(d) for d in m.args[0].ty.shape] for m in dense] == [[3, 7, 32], [3, 7, 32]]
+    assert op_of(bound[dense[0].args[0]]) == "relax.nn.layer_norm"
     out = tmp_path / "block.ixa"
     build_artifact(BuildOptions(model=path, target=host_target_name(), output=out), log=lambda *a: None)
     with Engine(out) as engine, torch.no_grad():
