@@ -12,6 +12,7 @@ from inferx_edge.frontend.onnx_pads import (
     fold_pads_into_convs,
     refuse_fractional_resize_scales,
 )
+from inferx_edge.frontend.onnx_rnn import unroll_recurrent
 from inferx_edge.frontend.qdq import is_qdq, strip_qdq
 from inferx_edge.frontend.shapes import resolve_shapes
 
@@ -56,14 +57,6 @@ def import_onnx(path: Path, overrides: dict[str, tuple[int, ...]]) -> ImportedMo
     qdq = None
     if is_qdq(model):
         model, qdq = strip_qdq(model)
-    missing = _unsupported_ops(model)
-    if missing:
-        detail = "; ".join(
-            f"{op} (nodes: {', '.join(nodes[:3])}{', ...' if len(nodes) > 3 else ''})"
-            for op, nodes in sorted(missing.items())
-        )
-        raise ModelError(f"{path.name} uses ONNX operators TVM cannot import: {detail}")
-
     initializers = {t.name for t in model.graph.initializer}
     graph_inputs = [i for i in model.graph.input if i.name not in initializers]
     declared, dtypes = [], {}
@@ -80,6 +73,14 @@ def import_onnx(path: Path, overrides: dict[str, tuple[int, ...]]) -> ImportedMo
     model, _ = fold_pads_into_convs(model)  # after folding: "same" pads computed from shapes are constants now
     model, _ = explicit_conv_transpose_pads(model, shapes)
     refuse_fractional_resize_scales(model, shapes)
+    model, _ = unroll_recurrent(model, shapes)  # LSTM / GRU / RNN: TVM has no converter
+    missing = _unsupported_ops(model)
+    if missing:
+        detail = "; ".join(
+            f"{op} (nodes: {', '.join(nodes[:3])}{', ...' if len(nodes) > 3 else ''})"
+            for op, nodes in sorted(missing.items())
+        )
+        raise ModelError(f"{path.name} uses ONNX operators TVM cannot import: {detail}")
 
     from tvm.relax.frontend.onnx import from_onnx
 
