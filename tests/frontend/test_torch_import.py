@@ -346,3 +346,46 @@ def test_resizes_by_scales_without_whole_sizes_match_torch(tmp_path):
     assert [g.shape for g in got] == [(2, 3, 6, 7), (2, 3, 13, 13), (2, 3, 18, 20)]
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+class Statistics(torch.nn.Module):
+    def forward(self, x):
+        var, mean = torch.var_mean(x, dim=(2, 3), keepdim=True)
+        std, mean1 = torch.std_mean(x, dim=1)
+        unbiased = torch.var(x, dim=-1, correction=0)
+        return var, mean, std, mean1, unbiased, torch.hypot(x, x * 0.5 - 1)
+
+
+def test_var_mean_std_mean_and_hypot_import(tmp_path):
+    """aten.var_mean (torch.var_mean, std_mean) and aten.hypot were 'Unsupported function types' for
+    TVM's translator; they import and match torch (Bessel's correction by default, or as given)."""
+    got, want = _exported_built_and_run(tmp_path, Statistics(), torch.randn(2, 3, 7, 5))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+class AdaptiveMax(torch.nn.Module):
+    def forward(self, x):
+        f = torch.nn.functional.adaptive_max_pool2d
+        return f(x, (3, 2)), f(x, 1), f(x, (7, None)), f(x, (4, 5))
+
+
+def test_adaptive_max_pools_take_torch_windows(tmp_path):
+    """aten.adaptive_max_pool2d was unsupported; windows that do not divide the size overlap as
+    torch's do (7 rows into 3: rows 0-2, 2-4, 4-6), whole ones and 1x1 pools too."""
+    got, want = _exported_built_and_run(tmp_path, AdaptiveMax(), torch.randn(2, 3, 7, 5))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
+class MaxWithIndices(torch.nn.Module):
+    def forward(self, x):
+        values, indices = torch.nn.functional.adaptive_max_pool2d(x, 2, return_indices=True)
+        return values + indices.float()
+
+
+def test_adaptive_max_pool_indices_are_refused_by_name(tmp_path):
+    path = tmp_path / "net.pt2"
+    torch.export.save(torch.export.export(MaxWithIndices(), (torch.randn(1, 2, 4, 4),)), str(path))
+    with pytest.raises(ModelError, match="adaptive_max_pool2d with return_indices=True"):
+        import_model(path, {})

@@ -1,0 +1,77 @@
+"""aten ops TVM 0.27's torch.export translator does not know ("Unsupported function types"), converted
+by the import: ``torch.var_mean`` / ``std_mean``, ``F.adaptive_max_pool2d`` and ``torch.hypot``. Each
+has a case in ``tests/frontend/test_torch_import.py`` against torch."""
+
+from __future__ import annotations
+
+import math
+import operator
+
+
+def _var_mean(node, importer):
+    """``aten.var_mean.correction(x, dim, *, correction, keepdim)`` (``torch.var_mean``; ``std_mean``
+    decomposes to it): ``(sum((x - mean)^2) / (n - correction), mean)``, correction 1 when unset."""
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    correction = node.kwargs.get("correction")
+    keepdim = bool(node.kwargs.get("keepdim", False))
+    shape = [int(d) for d in importer.shape_of(x)]
+    axes = list(range(len(shape))) if dims is None or dims == [] else [dims] if isinstance(dims, int) else list(dims)
+    axes = [a % len(shape) for a in axes]
+    divisor = math.prod(shape[a] for a in axes) - (1 if correction is None else float(correction))
+    op, bb = relax.op, importer.block_builder
+    dtype = str(node.args[0].meta["val"].dtype).replace("torch.", "")
+    mean = bb.emit(op.mean(x, axis=axes, keepdims=True))
+    centred = bb.emit(op.subtract(x, mean))
+    var = op.divide(op.sum(op.multiply(centred, centred), axis=axes, keepdims=keepdim), relax.const(divisor, dtype))
+    mean = mean if keepdim else op.squeeze(mean, axis=axes)
+    return bb.emit(relax.Tuple([bb.emit(var), bb.emit(mean)]))
+
+
+def _adaptive_max_pool2d(node, importer):
+    """``aten.adaptive_max_pool2d(x, output_size)``: output cell (i, j) is the maximum over rows
+    ``floor(i H / oh) .. ceil((i + 1) H / oh)`` and the same columns (torch's windows, overlapping when
+    the size does not divide). A maximum over a rectangle is the maximum over its rows of the maxima over
+    its columns, so the windows are taken one axis at a time. Returns ``(values,)``: the indices output
+    (``return_indices=True``) is refused by name."""
+    from tvm import relax
+
+    from inferx_edge.errors import ModelError
+
+    if any(getattr(u, "target", None) is operator.getitem and u.args[1] == 1 for u in node.users):
+        raise ModelError("adaptive_max_pool2d with return_indices=True: the indices output is not supported")
+    x = importer.env[node.args[0]]
+    size = node.args[1]
+    size = [size, size] if isinstance(size, int) else list(size)
+    shape = [int(d) for d in importer.shape_of(x)]
+    op, bb = relax.op, importer.block_builder
+    for axis, out in ((len(shape) - 2, size[0]), (len(shape) - 1, size[1])):
+        extent = shape[axis]
+        out = extent if out is None else int(out)
+        if out == extent:
+            continue
+        windows = [(i * extent // out, -(-(i + 1) * extent // out)) for i in range(out)]
+        parts = [
+            op.max(op.strided_slice(x, axes=[axis], begin=[a], end=[b]), axis=[axis], keepdims=True) for a, b in windows
+        ]
+        x = bb.emit(parts[0] if out == 1 else op.concat(parts, axis=axis))
+    return bb.emit(relax.Tuple([x]))
+
+
+def _hypot(node, importer):
+    """``aten.hypot(a, b)`` = ``sqrt(a^2 + b^2)``."""
+    from tvm import relax
+
+    a, b = (importer.env[arg] if hasattr(arg, "meta") else relax.const(float(arg), "float32") for arg in node.args[:2])
+    op = relax.op
+    return importer.block_builder.emit(op.sqrt(op.add(op.multiply(a, a), op.multiply(b, b))))
+
+
+#: aten op name (as TVM's translator keys them) -> converter
+EXTRA_OPS = {
+    "var_mean.correction": _var_mean,
+    "adaptive_max_pool2d.default": _adaptive_max_pool2d,
+    "hypot.default": _hypot,
+}
