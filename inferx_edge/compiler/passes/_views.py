@@ -40,6 +40,29 @@ def axis_groups(a: list[int], b: list[int]) -> list[tuple[list[int], list[int]]]
     return out
 
 
+def common_refinement(shapes: list[list[int]]) -> list[int] | None:
+    """The coarsest shape (no unit axes) that every one of ``shapes`` (same element count, row-major)
+    is a merging of: ``[4096, 3]`` and ``[64, 64, 3]`` give ``[64, 64, 3]``. None where the axes cross
+    (``[6, 4]`` and ``[4, 6]``)."""
+    total = math.prod(shapes[0])
+    cuts = {total}
+    for shape in shapes:
+        if math.prod(shape) != total:
+            return None
+        prefix = 1
+        for x in shape:
+            prefix *= x
+            cuts.add(prefix)
+    out, last = [], 1
+    for c in sorted(cuts):
+        if c % last:
+            return None
+        if c != last:
+            out.append(c // last)
+        last = c
+    return out
+
+
 def reshape_coords(coords: list, a: list[int], b: list[int]) -> list:
     """Coordinates over shape ``b`` of the element at ``coords`` over shape ``a`` (same element count,
     row-major). Axes are paired into groups of equal product (:func:`axis_groups`), so axes a reshape

@@ -15,7 +15,14 @@ from inferx_edge.compiler.passes._rewrite import (
     swaps_last_two,
     use_counts,
 )
-from inferx_edge.compiler.passes._views import axis_groups, constant_value, reshape_coords, source_of, vector_width
+from inferx_edge.compiler.passes._views import (
+    axis_groups,
+    common_refinement,
+    constant_value,
+    reshape_coords,
+    source_of,
+    vector_width,
+)
 from inferx_edge.compiler.passes.fp16_depthwise import saturated_fp16
 
 _CHAIN = ("relax.astype", "relax.reshape", "relax.multiply", "relax.divide", "relax.add")
@@ -287,9 +294,14 @@ def fused_attention(mod):
         operands = [x for x, _ in views]
         bias, bias_spec = relax.const(np.zeros(1, "float32")), None  # the kernel never reads it
         if scores.terms:
+            # the bias is indexed over the finest batch view every term and the output agree on: a term
+            # that varies along part of a merged axis (Swin's shifted-window mask, [1, windows, 1, S, T]
+            # added in a [batch, windows, heads] view of a [batch x windows, heads] output) stays that
+            # small instead of being expanded over the whole merged axis (118 MB per call at batch 64)
+            view_of = common_refinement([list(final), *(list(v) for *_, v in scores.terms)]) or list(final)
             total, tshape = None, None
             for term, mult, factors, view in scores.terms:
-                expr, shape = _bias_in_view(ctx.rewritten(term), list(view), final)
+                expr, shape = _bias_in_view(ctx.rewritten(term), list(view), view_of)
                 if str(term.ty.dtype) != "float32":
                     expr = relax.op.astype(expr, "float32")
                 if mult != 1.0:
@@ -298,7 +310,7 @@ def fused_attention(mod):
                 total = expr if total is None else relax.op.add(total, expr)
                 tshape = shape if tshape is None else [max(x, y) for x, y in zip(tshape, shape, strict=True)]
             try:
-                bias_spec = Bias(tuple(tshape), tuple(final), "float32")
+                bias_spec = Bias(tuple(tshape), tuple(view_of), "float32")
             except ValueError:  # a bias the kernel cannot index: this attention stays two matmuls
                 return None
             bias = b.emit(relax.op.reshape(relax.op.broadcast_to(total, tshape), [bias_spec.size]))

@@ -417,3 +417,51 @@ def test_an_output_only_int8_quantizes_read_is_written_fp16(float_reader):
     got, want = (o[0] if float_reader else o for o in (got, want))
     # int8 codes: the fp16 output moves a code by at most one step where it sat on a rounding boundary
     assert np.abs(got.numpy().astype(int) - want.numpy().astype(int)).max() <= 1
+
+
+def test_common_refinement_of_batch_views():
+    from inferx_edge.compiler.passes._views import common_refinement
+
+    assert common_refinement([[4096, 3], [64, 64, 3]]) == [64, 64, 3]
+    assert common_refinement([[12], [1, 12]]) == [12]
+    assert common_refinement([[6, 4], [4, 6]]) is None
+
+
+def test_a_window_mask_in_a_finer_batch_view_is_not_expanded_over_the_batch():
+    """Swin's shifted windows: scores [batch x windows, heads, S, S] viewed as [batch, windows, heads,
+    S, S] for the window mask [1, windows, 1, S, S], plus a relative position bias [heads, S, S]. The
+    kernel's bias covers [windows, heads, S, S] (not batch x windows x heads) and the result matches the
+    two matmuls."""
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.passes.fused_attention import emulated_attention, fused_attention
+
+    batch, windows, heads, s, width = 3, 4, 2, 9, 16
+    rng = np.random.default_rng(0)
+    mask = relax.const(np.where(rng.random((1, windows, 1, s, s)) < 0.3, -100.0, 0.0).astype(np.float32))
+    rel = relax.const(rng.standard_normal((heads, s, s)).astype(np.float32))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([batch * windows, s, heads * width], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.permute_dims(relax.op.reshape(x, [batch * windows, s, heads, width]), [0, 2, 1, 3]))
+            kt = bb.emit(relax.op.permute_dims(h, [0, 1, 3, 2]))
+            sc = bb.emit(relax.op.add(relax.op.multiply(relax.op.matmul(h, kt), relax.const(0.25, "float32")), rel))
+            sc = bb.emit(relax.op.reshape(sc, [batch, windows, heads, s, s]))
+            sc = bb.emit(relax.op.reshape(relax.op.add(sc, mask), [batch * windows, heads, s, s]))
+            out = bb.emit_output(relax.op.matmul(relax.op.nn.softmax(sc, axis=-1), h))
+        bb.emit_func_output(out)
+    mod = relax.transform.Normalize()(bb.get())
+    with emulated_attention():
+        fused = fused_attention(mod)
+    bound = [b.value for blk in fused["main"].body.blocks for b in blk.bindings]
+    (call,) = [v for v in bound if "call_tir" in str(getattr(v, "op", ""))]
+    bias_elems = int(call.args[1].fields[3].ty.shape[0])
+    assert bias_elems == windows * heads * s * s
+    xv = rng.standard_normal((batch * windows, s, heads * width)).astype(np.float32)
+    got, want = (
+        relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(xv)).numpy()
+        for m in (fused, mod)
+    )
+    assert np.abs(got - want).max() <= 3e-3 * np.abs(want).max()
