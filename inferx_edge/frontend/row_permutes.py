@@ -168,39 +168,50 @@ def hoist_row_permutes(mod):
     return relax.transform.DeadCodeElimination()(rewrite_calls_in_context(mod, rewrite))
 
 
-#: readers that only move data: a transpose left in front of them fuses into their copy kernel (or, on
-#: CUDA, into the fused attention kernel's index maps)
-_VIEWS = ("relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze")
+#: readers that only move data (a transpose among them is a copy kernel already, or on CUDA the fused
+#: attention kernel's index maps)
+_VIEWS = ("relax.reshape", "relax.expand_dims", "relax.squeeze")
 
 
 def sink_row_permutes(mod):
     """``mod`` with a transpose of rows (last axis fixed) feeding a dense layer moved below the layer and
-    its row-wise epilogue, where only views read the result: ``matmul(permute(x, p), W) + b`` ->
-    ``permute(matmul(x, W) + b, p)``. ``nn.MultiheadAttention``'s sequence-first input projection then
-    reads the LayerNorm's batch-first rows, and the transpose joins the head split's own (a copy kernel
-    already, or the fused attention kernel's index maps on CUDA)."""
+    its row-wise epilogue, where every reader of the result reaches another transpose through reshapes
+    only: ``matmul(permute(x, p), W) + b`` -> ``permute(matmul(x, W) + b, p)``, which composes with that
+    transpose (no new copy, even where the layer's output is wider than its input).
+    ``nn.MultiheadAttention``'s sequence-first input projection then reads the LayerNorm's batch-first
+    rows, and the transpose joins the head split's own (a copy kernel already, or the fused attention
+    kernel's index maps on CUDA)."""
     from tvm import relax
 
     from inferx_edge.compiler.passes._rewrite import permute_axes, rewrite_calls_in_context, static_shape
 
     rows = _Rows(mod)
-    readers: dict = {}
+    readers: dict = {}  # variable -> [(reader variable, its value)]
+    bindings = []
     for _gv, func in mod.functions_items():
         if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
             for blk in func.body.blocks:
                 for b in blk.bindings:
+                    bindings.append(b)
                     for a in getattr(b.value, "args", []):
                         if isinstance(a, relax.Var):
-                            readers.setdefault(a, []).append(b.value)
-    ends: dict = {}  # (op, original args) -> variable, for the calls whose readers are all views
-    for _gv, func in mod.functions_items():
-        if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
-            for blk in func.body.blocks:
-                for b in blk.bindings:
-                    found = readers.get(b.var, [])
-                    views = found and all(getattr(getattr(r, "op", None), "name", "") in _VIEWS for r in found)
-                    if isinstance(b.value, relax.Call) and views and len(found) == rows.uses.get(b.var, 0):
-                        ends[(b.value.op, tuple(b.value.args))] = b.var
+                            readers.setdefault(a, []).append((b.var, b.value))
+
+    def to_transposes(var, depth: int = 0) -> bool:
+        found = readers.get(var, [])
+        if not found or len(found) != rows.uses.get(var, 0) or depth > 8:
+            return False  # unread, returned, or a long way off
+        for reader, value in found:
+            name = getattr(getattr(value, "op", None), "name", "")
+            if name != "relax.permute_dims" and not (name in _VIEWS and to_transposes(reader, depth + 1)):
+                return False
+        return True
+
+    ends = {  # (op, original args) -> variable, for the calls whose readers all reach transposes
+        (b.value.op, tuple(b.value.args)): b.var
+        for b in bindings
+        if isinstance(b.value, relax.Call) and to_transposes(b.var)
+    }
 
     def rewrite(call, ctx):
         var = ends.get((call.op, tuple(ctx.given)))

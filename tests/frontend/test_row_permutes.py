@@ -123,3 +123,45 @@ def test_rows_read_twice_or_columns_moved_are_left_alone(second_reader, axes):
 
     mod = _module(second_reader, axes, gelu=False)
     assert _permutes(hoist_row_permutes(mod)) == _permutes(mod) == [axes]
+
+
+def _input_projection(then_transpose: bool):
+    """x [4, 6, 16] -> permute [1, 0, 2] -> @ w [16, 48] + b -> reshape [6, 4, 3, 16] -> then either a
+    transpose (a head split) or a LayerNorm over the last axis."""
+    from tvm import relax
+
+    rng = np.random.default_rng(2)
+    w = relax.const(rng.standard_normal((16, 48)).astype(np.float32))
+    b = relax.const(rng.standard_normal((48,)).astype(np.float32))
+    gamma, beta = (relax.const(np.full(16, v, np.float32)) for v in (1.0, 0.0))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 6, 16), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            t = bb.emit(relax.op.permute_dims(x, [1, 0, 2]))
+            y = bb.emit(relax.op.add(relax.op.matmul(t, w), b))
+            heads = bb.emit(relax.op.reshape(y, (6, 4, 3, 16)))
+            if then_transpose:
+                out = relax.op.permute_dims(heads, [2, 1, 0, 3])
+            else:
+                out = relax.op.nn.layer_norm(heads, gamma, beta, axes=[-1])
+            out = bb.emit_output(out)
+        bb.emit_func_output(out)
+    return relax.transform.Normalize()(bb.get())
+
+
+@pytest.mark.parametrize("then_transpose", [True, False], ids=["head_split", "layer_norm"])
+def test_a_transpose_sinks_below_a_dense_layer_only_into_another_transpose(then_transpose):
+    """Sunk below the layer, the transpose acts on its 3x wider output: only where it then composes
+    with a transpose that is there anyway; in front of a LayerNorm it stays on the narrow input."""
+    from tvm import relax
+
+    from inferx_edge.frontend.row_permutes import sink_row_permutes
+
+    mod = _input_projection(then_transpose)
+    new = sink_row_permutes(mod)
+    dense = [v for v in main_bindings(new).values() if op_of(v) == "relax.matmul"]
+    x = new["main"].params[0]
+    assert (dense[0].args[0] == x) == then_transpose
+    xv = np.random.default_rng(3).standard_normal((4, 6, 16)).astype(np.float32)
+    np.testing.assert_allclose(_run(relax.transform.Normalize()(new), xv)[0], _run(mod, xv)[0], rtol=1e-6, atol=1e-6)
