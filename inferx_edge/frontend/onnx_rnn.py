@@ -125,6 +125,8 @@ def _unroll(node, known: dict, constants: dict, g: _Graph) -> None:
     if seq_lens and not np.all(constants[seq_lens] == steps):
         raise _refuse(node, f"sequence_lens {constants[seq_lens].tolist()} differ from the sequence length {steps}")
     gates = _GATES[op]
+    if constants[w].dtype != np.float32:
+        raise _refuse(node, f"its weights are {constants[w].dtype}; float32 recurrent layers are unrolled")
     wv, rv = constants[w].astype(np.float32), constants[r].astype(np.float32)
     hidden = int(attrs.get("hidden_size", rv.shape[-1]))
     bv = constants[b].astype(np.float32) if b else np.zeros((len(dirs), 2 * gates * hidden), np.float32)

@@ -1,4 +1,4 @@
-"""Transposes of rows taken above the dense layer they follow, at import.
+"""Transposes of a dense layer's rows moved to where they compose with another transpose, at import.
 
 ``nn.MultiheadAttention`` with ``batch_first=True`` runs on a sequence-first view: both frontends give
 its output projection as ``permute(reshape(matmul(reshape(heads, [L * N, E]), W) + b, [L, N, E]),
@@ -13,6 +13,10 @@ The rewrite: ``permute(reshape(chain(reshape(x, [R, K])), S), p)``, where ``p`` 
 right operand) followed by row-wise elementwise ops (operands that vary only along the last axis),
 becomes ``chain(reshape(permute(x, p'), S[p] + [K]))``. Each row is computed exactly as before, so values
 are bitwise unchanged. Every intermediate value must have no other reader (nothing is computed twice).
+
+The other direction, :func:`sink_row_permutes`: the in-projection's transpose in front of the dense
+layer moves below it and its bias add when the result only reaches another transpose (the head split),
+so the LayerNorm's output feeds the GEMM as it is.
 """
 
 from __future__ import annotations

@@ -142,19 +142,23 @@ def test_batch_major_layout_matches_the_sequence_major_model(tmp_path):
         ({}, {"activations": ["Relu", "Tanh", "Tanh"]}, r"LSTM node 'rnn': activations \['Relu', 'Tanh', 'Tanh'\]"),
         ({}, {"clip": 3.0}, r"LSTM node 'rnn': attribute 'clip' is not supported"),
         ({"lens": [2]}, {}, r"LSTM node 'rnn': per-batch sequence_lens given at run time"),
+        ({"fp16": True}, {}, r"LSTM node 'rnn': its weights are float16; float32 recurrent layers"),
     ],
 )
 def test_what_cannot_be_unrolled_is_a_model_error_naming_the_node(tmp_path, extra_inputs, attrs, match):
     rng = np.random.default_rng(3)
-    inputs = ["x", "W", "R", "B", "lens" if extra_inputs else ""]
+    inputs = ["x", "W", "R", "B", "lens" if "lens" in extra_inputs else ""]
     node = helper.make_node("LSTM", inputs, ["y"], name="rnn", hidden_size=4, **attrs)
     graph_inputs = {"x": [5, 2, 3]}
     path = _model(tmp_path / "bad.onnx", node, graph_inputs, {"y": [5, 1, 2, 4]}, _weights(rng, 1, 4, 4, 3))
-    if extra_inputs:  # an int32 input, as the spec types sequence_lens
-        import onnx
+    import onnx
 
-        m = onnx.load(str(path))
+    m = onnx.load(str(path))
+    if "lens" in extra_inputs:  # an int32 input, as the spec types sequence_lens
         m.graph.input.append(helper.make_tensor_value_info("lens", TensorProto.INT32, [2]))
-        onnx.save(m, str(path))
+    if "fp16" in extra_inputs:  # the weights stored as float16
+        for t in m.graph.initializer:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float16), t.name))
+    onnx.save(m, str(path))
     with pytest.raises(ModelError, match=match):
         import_model(path, {})

@@ -3,8 +3,8 @@
 In ViT-B/16 or Swin-T each residual add's float32 output is read by the next block's LayerNorm and by
 the residual add at that block's end (a GEMM epilogue): written once and read twice per block in
 float32. Here such a value is written fp16 (saturated to its range, in the producing kernel's
-epilogue) and widened to float32 where it is read (in the LayerNorm's and the GEMM epilogue's loads):
-half the bytes on all three passes. Each add still sums in float32 and rounds once (11 significant
+epilogue); the adds widen it to float32 as they load it (in the GEMM epilogue) and the LayerNorms run
+on it in fp16 (statistics summed in float32): half the bytes on all three passes. Each add still sums in float32 and rounds once (11 significant
 bits against the int8 layers' 8), as fp16 variants and torch.compile fp16 carry the stream; a value
 beyond fp16's range reaches every reader as +-65504, never inf. A value the function returns keeps its
 float32 copy for the return.
