@@ -12,6 +12,7 @@ from inferx_edge.frontend.onnx_pads import (
     fold_pads_into_convs,
     refuse_fractional_resize_scales,
 )
+from inferx_edge.frontend.onnx_resize import lower_fractional_resizes
 from inferx_edge.frontend.onnx_rnn import unroll_recurrent
 from inferx_edge.frontend.qdq import is_qdq, strip_qdq
 from inferx_edge.frontend.shapes import resolve_shapes
@@ -72,7 +73,8 @@ def import_onnx(path: Path, overrides: dict[str, tuple[int, ...]]) -> ImportedMo
         model, _ = fold_shape_subgraphs(model, shapes)
     model, _ = fold_pads_into_convs(model)  # after folding: "same" pads computed from shapes are constants now
     model, _ = explicit_conv_transpose_pads(model, shapes)
-    refuse_fractional_resize_scales(model, shapes)
+    model, _ = lower_fractional_resizes(model, shapes)  # sampled as ONNX does (TVM: by the size ratio)
+    refuse_fractional_resize_scales(model, shapes)  # those left: cubic, cropping, antialiased
     model, _ = unroll_recurrent(model, shapes)  # LSTM / GRU / RNN: TVM has no converter
     missing = _unsupported_ops(model)
     if missing:

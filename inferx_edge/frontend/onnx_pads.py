@@ -194,7 +194,8 @@ def explicit_conv_transpose_pads(model, shapes: dict[str, tuple[int, ...]]):
 
 def refuse_fractional_resize_scales(model, shapes: dict[str, tuple[int, ...]]) -> None:
     """Raise a :class:`~inferx_edge.errors.ModelError` for a ``Resize`` given constant ``scales`` where a
-    spatial size times its scale is not a whole number (5 pixels x 1.5, 9 x 0.7). The ONNX specification
+    spatial size times its scale is not a whole number (5 pixels x 1.5, 9 x 0.7) that
+    :func:`~inferx_edge.frontend.onnx_resize.lower_fractional_resizes` left (cubic, cropping, antialiased). The ONNX specification
     (and onnxruntime) map output pixels back with the scale itself; TVM's frontend uses the ratio of
     the rounded sizes, so such a resize imported with other values, silently (a bilinear 5 -> 7 resize
     50 % off). Scales whose products are whole agree either way and pass."""
@@ -218,12 +219,17 @@ def refuse_fractional_resize_scales(model, shapes: dict[str, tuple[int, ...]]) -
         products = [s * f for s, f in zip(sizes, factors, strict=False)]
         if all(abs(p - round(p)) < 1e-6 for p in products) or _same_nearest_pixels(node, sizes, factors):
             continue
+        attrs = _attrs(node)
+        kind = "/".join(
+            _text(attrs.get(k, d)) for k, d in (("mode", b"nearest"), ("coordinate_transformation_mode", b"half_pixel"))
+        )
         raise ModelError(
-            f"Resize {node.name or node.output[0]!r} scales {sizes} by {factors}: "
+            f"Resize {node.name or node.output[0]!r} ({kind}) scales {sizes} by {factors}: "
             f"not whole output sizes ({[round(p, 3) for p in products]}). ONNX samples such a resize with the "
             "scale itself and TVM's importer with the ratio of the rounded sizes, so it would compute other "
-            "values; re-export it with output sizes instead of scales (torch: F.interpolate(size=...) or "
-            "recompute_scale_factor=True), or from torch.export, whose import follows torch"
+            "values; nearest and linear ones are lowered at import, this kind is not. Re-export it with output "
+            "sizes instead of scales (torch: F.interpolate(size=...) or recompute_scale_factor=True), or from "
+            "torch.export, whose import follows torch"
         )
 
 

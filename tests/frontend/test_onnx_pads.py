@@ -207,31 +207,47 @@ def test_conv_transpose_output_shape_gives_that_shape(tmp_path, attrs, in_hw, ou
 
 
 @pytest.mark.parametrize(
-    "mode, scale, refused",
-    [("linear", 1.5, True), ("nearest", 0.7, True), ("nearest", 1.5, False), ("linear", 2.0, False)],
-)
-def test_resizes_by_scales_tvm_would_sample_otherwise_are_refused(tmp_path, mode, scale, refused):
+    "mode, transform, scale",
+    [
+        ("linear", "half_pixel", 1.5), ("linear", "align_corners", 0.7), ("linear", "pytorch_half_pixel", 2.3),
+        ("nearest", "asymmetric", 0.7), ("nearest", "half_pixel", 1.5), ("nearest", "tf_half_pixel_for_nn", 0.34),
+        ("linear", "half_pixel", 2.0), ("cubic", "half_pixel", 1.5),
+    ],
+)  # fmt: skip
+def test_resizes_by_scales_without_whole_sizes_sample_as_onnx(tmp_path, mode, transform, scale):
     """ONNX maps a Resize's output pixels back with its scales; TVM's importer uses the ratio of the
     rounded sizes, which differs where size x scale is not whole (9 x 0.7, 7 x 1.5) and silently gave
-    other values. Those are refused with an error saying how to re-export; a nearest resize whose
-    pixels happen to agree (7 x 1.5 picks the same ones) and whole scales import."""
+    other values. Nearest and linear ones are lowered to gathers at import and match onnxruntime (H and
+    W scaled differently); cubic ones are refused with an error saying how to re-export."""
     import onnx
+    import tvm
     from onnx import TensorProto
+    from tvm import relax
 
     from inferx_edge.errors import ModelError
     from inferx_edge.frontend import import_model
 
-    scales = numpy_helper.from_array(np.array([1, 1, scale, scale], np.float32), "s")
-    node = helper.make_node("Resize", ["x", "", "s"], ["y"], mode=mode, nearest_mode="floor",
-                            coordinate_transformation_mode="asymmetric" if mode == "nearest" else "half_pixel")  # fmt: skip
+    ort = pytest.importorskip("onnxruntime")
+    scales = numpy_helper.from_array(np.array([1, 1, scale, scale * 1.1], np.float32), "s")
+    node = helper.make_node("Resize", ["x", "", "s"], ["y"], mode=mode, nearest_mode="round_prefer_ceil",
+                            coordinate_transformation_mode=transform)  # fmt: skip
+    out = [1, 2, int(np.float32(9) * np.float32(scale)), int(np.float32(7) * np.float32(scale * 1.1))]
     graph = helper.make_graph(
         [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 9, 7])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, int(9 * scale), int(7 * scale)])], [scales],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)], [scales],
     )  # fmt: skip
     path = tmp_path / "resize.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
-    if refused:
-        with pytest.raises(ModelError, match=r"not whole output sizes.*re-export it with output sizes"):
+    if mode == "cubic":
+        with pytest.raises(
+            ModelError, match=r"\(cubic/half_pixel\).*not whole output sizes.*Re-export it with output sizes"
+        ):
             import_model(path, {})
-    else:
-        import_model(path, {})
+        return
+    x = np.random.default_rng(2).standard_normal((1, 2, 9, 7)).astype(np.float32)
+    (want,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    imported = import_model(path, {})
+    vm = relax.VirtualMachine(relax.build(imported.mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x), *[tvm.runtime.tensor(p) for p in imported.params]).numpy()
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

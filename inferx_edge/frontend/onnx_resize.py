@@ -1,0 +1,151 @@
+"""ONNX ``Resize`` by scales with no whole output size, lowered to per-axis gathers before import.
+
+The ONNX specification (and onnxruntime) map an output pixel back to the input with the scale itself;
+TVM's frontend uses the ratio of the rounded sizes. Where size x scale is whole both agree; where it is
+not (9 x 0.7, 5 x 1.5) TVM would sample other pixels. Such a resize with constant scales, ``nearest``
+or ``linear`` mode, a coordinate transformation other than ``tf_crop_and_resize`` and no antialiasing
+becomes, axis by axis, a ``Gather`` of the source rows the specification picks (nearest) or two
+``Gather``s weighted and summed (linear: separable, so N-D linear is the axes in turn), with the
+indices and weights computed here in float32 as onnxruntime computes them. Other resizes of that kind
+(cubic, cropping, antialiased downscaling) are left to
+:func:`~inferx_edge.frontend.onnx_pads.refuse_fractional_resize_scales`, which names them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from inferx_edge.frontend.onnx_pads import _attrs, _constants, _pinned, _same_nearest_pixels, _text
+
+_TRANSFORMS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn",
+               "half_pixel_symmetric")  # fmt: skip
+_NEAREST = {
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "round_prefer_floor": lambda v: np.ceil(v - np.float32(0.5)),
+    "round_prefer_ceil": lambda v: np.floor(v + np.float32(0.5)),
+}
+
+
+def source_coordinates(transform: str, size: int, out: int, scale: float) -> np.ndarray:
+    """The input coordinate (float32) each of ``out`` output positions maps to along an axis of
+    ``size``, per the specification's ``coordinate_transformation_mode``."""
+    f32 = np.float32
+    x, s = np.arange(out, dtype=f32), f32(scale)
+    if transform == "align_corners":
+        return np.zeros(out, f32) if out == 1 else x * f32(size - 1) / f32(out - 1)
+    if transform == "asymmetric":
+        return x / s
+    if transform == "tf_half_pixel_for_nn":
+        return (x + f32(0.5)) / s
+    if transform == "pytorch_half_pixel" and out == 1:
+        return np.zeros(out, f32)
+    if transform == "half_pixel_symmetric":
+        adjustment = f32(out) / (f32(size) * s)
+        offset = f32(size) / f32(2) * (f32(1) - adjustment)
+        return offset + (x + f32(0.5)) / s - f32(0.5)
+    return (x + f32(0.5)) / s - f32(0.5)  # half_pixel, pytorch_half_pixel
+
+
+def _lowerable(attrs: dict, factors: list[float]) -> bool:
+    mode = _text(attrs.get("mode", b"nearest"))
+    transform = _text(attrs.get("coordinate_transformation_mode", b"half_pixel"))
+    if mode not in ("nearest", "linear") or transform not in _TRANSFORMS:
+        return False
+    if mode == "nearest" and _text(attrs.get("nearest_mode", b"round_prefer_floor")) not in _NEAREST:
+        return False
+    if mode == "nearest" and transform == "half_pixel_symmetric":
+        return False  # onnxruntime's float rounding of this transform picks other pixels at ties
+    if attrs.get("axes") or _text(attrs.get("keep_aspect_ratio_policy", b"stretch")) != "stretch":
+        return False
+    return not (attrs.get("antialias") and mode == "linear" and any(f < 1 for f in factors))
+
+
+def lower_fractional_resizes(model, shapes: dict[str, tuple[int, ...]]):
+    """``(model, count)``: every ``Resize`` with constant scales that TVM would sample differently
+    (size x scale not whole, and not a nearest resize that happens to pick the same pixels) and that
+    this module can lower, replaced by gathers."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    resizes = [n for n in model.graph.node if n.op_type == "Resize" and len(n.input) > 2 and n.input[2]]
+    if not resizes:
+        return model, 0
+    constants = _constants(model)
+    pinned = _pinned(model, shapes)
+    if pinned is None:
+        return model, 0
+    known = pinned[1]
+    taken = {t for n in model.graph.node for t in (*n.input, *n.output)} | {t.name for t in model.graph.initializer}
+    nodes, inits, count = [], [], 0
+
+    def fresh(hint: str) -> str:
+        i = len(taken)
+        while f"{hint}_{i}" in taken:
+            i += 1
+        taken.add(f"{hint}_{i}")
+        return f"{hint}_{i}"
+
+    def const(hint: str, value) -> str:
+        name = fresh(hint)
+        inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    for node in model.graph.node:
+        scales = constants.get(node.input[2]) if node in resizes else None
+        factors = [] if scales is None else [float(f) for f in np.asarray(scales, np.float32).reshape(-1)]
+        sizes = known.get(node.input[0]) if factors else None
+        attrs = _attrs(node)
+        whole = sizes is not None and all(
+            abs(s * f - round(s * f)) < 1e-6 for s, f in zip(sizes, factors, strict=False)
+        )
+        if (
+            sizes is None
+            or len(sizes) != len(factors)
+            or whole
+            or _same_nearest_pixels(node, sizes, factors)
+            or not _lowerable(attrs, factors)
+        ):
+            nodes.append(node)
+            continue
+        mode = _text(attrs.get("mode", b"nearest"))
+        transform = _text(attrs.get("coordinate_transformation_mode", b"half_pixel"))
+        pick = _NEAREST.get(_text(attrs.get("nearest_mode", b"round_prefer_floor")))
+        hint = (node.name or "resize").replace("/", "_")
+        x = node.input[0]
+        axes = [a for a, f in enumerate(factors) if f != 1.0]
+        for k, axis in enumerate(axes):
+            size = sizes[axis]
+            out = int(np.floor(np.float32(size) * np.float32(factors[axis])))
+            src = source_coordinates(transform, size, out, factors[axis])
+            last = k == len(axes) - 1
+            target = node.output[0] if last else fresh(f"{hint}_axis{axis}")
+            if mode == "nearest":
+                idx = np.clip(pick(src), 0, size - 1).astype(np.int64)
+                nodes.append(helper.make_node("Gather", [x, const(f"{hint}_i", idx)], [target], axis=axis))
+            else:  # onnxruntime's linear: clamp, neighbours, half and half on the edge
+                src = np.clip(src, 0, size - 1)
+                lo = np.minimum(src.astype(np.int64), size - 1)
+                hi = np.minimum(lo + 1, size - 1)
+                w_hi = np.where(lo == hi, np.float32(0.5), np.abs(src - lo.astype(np.float32)))
+                w_lo = np.where(lo == hi, np.float32(0.5), np.abs(src - hi.astype(np.float32)))
+                bshape = [out] + [1] * (len(sizes) - 1 - axis)
+                terms = []
+                for name, idx, w in (("lo", lo, w_lo), ("hi", hi, w_hi)):
+                    g = fresh(f"{hint}_{name}")
+                    nodes.append(helper.make_node("Gather", [x, const(f"{hint}_{name}_i", idx)], [g], axis=axis))
+                    t = fresh(f"{hint}_{name}_w")
+                    wc = const(f"{hint}_{name}_wc", w.astype(np.float32).reshape(bshape))
+                    nodes.append(helper.make_node("Mul", [g, wc], [t]))
+                    terms.append(t)
+                nodes.append(helper.make_node("Add", terms, [target]))
+            x = target
+        count += 1
+    if not count:
+        return model, 0
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    del new.graph.node[:]
+    new.graph.node.extend(nodes)
+    new.graph.initializer.extend(inits)
+    return new, count
