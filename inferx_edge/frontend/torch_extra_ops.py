@@ -1,6 +1,7 @@
 """aten ops TVM 0.27's torch.export translator does not know ("Unsupported function types"), converted
-by the import: ``torch.var_mean`` / ``std_mean``, ``F.adaptive_max_pool2d`` and ``torch.hypot``. Each
-has a case in ``tests/frontend/test_torch_import.py`` against torch."""
+by the import: ``torch.var_mean`` / ``std_mean``, ``F.adaptive_max_pool2d``, ``torch.hypot``,
+``Tensor.scatter_add`` and ``torch.cdist``. Each has a case in ``tests/frontend/test_torch_import.py``
+against torch."""
 
 from __future__ import annotations
 
@@ -69,9 +70,50 @@ def _hypot(node, importer):
     return importer.block_builder.emit(op.sqrt(op.add(op.multiply(a, a), op.multiply(b, b))))
 
 
+def _scatter_add(node, importer):
+    """``aten.scatter_add(x, dim, index, src)``: ``x`` with ``src[i...]`` added at ``index`` along ``dim``
+    (Relax's ``scatter_elements`` with an add reduction; ``src`` cut to the index's shape, as torch reads it)."""
+    from tvm import relax
+
+    x, index, src = (importer.env[node.args[i]] for i in (0, 2, 3))
+    dim = int(node.args[1])
+    ishape = [int(d) for d in importer.shape_of(index)]
+    sshape = [int(d) for d in importer.shape_of(src)]
+    bb = importer.block_builder
+    if ishape != sshape:
+        src = bb.emit(relax.op.strided_slice(src, list(range(len(ishape))), [0] * len(ishape), ishape))
+    return bb.emit(relax.op.scatter_elements(x, index, src, axis=dim % len(ishape), reduction="add"))
+
+
+def _cdist(node, importer):
+    """``aten._cdist_forward(x1 [.., P, M], x2 [.., R, M], p, compute_mode)``: the p-norm distance of every
+    row pair, from the broadcast differences ([.., P, R, M]; torch's matrix-product shortcut for p = 2 on
+    long inputs rounds differently, by ~1e-6 relative)."""
+    from tvm import relax
+
+    a, b = (importer.env[node.args[i]] for i in (0, 1))
+    p = float(node.args[2]) if len(node.args) > 2 else 2.0
+    op, bb = relax.op, importer.block_builder
+    d = op.abs(op.subtract(op.expand_dims(a, -2), op.expand_dims(b, -3)))
+    if p == 0:
+        dtype = str(node.args[0].meta["val"].dtype).replace("torch.", "")
+        return bb.emit(op.sum(op.astype(op.not_equal(d, relax.const(0.0, dtype)), dtype), axis=[-1]))
+    if math.isinf(p):
+        return bb.emit(op.max(d, axis=[-1]))
+    if p == 1:
+        return bb.emit(op.sum(d, axis=[-1]))
+    if p == 2:
+        return bb.emit(op.sqrt(op.sum(op.multiply(d, d), axis=[-1])))
+    dtype = str(node.args[0].meta["val"].dtype).replace("torch.", "")
+    total = op.sum(op.power(d, relax.const(p, dtype)), axis=[-1])
+    return bb.emit(op.power(total, relax.const(1.0 / p, dtype)))
+
+
 #: aten op name (as TVM's translator keys them) -> converter
 EXTRA_OPS = {
     "var_mean.correction": _var_mean,
     "adaptive_max_pool2d.default": _adaptive_max_pool2d,
     "hypot.default": _hypot,
+    "scatter_add.default": _scatter_add,
+    "_cdist_forward.default": _cdist,
 }

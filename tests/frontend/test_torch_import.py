@@ -389,3 +389,20 @@ def test_adaptive_max_pool_indices_are_refused_by_name(tmp_path):
     torch.export.save(torch.export.export(MaxWithIndices(), (torch.randn(1, 2, 4, 4),)), str(path))
     with pytest.raises(ModelError, match="adaptive_max_pool2d with return_indices=True"):
         import_model(path, {})
+
+
+class ScatterAndDistances(torch.nn.Module):
+    def forward(self, x):
+        index = torch.tensor([[0, 1, 0], [4, 4, 2]])
+        counts = torch.zeros(2, 5).scatter_add(1, index, x[:, :3])  # repeated indices accumulate
+        partial = torch.ones(2, 5).scatter_add(1, index[:, :2], x)  # src wider than the index
+        y = x.view(1, 2, 5)
+        return counts, partial, torch.cdist(y, y * 2 + 1), torch.cdist(y, y - 1, p=1), torch.cdist(y, -y, p=3.0)
+
+
+def test_scatter_add_and_cdist_import(tmp_path):
+    """aten.scatter_add and aten._cdist_forward were 'Unsupported function types' for TVM's
+    translator; they import and match torch (p = 1, 2 and 3 distances)."""
+    got, want = _exported_built_and_run(tmp_path, ScatterAndDistances(), torch.randn(2, 5))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
