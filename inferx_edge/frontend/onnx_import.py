@@ -6,6 +6,7 @@ from pathlib import Path
 
 from inferx_edge.errors import ModelError
 from inferx_edge.frontend.imported import ImportedModel, finish_import
+from inferx_edge.frontend.onnx_decompose import decompose_unsupported
 from inferx_edge.frontend.onnx_fold import fold_shape_subgraphs
 from inferx_edge.frontend.onnx_pads import (
     explicit_conv_transpose_pads,
@@ -76,6 +77,7 @@ def import_onnx(path: Path, overrides: dict[str, tuple[int, ...]]) -> ImportedMo
     model, _ = lower_fractional_resizes(model, shapes)  # sampled as ONNX does (TVM: by the size ratio)
     refuse_fractional_resize_scales(model, shapes)  # those left: cubic, cropping, antialiased
     model, _ = unroll_recurrent(model, shapes)  # LSTM / GRU / RNN: TVM has no converter
+    model, _ = decompose_unsupported(model)  # Celu: nor for this
     missing = _unsupported_ops(model)
     if missing:
         detail = "; ".join(

@@ -1,4 +1,5 @@
-"""ONNX LSTM / GRU / RNN nodes are unrolled at import and compute what onnxruntime computes."""
+"""ONNX LSTM / GRU / RNN nodes are unrolled at import (and Celu written with supported ops); both
+compute what onnxruntime computes."""
 
 from __future__ import annotations
 
@@ -162,3 +163,13 @@ def test_what_cannot_be_unrolled_is_a_model_error_naming_the_node(tmp_path, extr
     onnx.save(m, str(path))
     with pytest.raises(ModelError, match=match):
         import_model(path, {})
+
+
+def test_celu_is_written_with_supported_ops(tmp_path):
+    """ONNX Celu had no converter in TVM; it imports as its definition and matches onnxruntime."""
+    node = helper.make_node("Celu", ["x"], ["y"], alpha=0.7)
+    path = _model(tmp_path / "celu.onnx", node, {"x": [3, 8]}, {"y": [3, 8]}, {}, opset=13)
+    feeds = {"x": (np.random.default_rng(4).standard_normal((3, 8)) * 3).astype(np.float32)}
+    (got,) = _built_and_run(tmp_path, path, feeds)
+    (want,) = _onnxruntime(path, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
