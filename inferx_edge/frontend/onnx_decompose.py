@@ -6,25 +6,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from inferx_edge.frontend.onnx_pads import _attrs
+from inferx_edge.frontend.onnx_pads import _attrs, _namer, _with_nodes
 
 
 def decompose_unsupported(model):
     """``(model, count)``: every ``Celu`` node replaced by primitive ops (values as the specification's)."""
     if not any(n.op_type == "Celu" for n in model.graph.node):
         return model, 0
-    import onnx
     from onnx import helper, numpy_helper
 
-    taken = {t for n in model.graph.node for t in (*n.input, *n.output)} | {t.name for t in model.graph.initializer}
+    fresh = _namer(model)
     nodes, inits, count = [], [], 0
-
-    def fresh(hint: str) -> str:
-        i = len(taken)
-        while f"{hint}_{i}" in taken:
-            i += 1
-        taken.add(f"{hint}_{i}")
-        return f"{hint}_{i}"
 
     for node in model.graph.node:
         if node.op_type != "Celu":
@@ -47,9 +39,4 @@ def decompose_unsupported(model):
         nodes.append(helper.make_node("Relu", [x], [positive]))
         nodes.append(helper.make_node("Add", [positive, prev], [node.output[0]]))
         count += 1
-    new = onnx.ModelProto()
-    new.CopyFrom(model)
-    del new.graph.node[:]
-    new.graph.node.extend(nodes)
-    new.graph.initializer.extend(inits)
-    return new, count
+    return _with_nodes(model, nodes, inits), count

@@ -43,6 +43,32 @@ def _attrs(node) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
+def _namer(model):
+    """A function giving names no tensor or initializer of ``model`` (nor an earlier call) has."""
+    taken = {t for n in model.graph.node for t in (*n.input, *n.output)} | {t.name for t in model.graph.initializer}
+
+    def fresh(hint: str) -> str:
+        i = len(taken)
+        while f"{hint}_{i}" in taken:
+            i += 1
+        taken.add(f"{hint}_{i}")
+        return f"{hint}_{i}"
+
+    return fresh
+
+
+def _with_nodes(model, nodes, initializers):
+    """A copy of ``model`` whose graph has ``nodes`` (in that order) and ``initializers`` added."""
+    import onnx
+
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    del new.graph.node[:]
+    new.graph.node.extend(nodes)
+    new.graph.initializer.extend(initializers)
+    return new
+
+
 def _pad_amounts(node, attrs: dict, constants: dict) -> list[int] | None:
     """A ``Pad`` node's amounts as ONNX lists them (all begins, then all ends): its ``pads`` attribute
     (opset < 11) or its constant ``pads`` input; None when not known."""

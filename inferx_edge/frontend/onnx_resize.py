@@ -15,7 +15,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from inferx_edge.frontend.onnx_pads import _attrs, _constants, _pinned, _same_nearest_pixels, _text
+from inferx_edge.frontend.onnx_pads import (
+    _attrs,
+    _constants,
+    _namer,
+    _pinned,
+    _same_nearest_pixels,
+    _text,
+    _with_nodes,
+)
 
 _TRANSFORMS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn",
                "half_pixel_symmetric")  # fmt: skip
@@ -65,7 +73,6 @@ def lower_fractional_resizes(model, shapes: dict[str, tuple[int, ...]]):
     """``(model, count)``: every ``Resize`` with constant scales that TVM would sample differently
     (size x scale not whole, and not a nearest resize that happens to pick the same pixels) and that
     this module can lower, replaced by gathers."""
-    import onnx
     from onnx import helper, numpy_helper
 
     resizes = [n for n in model.graph.node if n.op_type == "Resize" and len(n.input) > 2 and n.input[2]]
@@ -76,15 +83,8 @@ def lower_fractional_resizes(model, shapes: dict[str, tuple[int, ...]]):
     if pinned is None:
         return model, 0
     known = pinned[1]
-    taken = {t for n in model.graph.node for t in (*n.input, *n.output)} | {t.name for t in model.graph.initializer}
+    fresh = _namer(model)
     nodes, inits, count = [], [], 0
-
-    def fresh(hint: str) -> str:
-        i = len(taken)
-        while f"{hint}_{i}" in taken:
-            i += 1
-        taken.add(f"{hint}_{i}")
-        return f"{hint}_{i}"
 
     def const(hint: str, value) -> str:
         name = fresh(hint)
@@ -143,9 +143,4 @@ def lower_fractional_resizes(model, shapes: dict[str, tuple[int, ...]]):
         count += 1
     if not count:
         return model, 0
-    new = onnx.ModelProto()
-    new.CopyFrom(model)
-    del new.graph.node[:]
-    new.graph.node.extend(nodes)
-    new.graph.initializer.extend(inits)
-    return new, count
+    return _with_nodes(model, nodes, inits), count

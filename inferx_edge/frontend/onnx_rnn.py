@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from inferx_edge.errors import ModelError
-from inferx_edge.frontend.onnx_pads import _attrs, _constants, _pinned, _text
+from inferx_edge.frontend.onnx_pads import _attrs, _constants, _pinned, _text, _with_nodes
 
 #: gates per op, in the order of the ONNX weight layout, and each op's default activations
 _GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
@@ -69,8 +69,6 @@ def unroll_recurrent(model, shapes: dict[str, tuple[int, ...]]):
     """``(model, count)``: ``model`` with every LSTM / GRU / RNN node replaced by primitive ops."""
     if not any(n.op_type in _GATES for n in model.graph.node):
         return model, 0
-    import onnx
-
     pinned = _pinned(model, shapes)
     known = pinned[1] if pinned else {}
     constants = _constants(model)
@@ -84,12 +82,7 @@ def unroll_recurrent(model, shapes: dict[str, tuple[int, ...]]):
         _unroll(node, known, constants, g)
         out_nodes.extend(g.nodes[before:])
         count += 1
-    new = onnx.ModelProto()
-    new.CopyFrom(model)
-    del new.graph.node[:]
-    new.graph.node.extend(out_nodes)
-    new.graph.initializer.extend(g.inits)
-    return new, count
+    return _with_nodes(model, out_nodes, g.inits), count
 
 
 def _refuse(node, why: str) -> ModelError:
