@@ -1,7 +1,7 @@
 """aten ops TVM 0.27's torch.export translator does not know ("Unsupported function types"), converted
 by the import: ``torch.var_mean`` / ``std_mean``, ``F.adaptive_max_pool2d``, ``torch.hypot``,
-``Tensor.scatter_add`` and ``torch.cdist``. Each has a case in ``tests/frontend/test_torch_import.py``
-against torch."""
+``Tensor.scatter_add``, ``torch.cdist`` and ``torch.cummax`` / ``cummin``. Each has a case in
+``tests/frontend/test_torch_import.py`` against torch."""
 
 from __future__ import annotations
 
@@ -109,6 +109,46 @@ def _cdist(node, importer):
     return bb.emit(op.power(total, relax.const(1.0 / p, dtype)))
 
 
+def _running(largest: bool):
+    """A converter for ``aten.cummax`` / ``cummin(x, dim)``: ``(values, indices)``, the running extreme
+    and where it was last reached (torch's tie rule: the later index), as a log-step scan over the axis
+    (``combine(earlier, later) = later if later >= earlier else earlier`` is associative). NaNs are not
+    propagated as torch does."""
+
+    def convert(node, importer):
+        import numpy as np
+        from tvm import relax
+
+        x = importer.env[node.args[0]]
+        shape = [int(d) for d in importer.shape_of(x)]
+        dim = int(node.args[1]) % len(shape)
+        length, op, bb = shape[dim], relax.op, importer.block_builder
+        dtype = str(node.args[0].meta["val"].dtype).replace("torch.", "")
+        info = np.finfo(dtype) if dtype.startswith("float") else np.iinfo(dtype)
+        pad = -np.inf if largest and dtype.startswith("float") else np.inf if dtype.startswith("float") else None
+        pad = (info.min if largest else info.max) if pad is None else pad
+        view = [1] * len(shape)
+        view[dim] = length
+        idx = bb.emit(op.broadcast_to(relax.const(np.arange(length).reshape(view), "int64"), shape))
+        vals, step = x, 1
+        while step < length:
+            head = list(shape)
+            head[dim] = step
+
+            def shifted(t, fill, t_dtype, head=head, step=step):
+                body = op.strided_slice(t, axes=[dim], begin=[0], end=[length - step])
+                filler = op.broadcast_to(relax.const(np.full([1] * len(head), fill), t_dtype), head)
+                return op.concat([filler, body], axis=dim)
+
+            sv, si = shifted(vals, pad, dtype), shifted(idx, 0, "int64")
+            later = op.greater_equal(vals, sv) if largest else op.less_equal(vals, sv)
+            vals, idx = bb.emit(op.where(later, vals, sv)), bb.emit(op.where(later, idx, si))
+            step *= 2
+        return bb.emit(relax.Tuple([vals, idx]))
+
+    return convert
+
+
 #: aten op name (as TVM's translator keys them) -> converter
 EXTRA_OPS = {
     "var_mean.correction": _var_mean,
@@ -116,4 +156,6 @@ EXTRA_OPS = {
     "hypot.default": _hypot,
     "scatter_add.default": _scatter_add,
     "_cdist_forward.default": _cdist,
+    "cummax.default": _running(True),
+    "cummin.default": _running(False),
 }
