@@ -17,12 +17,14 @@ class CallContext:
     given : the call's arguments as the module wrote them (before rewriting), for :meth:`producer`.
     bindings : every variable bound so far, to the value the module bound it to.
     builder : the rewriter's block builder (``emit``, ``call_te``: new bindings and PrimFuncs).
+    var : the variable the module bound this call to (None for a call nested in another expression).
     """
 
     given: list
     bindings: dict
     builder: Any
     visit: Any = None  # the rewriter's visit_expr: an original expression as rewritten so far
+    var: Any = None
 
     def producer(self, arg):
         """The value the module bound ``arg`` (one of :attr:`given`) to, or None (a parameter, a
@@ -58,15 +60,19 @@ def rewrite_calls_in_context(mod, rewrite):
         def __init__(self, mod):
             super().__init__(mod)
             self.bindings = {}
+            self.binding = None
 
         def visit_var_binding_(self, binding):
             self.bindings[binding.var] = binding.value
+            self.binding = binding
             super().visit_var_binding_(binding)
 
         def visit_call_(self, call):
             given = list(call.args)
+            bound = self.binding is not None and self.binding.value.same_as(call)
+            var = self.binding.var if bound else None
             call = super().visit_call_(call)
-            new = rewrite(call, CallContext(given, self.bindings, self.builder_, self.visit_expr))
+            new = rewrite(call, CallContext(given, self.bindings, self.builder_, self.visit_expr, var))
             return call if new is None else new
 
     return mutate_functions(_Rewriter(mod))

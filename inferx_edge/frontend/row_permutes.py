@@ -45,6 +45,7 @@ class _Rows:
         )
         self.binary = {tvm.ir.Op.get(f"relax.{n}") for n in _BINARY}
         self.unary = {tvm.ir.Op.get(f"relax.{n}") for n in _UNARY}
+        self.chained = self.binary | self.unary | {self.matmul}  # what a dense layer's chain may hold
         self.uses = use_counts(mod)
 
     def single(self, ctx, var, ops):
@@ -80,11 +81,7 @@ class _Rows:
             return None
         chain = []
         while True:
-            value = (
-                first
-                if first is not None and not chain
-                else self.single(ctx, var, self.binary | self.unary | {self.matmul})
-            )
+            value = first if first is not None and not chain else self.single(ctx, var, self.chained)
             if value is None or static_shape(value) is None or static_shape(value)[:-1] != flat[:-1]:
                 return None
             chain.append((var, value))
@@ -187,39 +184,31 @@ def sink_row_permutes(mod):
     kernel's index maps on CUDA)."""
     from tvm import relax
 
-    from inferx_edge.compiler.passes._rewrite import permute_axes, rewrite_calls_in_context, static_shape
+    from inferx_edge.compiler.passes._rewrite import (
+        op_name,
+        permute_axes,
+        readers,
+        rewrite_calls_in_context,
+        static_shape,
+    )
 
     rows = _Rows(mod)
-    readers: dict = {}  # variable -> [(reader variable, its value)]
-    bindings = []
-    for _gv, func in mod.functions_items():
-        if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
-            for blk in func.body.blocks:
-                for b in blk.bindings:
-                    bindings.append(b)
-                    for a in getattr(b.value, "args", []):
-                        if isinstance(a, relax.Var):
-                            readers.setdefault(a, []).append((b.var, b.value))
+    found_readers = readers(mod)
 
     def to_transposes(var, depth: int = 0) -> bool:
-        found = readers.get(var, [])
+        """Whether every reader of ``var`` reaches a transpose through reshapes only."""
+        found = found_readers.get(var, [])
         if not found or len(found) != rows.uses.get(var, 0) or depth > 8:
             return False  # unread, returned, or a long way off
-        for reader, value in found:
-            name = getattr(getattr(value, "op", None), "name", "")
+        for reader, value, _ in found:
+            name = op_name(value)
             if name != "relax.permute_dims" and not (name in _VIEWS and to_transposes(reader, depth + 1)):
                 return False
         return True
 
-    ends = {  # (op, original args) -> variable, for the calls whose readers all reach transposes
-        (b.value.op, tuple(b.value.args)): b.var
-        for b in bindings
-        if isinstance(b.value, relax.Call) and to_transposes(b.var)
-    }
-
     def rewrite(call, ctx):
-        var = ends.get((call.op, tuple(ctx.given)))
-        if var is None or call.op not in rows.binary | rows.unary | {rows.matmul}:
+        var = ctx.var
+        if var is None or call.op not in rows.chained or not to_transposes(var):
             return None
         out = static_shape(call)
         if out is None or len(out) < 3:

@@ -115,6 +115,25 @@ def use_counts(mod) -> dict:
     return uses
 
 
+def readers(mod) -> dict:
+    """Each variable of ``mod``'s Relax functions -> ``[(reader variable, its call, argument index)]``, one
+    entry per call argument it is (a variable read in a tuple or returned has fewer entries than
+    :func:`use_counts` says)."""
+    from tvm import relax
+
+    found: dict = {}
+    for _gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        for blk in func.body.blocks:
+            for b in blk.bindings:
+                if isinstance(b.value, relax.Call):
+                    for i, a in enumerate(b.value.args):
+                        if isinstance(a, relax.Var):
+                            found.setdefault(a, []).append((b.var, b.value, i))
+    return found
+
+
 def weight_params(mod) -> set:
     """``main``'s weight parameters (those after its ``num_input`` inputs); none without that attribute."""
     main = mod["main"]

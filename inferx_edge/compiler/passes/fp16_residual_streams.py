@@ -12,7 +12,7 @@ float32 copy for the return.
 
 from __future__ import annotations
 
-from inferx_edge.compiler.passes._rewrite import op_name, rewrite_calls_in_context, use_counts
+from inferx_edge.compiler.passes._rewrite import op_name, readers, rewrite_calls_in_context, use_counts
 from inferx_edge.compiler.passes.fp16_depthwise import saturated_fp16
 
 #: who may read a stream: the next LayerNorm and the residual adds
@@ -25,31 +25,18 @@ def fp16_residual_streams(mod):
     (``astype(copy, float32)``, in their fused loads), the LayerNorms run on it in fp16 (statistics
     summed in float32) and widen their result. The copy's saturation is the value's only reader and
     fuses into its producer."""
-    import tvm
     from tvm import relax
 
-    uses = use_counts(mod)
-    readers: dict = {}
-    streams: set = set()
-    for _gv, func in mod.functions_items():
-        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
-            continue
-        for blk in func.body.blocks:
-            for b in blk.bindings:
-                value = b.value
-                if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
-                    for i, a in enumerate(value.args):
-                        if isinstance(a, relax.Var):
-                            readers.setdefault(a, []).append((op_name(value), i))
-                if (
-                    isinstance(b.var, relax.DataflowVar)
-                    and op_name(value) == "relax.add"
-                    and str(getattr(b.var.ty, "dtype", "")) == "float32"
-                ):
-                    streams.add(b.var)
+    uses, found_readers = use_counts(mod), readers(mod)
 
-    def is_stream(v) -> bool:
-        found = readers.get(v, [])
+    def is_stream(v, value) -> bool:
+        if not (
+            isinstance(v, relax.DataflowVar)
+            and op_name(value) == "relax.add"
+            and str(getattr(v.ty, "dtype", "")) == "float32"
+        ):
+            return False
+        found = [(op_name(r), i) for _, r, i in found_readers.get(v, [])]
         return (
             len(found) >= 2
             and len(found) == uses.get(v, 0)  # nothing else (a tuple, the return) reads it
@@ -57,7 +44,14 @@ def fp16_residual_streams(mod):
             and any(name == "relax.nn.layer_norm" for name, _ in found)
         )
 
-    streams = {v for v in streams if is_stream(v)}
+    streams = {
+        b.var
+        for _gv, func in mod.functions_items()
+        if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr)
+        for blk in func.body.blocks
+        for b in blk.bindings
+        if is_stream(b.var, b.value)
+    }
     if not streams:
         return mod
     fp16_copy: dict = {}

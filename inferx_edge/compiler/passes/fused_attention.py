@@ -10,6 +10,7 @@ import numpy as np
 
 from inferx_edge.compiler.passes._rewrite import (
     op_name,
+    readers,
     rewrite_calls_in_context,
     static_shape,
     swaps_last_two,
@@ -116,43 +117,25 @@ def _fusable_epilogue(producer) -> bool:
     return op_name(producer) in _EPILOGUE_OPS
 
 
-def _readers(mod) -> tuple[dict, dict]:
-    """``main``'s bindings: each variable -> [(reader variable, its value)], and each matmul's
-    arguments -> the variable it is bound to."""
-    from tvm import relax
-
-    readers: dict = {}
-    matmuls: dict = {}
-    for blk in mod["main"].body.blocks:
-        for b in blk.bindings:
-            if not isinstance(b.value, relax.Call):
-                continue
-            if op_name(b.value) == "relax.matmul":
-                matmuls[tuple(b.value.args)] = b.var
-            for a in b.value.args:
-                if isinstance(a, relax.Var):
-                    readers.setdefault(a, []).append((b.var, b.value))
-    return readers, matmuls
-
-
-def _quantized_only(var, readers: dict, uses: dict) -> bool:
-    """Whether every reader of ``var``, through reshapes and transposes, quantizes it to int8 (a multiply
-    by a constant scalar that only ``round`` reads): its float32 precision is never used."""
+def _quantized_only(var, found_readers: dict, uses: dict) -> bool:
+    """Whether every reader of ``var`` (:func:`~._rewrite.readers`), through reshapes and transposes,
+    quantizes it to int8 (a multiply by a constant scalar that only ``round`` reads): its float32
+    precision is never used."""
     import tvm
 
     stack = [var]
     while stack:
         v = stack.pop()
-        found = readers.get(v, [])
+        found = found_readers.get(v, [])
         if not found or len(found) != uses.get(v, 0):  # read by nothing, or also returned
             return False
-        for reader, value in found:
+        for reader, value, _ in found:
             name = op_name(value)
             if name in ("relax.reshape", "relax.permute_dims"):
                 stack.append(reader)
                 continue
             scalar = [a for a in value.args if isinstance(a, tvm.ir.expr.Constant) and _one_element(a)]
-            after = readers.get(reader, [])
+            after = found_readers.get(reader, [])
             if name != "relax.multiply" or not scalar or len(after) != 1 or op_name(after[0][1]) != "relax.round":
                 return False
     return True
@@ -222,8 +205,7 @@ def fused_attention(mod):
     from inferx_edge.compiler.cuda.attention import Bias, Operand, attention_kernel, contiguous, supports
 
     matmul = tvm.ir.Op.get("relax.matmul")
-    readers, matmuls = _readers(mod)
-    uses = use_counts(mod)
+    found_readers, uses = readers(mod), use_counts(mod)
 
     def rewrite(call, ctx):
         if call.op != matmul or len(ctx.given) != 2:
@@ -316,8 +298,8 @@ def fused_attention(mod):
             bias = b.emit(relax.op.reshape(relax.op.broadcast_to(total, tshape), [bias_spec.size]))
         # an output only int8 quantizes read is written fp16 (11 significant bits for 8): half the bytes
         # written here and read by the quantize (ViT-B/16: its head-merging transpose)
-        var = matmuls.get(tuple(ctx.given))
-        written = "float16" if odt == "float32" and var is not None and _quantized_only(var, readers, uses) else odt
+        quantized = odt == "float32" and ctx.var is not None and _quantized_only(ctx.var, found_readers, uses)
+        written = "float16" if quantized else odt
         factory = _FACTORY[-1] if _FACTORY else attention_kernel
         kernel = factory(nb, s, t, d, dv, factor, written, bias_spec, tuple(op for _, op in views))
         gv = b.add_func(kernel, "fused_attention")
