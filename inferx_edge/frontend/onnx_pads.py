@@ -43,30 +43,54 @@ def _attrs(node) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
-def _namer(model):
-    """A function giving names no tensor or initializer of ``model`` (nor an earlier call) has."""
-    taken = {t for n in model.graph.node for t in (*n.input, *n.output)} | {t.name for t in model.graph.initializer}
+class _NodeBuilder:
+    """The node list of a rewrite of ``model``: its nodes kept as they are (:meth:`keep`) or replaced by
+    new ones (:meth:`op`, :meth:`const`) whose names no tensor of ``model`` has; :meth:`model` gives the
+    rewritten model."""
 
-    def fresh(hint: str) -> str:
-        i = len(taken)
-        while f"{hint}_{i}" in taken:
+    def __init__(self, model) -> None:
+        self.nodes: list = []
+        self.inits: list = []
+        self.taken = {t for n in model.graph.node for t in (*n.input, *n.output)}
+        self.taken |= {t.name for t in model.graph.initializer}
+
+    def name(self, hint: str) -> str:
+        """A name not used before, from ``hint``."""
+        i = len(self.taken)
+        while f"{hint}_{i}" in self.taken:
             i += 1
-        taken.add(f"{hint}_{i}")
+        self.taken.add(f"{hint}_{i}")
         return f"{hint}_{i}"
 
-    return fresh
+    def keep(self, node) -> None:
+        self.nodes.append(node)
 
+    def const(self, hint: str, value) -> str:
+        """A new initializer holding ``value`` (0-d arrays stay scalars); its name."""
+        from onnx import numpy_helper
 
-def _with_nodes(model, nodes, initializers):
-    """A copy of ``model`` whose graph has ``nodes`` (in that order) and ``initializers`` added."""
-    import onnx
+        name = self.name(hint)
+        self.inits.append(numpy_helper.from_array(np.array(value, order="C"), name))
+        return name
 
-    new = onnx.ModelProto()
-    new.CopyFrom(model)
-    del new.graph.node[:]
-    new.graph.node.extend(nodes)
-    new.graph.initializer.extend(initializers)
-    return new
+    def op(self, op_type: str, inputs: list[str], hint: str, output: str | None = None, **attrs) -> str:
+        """A new ``op_type`` node; its output's name (``output``, else a new one)."""
+        from onnx import helper
+
+        out = output or self.name(hint)
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=self.name(f"{hint}_{op_type}"), **attrs))
+        return out
+
+    def model(self, model):
+        """A copy of ``model`` whose graph has the built nodes (in order) and the new initializers."""
+        import onnx
+
+        new = onnx.ModelProto()
+        new.CopyFrom(model)
+        del new.graph.node[:]
+        new.graph.node.extend(self.nodes)
+        new.graph.initializer.extend(self.inits)
+        return new
 
 
 def _pad_amounts(node, attrs: dict, constants: dict) -> list[int] | None:

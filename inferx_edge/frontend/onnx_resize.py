@@ -18,11 +18,10 @@ import numpy as np
 from inferx_edge.frontend.onnx_pads import (
     _attrs,
     _constants,
-    _namer,
+    _NodeBuilder,
     _pinned,
     _same_nearest_pixels,
     _text,
-    _with_nodes,
 )
 
 _TRANSFORMS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn",
@@ -73,8 +72,6 @@ def lower_fractional_resizes(model, shapes: dict[str, tuple[int, ...]]):
     """``(model, count)``: every ``Resize`` with constant scales that TVM would sample differently
     (size x scale not whole, and not a nearest resize that happens to pick the same pixels) and that
     this module can lower, replaced by gathers."""
-    from onnx import helper, numpy_helper
-
     resizes = [n for n in model.graph.node if n.op_type == "Resize" and len(n.input) > 2 and n.input[2]]
     if not resizes:
         return model, 0
@@ -83,14 +80,8 @@ def lower_fractional_resizes(model, shapes: dict[str, tuple[int, ...]]):
     if pinned is None:
         return model, 0
     known = pinned[1]
-    fresh = _namer(model)
-    nodes, inits, count = [], [], 0
-
-    def const(hint: str, value) -> str:
-        name = fresh(hint)
-        inits.append(numpy_helper.from_array(np.asarray(value), name))
-        return name
-
+    g = _NodeBuilder(model)
+    count = 0
     for node in model.graph.node:
         scales = constants.get(node.input[2]) if node in resizes else None
         factors = [] if scales is None else [float(f) for f in np.asarray(scales, np.float32).reshape(-1)]
@@ -106,7 +97,7 @@ def lower_fractional_resizes(model, shapes: dict[str, tuple[int, ...]]):
             or _same_nearest_pixels(node, sizes, factors)
             or not _lowerable(attrs, factors)
         ):
-            nodes.append(node)
+            g.keep(node)
             continue
         mode = _text(attrs.get("mode", b"nearest"))
         transform = _text(attrs.get("coordinate_transformation_mode", b"half_pixel"))
@@ -118,11 +109,10 @@ def lower_fractional_resizes(model, shapes: dict[str, tuple[int, ...]]):
             size = sizes[axis]
             out = int(np.floor(np.float32(size) * np.float32(factors[axis])))
             src = source_coordinates(transform, size, out, factors[axis])
-            last = k == len(axes) - 1
-            target = node.output[0] if last else fresh(f"{hint}_axis{axis}")
+            target = node.output[0] if k == len(axes) - 1 else None  # the last axis writes the Resize's output
             if mode == "nearest":
                 idx = np.clip(pick(src), 0, size - 1).astype(np.int64)
-                nodes.append(helper.make_node("Gather", [x, const(f"{hint}_i", idx)], [target], axis=axis))
+                x = g.op("Gather", [x, g.const(f"{hint}_i", idx)], f"{hint}_axis{axis}", output=target, axis=axis)
             else:  # onnxruntime's linear: clamp, neighbours, half and half on the edge
                 src = np.clip(src, 0, size - 1)
                 lo = np.minimum(src.astype(np.int64), size - 1)
@@ -130,17 +120,19 @@ def lower_fractional_resizes(model, shapes: dict[str, tuple[int, ...]]):
                 w_hi = np.where(lo == hi, np.float32(0.5), np.abs(src - lo.astype(np.float32)))
                 w_lo = np.where(lo == hi, np.float32(0.5), np.abs(src - hi.astype(np.float32)))
                 bshape = [out] + [1] * (len(sizes) - 1 - axis)
-                terms = []
-                for name, idx, w in (("lo", lo, w_lo), ("hi", hi, w_hi)):
-                    g = fresh(f"{hint}_{name}")
-                    nodes.append(helper.make_node("Gather", [x, const(f"{hint}_{name}_i", idx)], [g], axis=axis))
-                    t = fresh(f"{hint}_{name}_w")
-                    wc = const(f"{hint}_{name}_wc", w.astype(np.float32).reshape(bshape))
-                    nodes.append(helper.make_node("Mul", [g, wc], [t]))
-                    terms.append(t)
-                nodes.append(helper.make_node("Add", terms, [target]))
-            x = target
+                terms = [
+                    g.op(
+                        "Mul",
+                        [
+                            g.op("Gather", [x, g.const(f"{hint}_{name}_i", idx)], f"{hint}_{name}", axis=axis),
+                            g.const(f"{hint}_{name}_wc", w.astype(np.float32).reshape(bshape)),
+                        ],
+                        f"{hint}_{name}_w",
+                    )
+                    for name, idx, w in (("lo", lo, w_lo), ("hi", hi, w_hi))
+                ]
+                x = g.op("Add", terms, f"{hint}_axis{axis}", output=target)
         count += 1
     if not count:
         return model, 0
-    return _with_nodes(model, nodes, inits), count
+    return g.model(model), count

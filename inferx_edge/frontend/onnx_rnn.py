@@ -17,52 +17,19 @@ from __future__ import annotations
 import numpy as np
 
 from inferx_edge.errors import ModelError
-from inferx_edge.frontend.onnx_pads import _attrs, _constants, _pinned, _text, _with_nodes
+from inferx_edge.frontend.onnx_pads import _attrs, _constants, _NodeBuilder, _pinned, _text
 
 #: gates per op, in the order of the ONNX weight layout, and each op's default activations
 _GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 _DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
 
 
-class _Graph:
-    """New nodes and initializers for one model, with unique names."""
-
-    def __init__(self, model) -> None:
-        self.nodes: list = []
-        self.inits: list = []
-        self.taken = {n for node in model.graph.node for n in (*node.input, *node.output, node.name)}
-        self.taken |= {t.name for t in model.graph.initializer} | {i.name for i in model.graph.input}
-        self.count = 0
-
-    def name(self, hint: str) -> str:
-        while True:
-            self.count += 1
-            candidate = f"{hint}_{self.count}"
-            if candidate not in self.taken:
-                self.taken.add(candidate)
-                return candidate
-
-    def const(self, hint: str, value: np.ndarray) -> str:
-        from onnx import numpy_helper
-
-        name = self.name(hint)
-        self.inits.append(numpy_helper.from_array(np.array(value, order="C"), name))
-        return name
-
-    def op(self, op_type: str, inputs: list[str], hint: str, output: str | None = None, **attrs) -> str:
-        from onnx import helper
-
-        out = output or self.name(hint)
-        self.nodes.append(helper.make_node(op_type, inputs, [out], name=self.name(f"{hint}_{op_type}"), **attrs))
-        return out
-
-    def columns(self, x: str, start: int, stop: int, hint: str) -> str:
-        """``x[:, start:stop]`` of a 2-D tensor."""
-        i64 = np.int64
-        starts, ends, axes = (
-            self.const(f"{hint}_{k}", np.array([v], i64)) for k, v in (("s", start), ("e", stop), ("a", 1))
-        )
-        return self.op("Slice", [x, starts, ends, axes], hint)
+def _columns(g: _NodeBuilder, x: str, start: int, stop: int, hint: str) -> str:
+    """``x[:, start:stop]`` of a 2-D tensor."""
+    starts, ends, axes = (
+        g.const(f"{hint}_{k}", np.array([v], np.int64)) for k, v in (("s", start), ("e", stop), ("a", 1))
+    )
+    return g.op("Slice", [x, starts, ends, axes], hint)
 
 
 def unroll_recurrent(model, shapes: dict[str, tuple[int, ...]]):
@@ -72,24 +39,22 @@ def unroll_recurrent(model, shapes: dict[str, tuple[int, ...]]):
     pinned = _pinned(model, shapes)
     known = pinned[1] if pinned else {}
     constants = _constants(model)
-    g = _Graph(model)
-    out_nodes, count = [], 0
+    g = _NodeBuilder(model)
+    count = 0
     for node in model.graph.node:
         if node.op_type not in _GATES:
-            out_nodes.append(node)
+            g.keep(node)
             continue
-        before = len(g.nodes)
         _unroll(node, known, constants, g)
-        out_nodes.extend(g.nodes[before:])
         count += 1
-    return _with_nodes(model, out_nodes, g.inits), count
+    return g.model(model), count
 
 
 def _refuse(node, why: str) -> ModelError:
     return ModelError(f"{node.op_type} node '{node.name or '<unnamed>'}': {why}; it cannot be unrolled for import")
 
 
-def _unroll(node, known: dict, constants: dict, g: _Graph) -> None:
+def _unroll(node, known: dict, constants: dict, g: _NodeBuilder) -> None:
     op, attrs = node.op_type, _attrs(node)
     inputs = list(node.input) + [""] * (8 - len(node.input))
     x, w, r, b, seq_lens, init_h = inputs[:6]
@@ -177,7 +142,7 @@ def _unroll(node, known: dict, constants: dict, g: _Graph) -> None:
             g.op("Identity", parts, f"{hint}_out", output=name)
 
 
-def _initial(given: str, d: int, batch: int, hidden: int, hint: str, g: _Graph) -> str:
+def _initial(given: str, d: int, batch: int, hidden: int, hint: str, g: _NodeBuilder) -> str:
     """Direction ``d``'s [batch, hidden] initial state: from ``given`` [directions, batch, hidden], else zeros."""
     if not given:
         return g.const(hint, np.zeros((batch, hidden), np.float32))
@@ -187,7 +152,7 @@ def _initial(given: str, d: int, batch: int, hidden: int, hint: str, g: _Graph) 
 def _lstm_step(xt, h, c, rt, pv, hidden, tag, g):
     """One LSTM step (gates i, o, f, c in the ONNX order): the new (H, C)."""
     a = g.op("Add", [xt, g.op("MatMul", [h, rt], f"{tag}_hr")], f"{tag}_a")
-    i, o, f, z = (g.columns(a, k * hidden, (k + 1) * hidden, f"{tag}_g{k}") for k in range(4))
+    i, o, f, z = (_columns(g, a, k * hidden, (k + 1) * hidden, f"{tag}_g{k}") for k in range(4))
     if pv is not None:  # peepholes: i and f see C(t-1), o sees C(t)
         i = g.op("Add", [i, g.op("Mul", [c, g.const(f"{tag}_pi", pv[:hidden])], f"{tag}_pci")], f"{tag}_ip")
         f = g.op("Add", [f, g.op("Mul", [c, g.const(f"{tag}_pf", pv[2 * hidden :])], f"{tag}_pcf")], f"{tag}_fp")
@@ -203,18 +168,18 @@ def _gru_step(xt, h, rt, rbh, hidden, linear_before_reset, tag, g):
     """One GRU step (gates z, r, h in the ONNX order): the new H. ``xt`` carries both biases of z and r
     and the input bias of h; ``rbh`` is the recurrent bias of h."""
     hr = g.op("MatMul", [h, rt], f"{tag}_hr")  # [batch, 3 * hidden]
-    xz, xr, xh = (g.columns(xt, k * hidden, (k + 1) * hidden, f"{tag}_x{k}") for k in range(3))
-    hz, hrr = (g.columns(hr, k * hidden, (k + 1) * hidden, f"{tag}_h{k}") for k in range(2))
+    xz, xr, xh = (_columns(g, xt, k * hidden, (k + 1) * hidden, f"{tag}_x{k}") for k in range(3))
+    hz, hrr = (_columns(g, hr, k * hidden, (k + 1) * hidden, f"{tag}_h{k}") for k in range(2))
     z = g.op("Sigmoid", [g.op("Add", [xz, hz], f"{tag}_zs")], f"{tag}_z")
     r = g.op("Sigmoid", [g.op("Add", [xr, hrr], f"{tag}_rs")], f"{tag}_r")
     if linear_before_reset:
-        hh = g.columns(hr, 2 * hidden, 3 * hidden, f"{tag}_h2")
+        hh = _columns(g, hr, 2 * hidden, 3 * hidden, f"{tag}_h2")
         hh = g.op("Add", [hh, g.const(f"{tag}_rbh", rbh.astype(np.float32))], f"{tag}_hb")
         n = g.op("Add", [xh, g.op("Mul", [r, hh], f"{tag}_rh")], f"{tag}_ns")
     else:
         rh = g.op(
             "MatMul",
-            [g.op("Mul", [r, h], f"{tag}_rh"), g.columns(rt, 2 * hidden, 3 * hidden, f"{tag}_rt")],
+            [g.op("Mul", [r, h], f"{tag}_rh"), _columns(g, rt, 2 * hidden, 3 * hidden, f"{tag}_rt")],
             f"{tag}_rhr",
         )
         n = g.op(
