@@ -4,11 +4,10 @@ resizes, grid_sample) or fails on a common pattern (GroupNorm without affine par
 floor division, one-sided integer clamps, indexing after whole axes, amax/amin/prod). Each converter
 says what TVM did; ``tests/frontend/test_torch_import.py`` has a case for each that fails on TVM's own
 conversion. docs/architecture.md ("Conversions the frontend owns") tabulates them. aten ops TVM's
-translator does not know at all are in :mod:`~inferx_edge.frontend.torch_extra_ops`."""
+translator does not know at all are in :mod:`~inferx_edge.frontend.torch_extra_ops` (which uses this
+module's operand helpers); the import passes both tables."""
 
 from __future__ import annotations
-
-from inferx_edge.frontend.torch_extra_ops import EXTRA_OPS
 
 
 def _dtype(node) -> str:
@@ -342,5 +341,4 @@ CONVERTERS = {
     "grid_sampler_2d.default": _grid_sampler_2d,
     "clamp.default": _clamp,
     "div.Tensor_mode": _div_mode,
-    **EXTRA_OPS,
 }

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 import operator
 
+from inferx_edge.frontend.torch_converters import _dtype, _operand
+
 
 def _var_mean(node, importer):
     """``aten.var_mean.correction(x, dim, *, correction, keepdim)`` (``torch.var_mean``; ``std_mean``
@@ -23,7 +25,7 @@ def _var_mean(node, importer):
     axes = [a % len(shape) for a in axes]
     divisor = math.prod(shape[a] for a in axes) - (1 if correction is None else float(correction))
     op, bb = relax.op, importer.block_builder
-    dtype = str(node.args[0].meta["val"].dtype).replace("torch.", "")
+    dtype = _dtype(node.args[0])
     mean = bb.emit(op.mean(x, axis=axes, keepdims=True))
     centred = bb.emit(op.subtract(x, mean))
     var = op.divide(op.sum(op.multiply(centred, centred), axis=axes, keepdims=keepdim), relax.const(divisor, dtype))
@@ -65,7 +67,7 @@ def _hypot(node, importer):
     """``aten.hypot(a, b)`` = ``sqrt(a^2 + b^2)``."""
     from tvm import relax
 
-    a, b = (importer.env[arg] if hasattr(arg, "meta") else relax.const(float(arg), "float32") for arg in node.args[:2])
+    a, b = (_operand(importer, arg, _dtype(node)) for arg in node.args[:2])
     op = relax.op
     return importer.block_builder.emit(op.sqrt(op.add(op.multiply(a, a), op.multiply(b, b))))
 
@@ -96,7 +98,7 @@ def _cdist(node, importer):
     op, bb = relax.op, importer.block_builder
     d = op.abs(op.subtract(op.expand_dims(a, -2), op.expand_dims(b, -3)))
     if p == 0:
-        dtype = str(node.args[0].meta["val"].dtype).replace("torch.", "")
+        dtype = _dtype(node.args[0])
         return bb.emit(op.sum(op.astype(op.not_equal(d, relax.const(0.0, dtype)), dtype), axis=[-1]))
     if math.isinf(p):
         return bb.emit(op.max(d, axis=[-1]))
@@ -104,7 +106,7 @@ def _cdist(node, importer):
         return bb.emit(op.sum(d, axis=[-1]))
     if p == 2:
         return bb.emit(op.sqrt(op.sum(op.multiply(d, d), axis=[-1])))
-    dtype = str(node.args[0].meta["val"].dtype).replace("torch.", "")
+    dtype = _dtype(node.args[0])
     total = op.sum(op.power(d, relax.const(p, dtype)), axis=[-1])
     return bb.emit(op.power(total, relax.const(1.0 / p, dtype)))
 
@@ -123,7 +125,7 @@ def _running(largest: bool):
         shape = [int(d) for d in importer.shape_of(x)]
         dim = int(node.args[1]) % len(shape)
         length, op, bb = shape[dim], relax.op, importer.block_builder
-        dtype = str(node.args[0].meta["val"].dtype).replace("torch.", "")
+        dtype = _dtype(node.args[0])
         info = np.finfo(dtype) if dtype.startswith("float") else np.iinfo(dtype)
         pad = -np.inf if largest and dtype.startswith("float") else np.inf if dtype.startswith("float") else None
         pad = (info.min if largest else info.max) if pad is None else pad

@@ -8,6 +8,7 @@ from inferx_edge.errors import ModelError
 from inferx_edge.frontend.imported import ImportedModel, finish_import
 from inferx_edge.frontend.shapes import resolve_shapes
 from inferx_edge.frontend.torch_converters import CONVERTERS
+from inferx_edge.frontend.torch_extra_ops import EXTRA_OPS
 
 
 def _cast_int_operands_of_float_arith(ep) -> int:
@@ -64,7 +65,7 @@ def import_exported_program(path: Path, overrides: dict[str, tuple[int, ...]]) -
 
     _cast_int_operands_of_float_arith(ep)
     try:
-        mod = from_exported_program(ep, keep_params_as_input=True, custom_convert_map=CONVERTERS)
+        mod = from_exported_program(ep, keep_params_as_input=True, custom_convert_map={**CONVERTERS, **EXTRA_OPS})
     except Exception as exc:  # unsupported aten ops raise ValueError/AssertionError/KeyError...
         raise ModelError(f"TVM could not import {path.name}: {type(exc).__name__}: {exc}") from exc
 
