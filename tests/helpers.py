@@ -151,6 +151,17 @@ needs_nvrtc = pytest.mark.skipif(not nvrtc12_available(), reason="pip install '.
 needs_cross = pytest.mark.skipif(shutil.which("aarch64-linux-gnu-g++") is None, reason="no aarch64 cross compiler")
 
 
+def run_on_cpu(mod, *arrays) -> list[np.ndarray]:
+    """``mod``'s main built for this CPU (llvm) and run on ``arrays``: its outputs, a single one as a
+    one-element list."""
+    import tvm
+    from tvm import relax
+
+    vm = relax.VirtualMachine(relax.build(mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in arrays])
+    return [out.numpy()] if hasattr(out, "numpy") else [o.numpy() for o in out]
+
+
 def main_ops(mod) -> list[str]:
     """The operator names ``mod``'s main calls, in order."""
     return [b.value.op.name for blk in mod["main"].body.blocks for b in blk.bindings if hasattr(b.value, "op")]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tests.helpers import run_on_cpu
+
 
 def _module(build):
     from tvm import relax
@@ -15,14 +17,6 @@ def _module(build):
             out = bb.emit_output(build(bb, x))
         bb.emit_func_output(out)
     return bb.get()
-
-
-def _run(mod, x):
-    import tvm
-    from tvm import relax
-
-    vm = relax.VirtualMachine(relax.build(mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
-    return vm["main"](tvm.runtime.tensor(x)).numpy()
 
 
 def _count(mod, name):
@@ -54,7 +48,7 @@ def test_broadcasts_the_consumer_does_itself_go_and_values_stay():
     x = rng.standard_normal((4, 2, 8)).astype(np.float32)
     new = drop_redundant_broadcasts(mod)
     assert _count(mod, "relax.broadcast_to") == 3 and _count(new, "relax.broadcast_to") == 0
-    np.testing.assert_allclose(_run(new, x), _run(mod, x), rtol=1e-6)
+    np.testing.assert_allclose(run_on_cpu(new, x)[0], run_on_cpu(mod, x)[0], rtol=1e-6)
 
 
 def test_broadcasts_that_shape_the_result_stay():
@@ -78,4 +72,4 @@ def test_broadcasts_that_shape_the_result_stay():
     x = rng.standard_normal((4, 2, 8)).astype(np.float32)
     new = drop_redundant_broadcasts(mod)
     assert _count(new, "relax.broadcast_to") == 2
-    np.testing.assert_allclose(_run(new, x), _run(mod, x), rtol=1e-6)
+    np.testing.assert_allclose(run_on_cpu(new, x)[0], run_on_cpu(mod, x)[0], rtol=1e-6)

@@ -12,7 +12,7 @@ from inferx_edge.build import BuildOptions, build_artifact
 from inferx_edge.frontend import import_model
 from inferx_edge.runtime import Engine
 from inferx_edge.targets import host_target_name
-from tests.helpers import main_bindings, op_of
+from tests.helpers import main_bindings, op_of, run_on_cpu
 
 torch = pytest.importorskip("torch")
 
@@ -90,15 +90,6 @@ def _module(second_reader: bool, axes: list[int], gelu: bool):
     return bb.get()
 
 
-def _run(mod, x):
-    import tvm
-    from tvm import relax
-
-    vm = relax.VirtualMachine(relax.build(mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
-    out = vm["main"](tvm.runtime.tensor(x))
-    return [o.numpy() for o in out] if isinstance(out, tvm.ir.Array) or hasattr(out, "__len__") else [out.numpy()]
-
-
 def _permutes(mod) -> list[list[int]]:
     return [[int(a) for a in v.attrs.axes] for v in main_bindings(mod).values() if op_of(v) == "relax.permute_dims"]
 
@@ -114,7 +105,7 @@ def test_rows_transposed_at_the_input_give_the_same_values(gelu):
     # the transpose now acts on the [6, 4, 2, 8] input (its heads and width axes kept)
     assert _permutes(new) == [[1, 0, 2, 3]]
     x = np.random.default_rng(1).standard_normal((6, 4, 2, 8)).astype(np.float32)
-    np.testing.assert_array_equal(_run(new, x)[0], _run(mod, x)[0])
+    np.testing.assert_array_equal(run_on_cpu(new, x)[0], run_on_cpu(mod, x)[0])
 
 
 @pytest.mark.parametrize(("second_reader", "axes"), [(True, [1, 0, 2]), (False, [0, 2, 1]), (False, [2, 1, 0])])
@@ -164,4 +155,6 @@ def test_a_transpose_sinks_below_a_dense_layer_only_into_another_transpose(then_
     x = new["main"].params[0]
     assert (dense[0].args[0] == x) == then_transpose
     xv = np.random.default_rng(3).standard_normal((4, 6, 16)).astype(np.float32)
-    np.testing.assert_allclose(_run(relax.transform.Normalize()(new), xv)[0], _run(mod, xv)[0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        run_on_cpu(relax.transform.Normalize()(new), xv)[0], run_on_cpu(mod, xv)[0], rtol=1e-6, atol=1e-6
+    )

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.helpers import run_on_cpu
+
 
 def _bn_block(axis: int, training: bool = False, center: bool = True, scale: bool = True):
     """relu(batch_norm(x)[0]) over a [2, 6, 5, 4] input, channel axis ``axis``; the BatchNorm's
@@ -33,14 +35,6 @@ def _args(axis: int, seed: int = 0):
     x = rng.standard_normal((2, 6, 5, 4)).astype(np.float32)
     gamma, beta, mean = (rng.standard_normal(c).astype(np.float32) for _ in range(3))
     return [x, gamma, beta, mean, (rng.random(c) + 0.05).astype(np.float32)]
-
-
-def _run(mod, args):
-    import tvm
-    from tvm import relax
-
-    vm = relax.VirtualMachine(relax.build(mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
-    return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
 
 
 def _ops(mod) -> list[str]:
@@ -72,10 +66,10 @@ def test_batch_norm_becomes_a_baked_multiply_add(axis, center, scale):
     args = _args(axis)
     baked, _names, weights = bake_weight_transforms(rewritten, args[1:])
     assert _ops(baked) == ["relax.multiply", "relax.add", "relax.nn.relu"]
-    got = _run(baked, [args[0], *weights])
+    (got,) = run_on_cpu(baked, args[0], *weights)
     want = _reference(args, axis, center, scale)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(_run(mod, args), want, rtol=1e-5, atol=1e-5)  # TVM's own BatchNorm agrees
+    np.testing.assert_allclose(run_on_cpu(mod, *args)[0], want, rtol=1e-5, atol=1e-5)  # TVM's own BatchNorm agrees
 
 
 def test_training_batch_norm_is_left_alone():

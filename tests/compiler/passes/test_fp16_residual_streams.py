@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.helpers import main_bindings, op_of
+from tests.helpers import main_bindings, op_of, run_on_cpu
 
 
 def _blocks(stream_is_output: bool = False, extra_reader: bool = False):
@@ -37,15 +37,6 @@ def _blocks(stream_is_output: bool = False, extra_reader: bool = False):
     return relax.transform.Normalize()(bb.get())
 
 
-def _run(mod, x):
-    import tvm
-    from tvm import relax
-
-    vm = relax.VirtualMachine(relax.build(mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
-    out = vm["main"](tvm.runtime.tensor(x))
-    return [out.numpy()] if hasattr(out, "numpy") else [o.numpy() for o in out]
-
-
 def _casts_to_fp16(mod) -> int:
     return sum(
         op_of(v) == "relax.astype" and str(v.ty.dtype) == "float16" and op_of_arg(mod, v) == "relax.minimum"
@@ -69,7 +60,7 @@ def test_streams_read_by_layer_norms_and_adds_are_stored_fp16(stream_is_output):
     norms = [v for v in bound.values() if op_of(v) == "relax.nn.layer_norm"]
     assert sum(str(v.ty.dtype) == "float16" for v in norms) == (1 if stream_is_output else 2)  # not the last
     x = np.random.default_rng(1).standard_normal((2, 9, 16)).astype(np.float32)
-    got, want = _run(new, x), _run(mod, x)
+    got, want = run_on_cpu(new, x), run_on_cpu(mod, x)
     for g, w in zip(got, want, strict=True):
         assert np.abs(g - w).max() <= 1e-2 * np.abs(w).max()  # fp16 storage and fp16 normalised values
     if stream_is_output:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.helpers import main_bindings, op_of
+from tests.helpers import main_bindings, op_of, run_on_cpu
 
 
 def _residual_block(stream_is_output: bool = False):
@@ -28,15 +28,6 @@ def _residual_block(stream_is_output: bool = False):
             out = bb.emit_output(relax.Tuple([y, v]) if stream_is_output else y)
         bb.emit_func_output(out)
     return bb.get()
-
-
-def _run(mod, args):
-    import tvm
-    from tvm import relax
-
-    vm = relax.VirtualMachine(relax.build(mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
-    out = vm["main"](*[tvm.runtime.tensor(a) for a in args])
-    return [out.numpy()] if hasattr(out, "numpy") else [o.numpy() for o in out]
 
 
 def _args(seed: int = 0):
@@ -69,7 +60,7 @@ def test_residual_add_reads_the_depthwise_convs_fp16_copy(stream_is_output):
     assert len(widened) == 1 and str(widened[0].args[0].ty.dtype) == "float16"
     assert str(widened[0].ty.dtype) == "float32"
     args = _args()
-    ref, got = _run(_residual_block(stream_is_output), args), _run(rewritten, args)
+    ref, got = run_on_cpu(_residual_block(stream_is_output), *args), run_on_cpu(rewritten, *args)
     scale = np.abs(ref[0]).max()
     assert np.abs(got[0] - ref[0]).max() / scale < 4e-3
     assert np.abs(got[0] - ref[0]).max() / scale > 0  # the add did read the rounded copy
@@ -98,7 +89,7 @@ def test_stream_beyond_fp16_saturates_for_every_reader():
     args[1][:] = 0
     args[1][:, 0, 0, 0] = 1.0
     args[3][:] = 0  # the branch adds nothing: the output is the stream as the add reads it
-    got = _run(fp16_shared_inputs(fp16_depthwise(_residual_block())), args)[0]
+    got = run_on_cpu(fp16_shared_inputs(fp16_depthwise(_residual_block())), *args)[0]
     assert np.isfinite(got).all() and got.max() == 65504.0
 
 
