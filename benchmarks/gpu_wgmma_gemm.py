@@ -1,0 +1,172 @@
+"""int8 GEMMs of a ViT-B/16 batch of 64 on one sm_90 GPU: the wgmma kernel
+(:mod:`inferx_edge.compiler.cuda.wgmma`) against the mma.sync tile schedule builds use today and
+against torch._int_mm (cuBLASLt), each checked exactly against torch's int32 result.
+
+    python -m benchmarks.gpu_wgmma_gemm [--shapes 12608x2304x768,...] [--name NAME]
+
+Every kernel is timed with CUDA events around 50 back-to-back launches, alternating systems over two
+rounds; the record keeps every time, the TOPS and the ratios to cuBLASLt and to the mma.sync tile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from benchmarks._record import gpu_driver, versions, write_record
+
+#: a ViT-B/16 layer at batch 64 (64 x 197 tokens): QKV, attention out-projection, MLP in, MLP out
+VIT_SHAPES = ((12608, 2304, 768), (12608, 768, 768), (12608, 3072, 768), (12608, 768, 3072))
+#: the mma.sync tiles: what an untuned ViT build picks, and the fastest of the tile search on its GEMMs
+MMA_TILES = ("2x4.2x4.k8.v16.a8.w16.mma", "2x2.2x4.k8.v16.a8.w16.mma")
+
+
+def workload(m: int, n: int, k: int):
+    from tvm import te
+
+    a = te.placeholder((m, k), "int8", name="A")
+    b = te.placeholder((n, k), "int8", name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r].astype("int32") * b[j, r].astype("int32"), axis=r), name="C")
+    return te.create_prim_func([a, b, c]).with_attr("global_symbol", "main")
+
+
+def compile_wgmma(shape, target: str, swap: bool = False):
+    import tvm
+
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.compiler.cuda.wgmma import gemm_kernel
+    from inferx_edge.targets import get_target
+
+    spec = get_target(target)
+    tgt = resolve_tvm_target(spec)
+    func = gemm_kernel(shape, swap_offsets=swap).with_attr("global_symbol", "main")
+    with device_compiler(spec, "cubin"), tgt:
+        return tvm.compile(tvm.IRModule({"main": func}), target=tgt)["main"]
+
+
+def compile_mma(m: int, n: int, k: int, tile: str, target: str):
+    import tvm
+
+    from inferx_edge.tune.tiles import _compile_candidate
+
+    path = _compile_candidate(workload(m, n, k), tile, target, target, None, False)
+    if path is None:
+        raise RuntimeError(f"the tile {tile} does not apply to {m}x{n}x{k}")
+    return tvm.runtime.load_module(path)["main"]
+
+
+def time_cuda(fn, iters: int = 50) -> float:
+    import torch
+
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters * 1e3
+
+
+def run_shape(m: int, n: int, k: int, target: str, variants: list[dict], rounds: int = 2) -> dict:
+    import torch
+    import tvm
+
+    from inferx_edge.compiler.cuda.wgmma import GemmShape
+
+    rng = np.random.default_rng(0)
+    a_np = rng.integers(-128, 128, (m, k), dtype=np.int8)
+    b_np = rng.integers(-128, 128, (n, k), dtype=np.int8)
+    dev = tvm.cuda(0)
+    a, b = tvm.runtime.tensor(a_np, dev), tvm.runtime.tensor(b_np, dev)
+    c = tvm.runtime.tensor(np.zeros((m, n), np.int32), dev)
+    ta, tb = torch.from_numpy(a_np).cuda(), torch.from_numpy(b_np).cuda()
+    ref = torch._int_mm(ta, tb.t())
+    tbt = tb.t()
+    systems = {"cublaslt (torch._int_mm)": lambda: torch._int_mm(ta, tbt)}
+    row = {"shape": [m, n, k], "gop": 2 * m * n * k / 1e9, "exact": {}, "compile_s": {}, "errors": {}}
+    for v in variants:
+        label = f"wgmma bn{v['bn']} s{v['stages']}" + (" swapped offsets" if v["swap"] else "")
+        t0 = time.perf_counter()
+        try:
+            f = compile_wgmma(GemmShape(m, n, k, bn=v["bn"], stages=v["stages"]), target, v["swap"])
+        except Exception as e:  # noqa: BLE001 - recorded, the others still run
+            row["errors"][label] = f"{type(e).__name__}: {e}"[:400]
+            continue
+        row["compile_s"][label] = round(time.perf_counter() - t0, 1)
+        systems[label] = lambda f=f: f(a, b, c)
+    for tile in MMA_TILES:
+        label = f"mma.sync {tile}"
+        t0 = time.perf_counter()
+        try:
+            f = compile_mma(m, n, k, tile, target)
+        except Exception as e:  # noqa: BLE001
+            row["errors"][label] = f"{type(e).__name__}: {e}"[:400]
+            continue
+        row["compile_s"][label] = round(time.perf_counter() - t0, 1)
+        systems[label] = lambda f=f: f(a, b, c)
+    for label, fn in list(systems.items()):
+        if label.startswith("cublas"):
+            continue
+        c.copyfrom(np.zeros((m, n), np.int32))
+        fn()
+        got = torch.from_numpy(c.numpy()).cuda()
+        row["exact"][label] = bool(torch.equal(got, ref))
+        if not row["exact"][label]:
+            diff = (got != ref).nonzero()
+            row["errors"][label] = f"{len(diff)} of {m * n} elements differ; first at {diff[0].tolist()}"
+            del systems[label]
+    times = {label: [] for label in systems}
+    for _ in range(rounds):
+        for label, fn in systems.items():
+            times[label].append(time_cuda(fn))
+    row["us"] = {label: min(ts) for label, ts in times.items()}
+    row["us_all"] = times
+    row["tops"] = {label: row["gop"] / us * 1e3 for label, us in row["us"].items()}
+    base = row["us"]["cublaslt (torch._int_mm)"]
+    mma = [row["us"][x] for x in row["us"] if x.startswith("mma.sync")]
+    row["speedup_vs_cublaslt"] = {label: base / us for label, us in row["us"].items()}
+    if mma:
+        row["speedup_vs_best_mma_sync"] = {label: min(mma) / us for label, us in row["us"].items()}
+    return row
+
+
+def main() -> None:
+    import torch
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in VIT_SHAPES))
+    p.add_argument("--variants", default="128:4,128:4:swap,256:3", help="wgmma tiles as BN:STAGES[:swap]")
+    p.add_argument("--target", default="h200")
+    p.add_argument("--name", default="gpu_wgmma_gemm_h100")
+    args = p.parse_args()
+    variants = [
+        {"bn": int(x.split(":")[0]), "stages": int(x.split(":")[1]), "swap": x.endswith(":swap")}
+        for x in args.variants.split(",")
+    ]
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    rows = []
+    for m, n, k in shapes:
+        row = run_shape(m, n, k, args.target, variants)
+        print({key: row[key] for key in ("shape", "us", "tops", "exact", "errors")}, flush=True)
+        rows.append(row)
+    rec = {
+        "device": torch.cuda.get_device_name(0),
+        "driver": gpu_driver(),
+        "versions": versions("apache-tvm", "torch", "inferx_edge") | {"cuda": torch.version.cuda},
+        "workload": "C[m,n] int32 = A[m,k] int8 @ B[n,k]^T int8, seeded random operands",
+        "variants": variants,
+        "mma_tiles": list(MMA_TILES),
+        "rows": rows,
+    }
+    print(write_record(args.name, rec))
+
+
+if __name__ == "__main__":
+    main()

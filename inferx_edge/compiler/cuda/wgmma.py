@@ -1,0 +1,196 @@
+"""An int8 GEMM for sm_90a on warpgroup tensor-core instructions (``wgmma.mma_async``), with the
+epilogue of the kernel it replaces applied to the accumulators in registers.
+
+``C[m, n] = epilogue(sum_k A[m, k] * B[n, k])``: A and B are int8 and K-major (a dense layer's
+activations and its ``[out, in]`` weight), the sum int32. A block of ``2 x 128`` threads (two
+warpgroups) owns a ``128 x bn`` output tile; it walks K in steps of 64 with a ``stages``-deep
+``cp.async`` pipeline into shared memory, where each 16-byte chunk lands in the canonical K-major
+"core matrix" layout (8 rows x 16 bytes, no swizzle) the wgmma descriptors name, so the copies are
+plain 16-byte ``cp.async`` and no ``ldmatrix`` is issued. Each warpgroup issues ``m64n{128}k32``
+instructions for its 64 rows; the accumulator of warp ``w`` holds rows ``16 w .. 16 w + 15`` in the
+``mma.sync`` m16n8 layout, repeated over the tile's 8-column groups. Rows past M read clamped
+addresses with a zero source size (zero-filled) and are not written.
+
+The kernel is generated per shape, as a scheduled TIR function, like the fused attention kernel. How
+the tile's elements leave the kernel is a callable (:class:`Epilogue`) so the fused requantize / bias /
+activation / residual tail of a quantized dense layer writes its own outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+WARPGROUPS = 2
+THREADS = 128 * WARPGROUPS
+BM = 64 * WARPGROUPS
+BK = 64  # bytes of K per pipeline stage (two k32 instructions)
+CORE = 128  # bytes of one core matrix: 8 rows x 16 bytes
+#: widest N one wgmma instruction takes here (int8 instructions stop at n224; 128 divides the tiles)
+INSTR_N = 128
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """``m x n x k`` of one GEMM and the tile it runs with."""
+
+    m: int
+    n: int
+    k: int
+    bn: int = 128
+    stages: int = 4
+
+    def __post_init__(self) -> None:
+        why = self.unsupported()
+        if why:
+            raise ValueError(f"wgmma int8 GEMM {self.m}x{self.n}x{self.k}: {why}")
+
+    def unsupported(self) -> str | None:
+        if self.bn % INSTR_N:
+            return f"tile width {self.bn} is not a multiple of {INSTR_N}"
+        if self.n % self.bn:
+            return f"N={self.n} is not a multiple of the tile width {self.bn}"
+        if self.k % BK:
+            return f"K={self.k} is not a multiple of {BK}"
+        if self.stages < 2:
+            return "the pipeline needs at least 2 stages"
+        return None
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.stages * (BM + self.bn) * BK
+
+
+def supports(m: int, n: int, k: int, bn: int = 128) -> str | None:
+    """Why this kernel cannot run ``m x n x k`` (None when it can)."""
+    if m < 1:
+        return "empty M"
+    if n % bn or bn % INSTR_N:
+        return f"N={n} is not a multiple of {bn}"
+    if k % BK:
+        return f"K={k} is not a multiple of {BK}"
+    return None
+
+
+#: ``epilogue(out, acc, row, col)`` stores the int32 accumulator ``acc`` of output element
+#: ``(row, col)``; it runs only for ``row < m``. The default writes ``acc`` to an int32 ``out[m, n]``.
+Epilogue = Callable[..., object]
+
+
+def core_offset(row, chunk, sbo: int):
+    """Byte offset of 16-byte ``chunk`` of tile row ``row`` in the no-swizzle K-major layout: core
+    matrices of 8 rows x 16 bytes, adjacent along K ``CORE`` bytes apart (LBO), along M/N ``sbo``."""
+    return row // 8 * sbo + chunk * CORE + row % 8 * 16
+
+
+def acc_row(w, lane, i):
+    """Row (within the warpgroup's 64) of accumulator register ``i`` of lane ``lane`` of warp ``w``."""
+    return w * 16 + lane // 4 + (i // 2) % 2 * 8
+
+
+def acc_col(lane, i):
+    """Column (within one instruction's N) of accumulator register ``i`` of lane ``lane``."""
+    return i // 4 * 8 + lane % 4 * 2 + i % 2
+
+
+def gemm_kernel(
+    shape: GemmShape,
+    out_shape=None,
+    out_dtype: str = "int32",
+    epilogue: Epilogue | None = None,
+    extra_params=(),
+    swap_offsets: bool = False,
+):
+    """The PrimFunc ``gemm(a[m, k], b[n, k], *extra, out)``. ``extra_params`` are ``(shape, dtype)`` of
+    further read-only buffers the epilogue reads (passed to it after ``out``)."""
+    from tvm.script import tirx as T
+
+    m, n, k, bn, stages = shape.m, shape.n, shape.k, shape.bn, shape.stages
+    out_shape = tuple(out_shape or (m, n))
+    n_m, n_n, kt = -(-m // BM), n // bn, k // BK
+    chunks = BK // 16
+    sbo = chunks * CORE  # bytes between 8-row groups of a tile
+    stage_a = BM * BK
+    stage_bytes = (BM + bn) * BK
+    lbo_f, sbo_f = (sbo >> 4, CORE >> 4) if swap_offsets else (CORE >> 4, sbo >> 4)
+    n_instr = bn // INSTR_N
+    regs = INSTR_N // 2  # accumulator registers per instruction and thread
+    loads_a = BM * chunks // THREADS
+    loads_b = bn * chunks // THREADS
+
+    def mma(acc, base, da, db):
+        lanes = [acc[base + i] for i in range(regs)]
+        return T.ptx.wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8(*lanes, da, db, T.ptx.pred(True))
+
+    @T.macro
+    def load_stage(sm, a, b, slot, step, tx, bm, bnn):
+        for i in T.unroll(loads_a):
+            r = T.meta_var((i * THREADS + tx) // chunks)
+            c = T.meta_var((i * THREADS + tx) % chunks)
+            T.ptx.cp.async_.cg.shared.global_(
+                T.address_of(sm[slot * stage_bytes + core_offset(r, c, sbo)]),
+                T.address_of(a[T.min(bm * BM + r, m - 1), step * BK + c * 16]),
+                16,
+                T.if_then_else(bm * BM + r < m, T.uint32(16), T.uint32(0)),
+            )
+        for i in T.unroll(loads_b):
+            r = T.meta_var((i * THREADS + tx) // chunks)
+            c = T.meta_var((i * THREADS + tx) % chunks)
+            T.ptx.cp.async_.cg.shared.global_(
+                T.address_of(sm[slot * stage_bytes + stage_a + core_offset(r, c, sbo)]),
+                T.address_of(b[bnn * bn + r, step * BK + c * 16]),
+                16,
+                T.uint32(16),
+            )
+
+    @T.prim_func(private=True)
+    def gemm(a: T.Buffer((m, k), "int8"), b: T.Buffer((n, k), "int8"), out: T.Buffer(out_shape, out_dtype)):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        bx = T.launch_thread("blockIdx.x", n_m * n_n)
+        tx = T.launch_thread("threadIdx.x", THREADS)
+        sm = T.alloc_buffer((stages * stage_bytes,), "int8", scope="shared.dyn")
+        acc = T.alloc_buffer((n_instr * regs,), "uint32", scope="local")
+        da = T.alloc_buffer((1,), "uint64", scope="local")
+        db = T.alloc_buffer((1,), "uint64", scope="local")
+        bm = T.meta_var(bx // n_n)
+        bnn = T.meta_var(bx % n_n)
+        wg = T.meta_var(tx // 128)
+        w = T.meta_var(tx % 128 // 32)
+        lane = T.meta_var(tx % 32)
+        for i in T.unroll(n_instr * regs):
+            acc[i] = T.uint32(0)
+        for s in T.unroll(stages - 1):
+            if s < kt:
+                load_stage(sm, a, b, s, s, tx, bm, bnn)
+            T.ptx.cp.async_.commit_group()
+        for step in range(kt):
+            T.ptx.cp.async_.wait_group(stages - 2)
+            T.ptx.fence.proxy.async_.shared__cta()
+            T.tvm_storage_sync("shared")
+            T.ptx.wgmma.fence.sync.aligned()
+            for kk in T.unroll(BK // 32):
+                T.cuda.wgmma.encode_matrix_descriptor(
+                    T.address_of(da[0]),
+                    T.address_of(sm[step % stages * stage_bytes + wg * 8 * sbo + kk * 2 * CORE]),
+                    lbo_f, sbo_f, 0,
+                )  # fmt: skip
+                for j in T.unroll(n_instr):
+                    T.cuda.wgmma.encode_matrix_descriptor(
+                        T.address_of(db[0]),
+                        T.address_of(sm[step % stages * stage_bytes + stage_a + j * 16 * sbo + kk * 2 * CORE]),
+                        lbo_f, sbo_f, 0,
+                    )  # fmt: skip
+                    mma(acc, j * regs, da[0], db[0])
+            T.ptx.wgmma.commit_group.sync.aligned()
+            if step + stages - 1 < kt:
+                load_stage(sm, a, b, (step + stages - 1) % stages, step + stages - 1, tx, bm, bnn)
+            T.ptx.cp.async_.commit_group()
+            T.ptx.wgmma.wait_group.sync.aligned(0)
+        for j in T.unroll(n_instr):
+            for i in T.unroll(regs):
+                row = T.meta_var(bm * BM + wg * 64 + acc_row(w, lane, i))
+                col = T.meta_var(bnn * bn + j * INSTR_N + acc_col(lane, i))
+                if row < m:
+                    out[row, col] = T.reinterpret("int32", acc[j * regs + i])
+
+    return gemm
