@@ -43,12 +43,16 @@ class CudaOptions:
         ``INFERX_FUSED_ATTENTION=0`` turns it off: softmax between two matmul kernels, for A/B
         measurements). Checked against float64 on an H100 and faster there on every zoo transformer
         (``benchmarks/results/gpu_attention_h100.json``, ``zoo_h100_fused_attention.json``).
+    wgmma : int8 dense layers of sm_90a builds run on the wgmma GEMM with their epilogue
+        (:mod:`~inferx_edge.compiler.cuda.rules.wgmma_matmul`; env ``INFERX_WGMMA=1``). Off by
+        default until checked on a device: the mma.sync tile schedule.
     """
 
     compiler: str = ""
     interleave_copies: bool = True
     dump_dir: Path | None = None
     fused_attention: bool = True
+    wgmma: bool = False
 
     def __post_init__(self) -> None:
         check_choice("CUDA compiler (INFERX_CUDA_COMPILER)", self.compiler, CUDA_COMPILERS)
@@ -62,6 +66,7 @@ class CudaOptions:
             interleave_copies=env.get("INFERX_CUDA_INTERLEAVE", "1") != "0",
             dump_dir=Path(dump) if dump else None,
             fused_attention=env.get("INFERX_FUSED_ATTENTION", "1") != "0",
+            wgmma=env.get("INFERX_WGMMA", "0") != "0",
         )
 
 

@@ -8,6 +8,7 @@ from inferx_edge.compiler.cuda.rules.small_reduction import small_reduction_rule
 from inferx_edge.compiler.cuda.rules.tensor_core_matmul import tensor_core_matmul_rule
 from inferx_edge.compiler.cuda.rules.tiled_transpose import tiled_transpose_rule
 from inferx_edge.compiler.cuda.rules.vectorized_elementwise import vectorized_elementwise_rule
+from inferx_edge.compiler.cuda.rules.wgmma_matmul import wgmma_matmul_rule
 from inferx_edge.compiler.cuda.rules.window_reduction import window_reduction_rule
 from inferx_edge.compiler.cuda.tile import TileConfig
 
@@ -61,6 +62,7 @@ def cuda_pipeline(target, tile_config: TileConfig | None = None, sm_count: int |
     legalize = [
         *fusion_passes(sm_count),
         guarded_default_schedule(
+            wgmma_matmul_rule(),
             tensor_core_matmul_rule(tile_config, sm_count),
             dl.gpu.GEMV(),
             small_reduction_rule(),

@@ -72,9 +72,23 @@ def supports(m: int, n: int, k: int, bn: int = 128) -> str | None:
     return None
 
 
-#: ``epilogue(out, acc, row, col)`` stores the int32 accumulator ``acc`` of output element
-#: ``(row, col)``; it runs only for ``row < m``. The default writes ``acc`` to an int32 ``out[m, n]``.
-Epilogue = Callable[..., object]
+#: ``store(acc, row, col)`` emits (through TVMScript's IR builder) what becomes of the int32
+#: accumulator ``acc`` of output element ``(row, col)``; it runs only for ``row < m``.
+Store = Callable[..., None]
+
+
+def element(buf, row, col):
+    """The load of element ``(row, col)`` of ``buf`` viewed as a row-major matrix over its last axis."""
+    from tvm import tirx
+
+    dims = [int(d) for d in buf.shape]
+    idx, rest = [col], row
+    for ext in reversed(dims[1:-1]):
+        idx.append(rest % ext)
+        rest = rest // ext
+    idx.append(rest)
+    dtype = str(buf.shape[0].ty.dtype) if hasattr(buf.shape[0], "ty") else "int32"
+    return buf[tuple(tirx.Cast(dtype, i) if dtype != "int32" else i for i in reversed(idx))]
 
 
 def core_offset(row, chunk, sbo: int):
@@ -93,20 +107,13 @@ def acc_col(lane, i):
     return i // 4 * 8 + lane % 4 * 2 + i % 2
 
 
-def gemm_kernel(
-    shape: GemmShape,
-    out_shape=None,
-    out_dtype: str = "int32",
-    epilogue: Epilogue | None = None,
-    extra_params=(),
-    swap_offsets: bool = False,
-):
-    """The PrimFunc ``gemm(a[m, k], b[n, k], *extra, out)``. ``extra_params`` are ``(shape, dtype)`` of
-    further read-only buffers the epilogue reads (passed to it after ``out``)."""
+def gemm_body(shape: GemmShape, a, b, store: Store, swap_offsets: bool = False):
+    """The kernel's body: ``a`` and ``b`` are buffers whose data hold A as ``[m, k]`` and B as ``[n, k]``,
+    row-major (any shape: the kernel reads them through 2-D views); ``store`` writes each element.
+    ``swap_offsets`` exchanges the descriptors' two core-matrix strides (a layout check on devices)."""
     from tvm.script import tirx as T
 
     m, n, k, bn, stages = shape.m, shape.n, shape.k, shape.bn, shape.stages
-    out_shape = tuple(out_shape or (m, n))
     n_m, n_n, kt = -(-m // BM), n // bn, k // BK
     chunks = BK // 16
     sbo = chunks * CORE  # bytes between 8-row groups of a tile
@@ -123,13 +130,13 @@ def gemm_kernel(
         return T.ptx.wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8(*lanes, da, db, T.ptx.pred(True))
 
     @T.macro
-    def load_stage(sm, a, b, slot, step, tx, bm, bnn):
+    def load_stage(sm, slot, step, tx, bm, bnn):
         for i in T.unroll(loads_a):
             r = T.meta_var((i * THREADS + tx) // chunks)
             c = T.meta_var((i * THREADS + tx) % chunks)
             T.ptx.cp.async_.cg.shared.global_(
                 T.address_of(sm[slot * stage_bytes + core_offset(r, c, sbo)]),
-                T.address_of(a[T.min(bm * BM + r, m - 1), step * BK + c * 16]),
+                T.address_of(element(a, T.min(bm * BM + r, m - 1), step * BK + c * 16)),
                 16,
                 T.if_then_else(bm * BM + r < m, T.uint32(16), T.uint32(0)),
             )
@@ -138,14 +145,13 @@ def gemm_kernel(
             c = T.meta_var((i * THREADS + tx) % chunks)
             T.ptx.cp.async_.cg.shared.global_(
                 T.address_of(sm[slot * stage_bytes + stage_a + core_offset(r, c, sbo)]),
-                T.address_of(b[bnn * bn + r, step * BK + c * 16]),
+                T.address_of(element(b, bnn * bn + r, step * BK + c * 16)),
                 16,
                 T.uint32(16),
             )
 
-    @T.prim_func(private=True)
-    def gemm(a: T.Buffer((m, k), "int8"), b: T.Buffer((n, k), "int8"), out: T.Buffer(out_shape, out_dtype)):
-        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+    @T.prim_func(private=True, check_well_formed=False)
+    def gemm():
         bx = T.launch_thread("blockIdx.x", n_m * n_n)
         tx = T.launch_thread("threadIdx.x", THREADS)
         sm = T.alloc_buffer((stages * stage_bytes,), "int8", scope="shared.dyn")
@@ -161,7 +167,7 @@ def gemm_kernel(
             acc[i] = T.uint32(0)
         for s in T.unroll(stages - 1):
             if s < kt:
-                load_stage(sm, a, b, s, s, tx, bm, bnn)
+                load_stage(sm, s, s, tx, bm, bnn)
             T.ptx.cp.async_.commit_group()
         for step in range(kt):
             T.ptx.cp.async_.wait_group(stages - 2)
@@ -183,7 +189,7 @@ def gemm_kernel(
                     mma(acc, j * regs, da[0], db[0])
             T.ptx.wgmma.commit_group.sync.aligned()
             if step + stages - 1 < kt:
-                load_stage(sm, a, b, (step + stages - 1) % stages, step + stages - 1, tx, bm, bnn)
+                load_stage(sm, (step + stages - 1) % stages, step + stages - 1, tx, bm, bnn)
             T.ptx.cp.async_.commit_group()
             T.ptx.wgmma.wait_group.sync.aligned(0)
         for j in T.unroll(n_instr):
@@ -191,6 +197,19 @@ def gemm_kernel(
                 row = T.meta_var(bm * BM + wg * 64 + acc_row(w, lane, i))
                 col = T.meta_var(bnn * bn + j * INSTR_N + acc_col(lane, i))
                 if row < m:
-                    out[row, col] = T.reinterpret("int32", acc[j * regs + i])
+                    store(T.reinterpret("int32", acc[j * regs + i]), row, col)
 
-    return gemm
+    return gemm.body
+
+
+def gemm_kernel(shape: GemmShape, swap_offsets: bool = False):
+    """The PrimFunc ``gemm(a[m, k] int8, b[n, k] int8, c[m, n] int32)``: the plain GEMM."""
+    import tvm
+    from tvm.script.ir_builder import tirx as IB
+
+    a = tvm.tirx.decl_buffer((shape.m, shape.k), "int8", name="a")
+    b = tvm.tirx.decl_buffer((shape.n, shape.k), "int8", name="b")
+    c = tvm.tirx.decl_buffer((shape.m, shape.n), "int32", name="c")
+    body = gemm_body(shape, a, b, lambda acc, row, col: IB.buffer_store(c, acc, [row, col]), swap_offsets)
+    func = tvm.tirx.PrimFunc([a, b, c], body)
+    return func.with_attrs({"tirx.noalias": True, "tirx.is_scheduled": True})

@@ -1,0 +1,34 @@
+"""dlight rule: int8 dense layers on sm_90a as one wgmma kernel with their fused epilogue
+(:mod:`~inferx_edge.compiler.cuda.wgmma_epilogue`), ahead of the mma.sync tensor-core rule, which
+keeps every kernel this one refuses (other archs, convolutions, batched or transposed operands,
+shapes the kernel does not take). ``CudaOptions.wgmma`` (env ``INFERX_WGMMA``) switches it."""
+
+from __future__ import annotations
+
+from inferx_edge.compiler.cuda.analysis import sm_version
+
+
+def wgmma_target(target) -> bool:
+    """Whether ``target`` compiles for exactly sm_90a (wgmma is not in sm_90 or any later arch)."""
+    return target.kind.name == "cuda" and str(target.attrs.get("arch", "")) == "sm_90a" and sm_version(target) == 90
+
+
+def wgmma_matmul_rule():
+    from tvm.s_tir.dlight.base import ScheduleRule
+
+    class WgmmaInt8Matmul(ScheduleRule):
+        def apply(self, func, target, _tunable):
+            from tvm import s_tir, tirx
+
+            from inferx_edge.compiler.cuda.device_compiler import CudaOptions
+            from inferx_edge.compiler.cuda.wgmma_epilogue import wgmma_kernel_for
+
+            if not isinstance(func, tirx.PrimFunc) or not wgmma_target(target) or not CudaOptions.from_env().wgmma:
+                return None
+            kernel, _why = wgmma_kernel_for(func)
+            return None if kernel is None else s_tir.Schedule(kernel)
+
+        def apply_config(self, func, config):
+            return None
+
+    return WgmmaInt8Matmul()
