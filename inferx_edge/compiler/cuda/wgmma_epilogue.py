@@ -142,9 +142,11 @@ def _epilogue_store(sch, block, c, extents):
     return body.buffer, list(body.indices), body.value, ivars
 
 
-def wgmma_kernel_for(func, bn: int = 128, stages: int = 4):
+def wgmma_kernel_for(func, bn: int = 128, stages: int = 4, body=gemm_body):
     """``(kernel, reason)``: ``func`` (a fused int8 dense layer) with its body replaced by the wgmma
-    GEMM and its epilogue, or ``(None, why it does not apply)``."""
+    GEMM and its epilogue, or ``(None, why it does not apply)``. ``body(shape, a, b, store)`` makes the
+    new body (:func:`~inferx_edge.compiler.cuda.wgmma.gemm_body`; tests put a plain loop there to run
+    the rewritten epilogue on a CPU)."""
     from tvm import s_tir, tirx
     from tvm.s_tir.dlight.analysis import get_root_block
     from tvm.script.ir_builder import tirx as IB
@@ -200,5 +202,5 @@ def wgmma_kernel_for(func, bn: int = 128, stages: int = 4):
             return
         IB.buffer_store(out, _rewrite(value, subst, c, acc), [_rewrite(i, subst, c, acc) for i in out_idx])
 
-    body = gemm_body(GemmShape(m, n, kk, bn=bn, stages=stages), a, b, store)
-    return func.with_body(body).with_attr("tirx.is_scheduled", True), ""
+    new_body = body(GemmShape(m, n, kk, bn=bn, stages=stages), a, b, store)
+    return func.with_body(new_body).with_attr("tirx.is_scheduled", True), ""

@@ -1,0 +1,181 @@
+"""The wgmma int8 dense-layer rewrite (compiler/cuda/wgmma_epilogue.py, rules/wgmma_matmul.py): which
+kernels it takes, that the fused epilogue it evaluates on the accumulator computes what the kernel
+computed (a plain-loop body in place of the wgmma main loop, run on this CPU against the fused kernel
+as FuseOps made it), and that sm_90a builds compile it. The wgmma main loop itself only runs on an
+sm_90 GPU (benchmarks/gpu_wgmma_gemm.py checks it exactly against cuBLASLt there)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.helpers import needs_nvrtc
+
+D, H, ROWS = 128, 256, (2, 24)  # 48 rows: fewer than one 128-row tile
+
+
+def _mlp(tmp_path):
+    """LayerNorm -> dense + GELU -> dense + residual, as an ONNX file, and its input shape."""
+    rng = np.random.default_rng(3)
+
+    def w(name, *shape, scale=0.2):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "g", "b"], ["n"], axis=-1, epsilon=1e-5),
+        helper.make_node("MatMul", ["n", "w1"], ["h0"]),
+        helper.make_node("Add", ["h0", "b1"], ["h"]),
+        helper.make_node("Erf", ["h"], ["he"]),
+        helper.make_node("Mul", ["h", "he"], ["gelu"]),
+        helper.make_node("MatMul", ["gelu", "w2"], ["o"]),
+        helper.make_node("Add", ["o", "x"], ["y"]),
+    ]
+    inits = [w("g", D, scale=1.0), w("b", D), w("w1", D, H), w("b1", H), w("w2", H, D)]
+    shape = (*ROWS, D)
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))], inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "mlp.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path, shape
+
+
+def _int8_module(tmp_path, target="h200"):
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.variant import prepare_variant, variant_layout
+    from inferx_edge.frontend import import_model
+    from inferx_edge.quantize.driver import QuantOptions, quantizer, resolve_plan
+    from inferx_edge.targets import get_target
+
+    path, shape = _mlp(tmp_path)
+    imported = import_model(path, {})
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(1).standard_normal((8, *shape[1:])).astype(np.float32))
+    plan = resolve_plan(path, {}, imported, "int8", QuantOptions(calib=calib), log=lambda *a: None)
+    spec = get_target(target)
+    tvm_target = resolve_tvm_target(spec)
+    mod = prepare_variant(
+        imported, variant_layout(spec, "int8"), quantize=quantizer(plan, "int8"), target=tvm_target
+    ).mod
+    return spec, tvm_target, mod
+
+
+def _dense_kernels(mod):
+    import tvm
+
+    from inferx_edge.compiler.cuda.pipeline import fusion_passes
+
+    fused = tvm.transform.Sequential(fusion_passes())(mod)
+    return {
+        gv.name_hint: f
+        for gv, f in fused.functions_items()
+        if isinstance(f, tvm.tirx.PrimFunc) and "NT_matmul" in gv.name_hint
+    }
+
+
+def _loop_body(shape, a, b, store):
+    """The GEMM as plain loops (int32 sum over K), each element through ``store``: what the wgmma main
+    loop computes, runnable on a CPU."""
+    from tvm.script import tirx as T
+
+    from inferx_edge.compiler.cuda.wgmma import element
+
+    @T.prim_func(private=True, check_well_formed=False)
+    def body():
+        acc = T.alloc_buffer((1,), "int32", scope="local")
+        for row, col in T.grid(shape.m, shape.n):
+            acc[0] = 0
+            for k in range(shape.k):
+                acc[0] = acc[0] + T.Cast("int32", element(a, row, k)) * T.Cast("int32", element(b, col, k))
+            store(acc[0], row, col)
+
+    return body.body
+
+
+def test_the_rewritten_epilogue_computes_what_the_fused_kernel_computed(tmp_path):
+    """Both dense kernels of an int8 MLP (requantize + bias + erf GELU + requantize to int8; requantize
+    + bias + residual to float32) are taken; with a plain-loop GEMM in place of wgmma's the rewritten
+    kernel's outputs equal the original kernel's, on seeded random inputs."""
+    import tvm
+
+    from inferx_edge.compiler.cuda.wgmma_epilogue import wgmma_kernel_for
+
+    _, _, mod = _int8_module(tmp_path)
+    kernels = _dense_kernels(mod)
+    assert len(kernels) == 2, sorted(kernels)
+    rng = np.random.default_rng(0)
+    for name, func in kernels.items():
+        rewritten, why = wgmma_kernel_for(func, body=_loop_body)
+        assert rewritten is not None, (name, why)
+        args = []
+        for p in func.params:
+            shape = [int(d) for d in p.shape]
+            dtype = str(p.dtype)
+            if dtype == "int8":
+                args.append(rng.integers(-127, 128, shape).astype(np.int8))
+            else:
+                args.append(rng.standard_normal(shape).astype(dtype))
+        outs = []
+        for f in (func, rewritten.without_attr("tirx.is_scheduled")):
+            lib = tvm.compile(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}), target="llvm")
+            tensors = [tvm.runtime.tensor(x) for x in args]
+            lib["main"](*tensors)
+            outs.append(tensors[-1].numpy())
+        assert outs[0].dtype == outs[1].dtype
+        np.testing.assert_array_equal(outs[1], outs[0], err_msg=name)
+
+
+def test_kernels_it_does_not_take_say_why(tmp_path):
+    """A GEMM whose N is no multiple of the 128-wide tile, and a kernel with no int8 GEMM, are refused
+    with the reason."""
+    from tvm import te
+
+    from inferx_edge.compiler.cuda.wgmma_epilogue import wgmma_kernel_for
+
+    a = te.placeholder((64, 128), "int8", name="a")
+    b = te.placeholder((96, 128), "int8", name="b")
+    k = te.reduce_axis((0, 128), name="k")
+    c = te.compute((64, 96), lambda i, j: te.sum(a[i, k].astype("int32") * b[j, k].astype("int32"), axis=k))
+    kernel, why = wgmma_kernel_for(te.create_prim_func([a, b, c]))
+    assert kernel is None and "N=96" in why
+    x = te.placeholder((64, 128), "float32", name="x")
+    y = te.compute((64, 128), lambda i, j: x[i, j] * 2)
+    kernel, why = wgmma_kernel_for(te.create_prim_func([x, y]))
+    assert kernel is None and why
+    bt = te.placeholder((128, 128), "int8", name="bt")  # [K, N]: not K-major
+    c = te.compute((64, 128), lambda i, j: te.sum(a[i, k].astype("int32") * bt[k, j].astype("int32"), axis=k))
+    kernel, why = wgmma_kernel_for(te.create_prim_func([a, bt, c]))
+    assert kernel is None and why
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("on", [True, False])
+def test_sm90a_builds_run_int8_dense_layers_on_wgmma_when_on(tmp_path, monkeypatch, on):
+    """An int8 build for the H200 compiles with the dense layers on wgmma (their epilogue in the same
+    kernel) when CudaOptions.wgmma is on, on mma.sync when off; other archs never get it."""
+    import tvm
+    from tvm import relax
+
+    from inferx_edge.compiler.compile import pass_config, relax_pipeline
+    from inferx_edge.compiler.cuda import device_compiler
+    from inferx_edge.compiler.guarded_schedule import SCHEDULE_RULE_ATTR
+
+    monkeypatch.setenv("INFERX_WGMMA", "1" if on else "0")
+    for target in ("h200", "a100") if on else ("h200",):
+        spec, tvm_target, mod = _int8_module(tmp_path, target)
+        with device_compiler(spec, "cubin") as record, tvm_target, pass_config(async_copy=True):
+            scheduled = relax_pipeline(spec, tvm_target)(mod)
+            relax.build(mod, tvm_target, relax_pipeline=relax_pipeline(spec, tvm_target))
+        assert record["kernels_modules"]
+        rules = {
+            gv.name_hint: f.attrs[SCHEDULE_RULE_ATTR]
+            for gv, f in scheduled.functions_items()
+            if isinstance(f, tvm.tirx.PrimFunc) and "NT_matmul" in gv.name_hint
+        }
+        assert len(rules) == 2
+        want = "WgmmaInt8Matmul" if on and target == "h200" else "Int8SafeMatmul"
+        assert set(rules.values()) == {want}, (target, rules)
