@@ -97,6 +97,13 @@ def core_offset(row, chunk, sbo: int):
     return row // 8 * sbo + chunk * CORE + row % 8 * 16
 
 
+def operand_start(block64, kk, sbo: int):
+    """Byte offset (in a stage's A or B tile) where the descriptor of one instruction starts: rows
+    ``64 block64 ..`` (a warpgroup's A rows, or an instruction's 128 B rows as two 64-row blocks),
+    K bytes ``32 kk ..`` (two core matrices per k32 step)."""
+    return block64 * 8 * sbo + kk * 2 * CORE
+
+
 def acc_row(w, lane, i):
     """Row (within the warpgroup's 64) of accumulator register ``i`` of lane ``lane`` of warp ``w``."""
     return w * 16 + lane // 4 + (i // 2) % 2 * 8
@@ -177,13 +184,13 @@ def gemm_body(shape: GemmShape, a, b, store: Store, swap_offsets: bool = False):
             for kk in T.unroll(BK // 32):
                 T.cuda.wgmma.encode_matrix_descriptor(
                     T.address_of(da[0]),
-                    T.address_of(sm[step % stages * stage_bytes + wg * 8 * sbo + kk * 2 * CORE]),
+                    T.address_of(sm[step % stages * stage_bytes + operand_start(wg, kk, sbo)]),
                     lbo_f, sbo_f, 0,
                 )  # fmt: skip
                 for j in T.unroll(n_instr):
                     T.cuda.wgmma.encode_matrix_descriptor(
                         T.address_of(db[0]),
-                        T.address_of(sm[step % stages * stage_bytes + stage_a + j * 16 * sbo + kk * 2 * CORE]),
+                        T.address_of(sm[step % stages * stage_bytes + stage_a + operand_start(j * 2, kk, sbo)]),
                         lbo_f, sbo_f, 0,
                     )  # fmt: skip
                     mma(acc, j * regs, da[0], db[0])

@@ -179,3 +179,52 @@ def test_sm90a_builds_run_int8_dense_layers_on_wgmma_when_on(tmp_path, monkeypat
         assert len(rules) == 2
         want = "WgmmaInt8Matmul" if on and target == "h200" else "Int8SafeMatmul"
         assert set(rules.values()) == {want}, (target, rules)
+
+
+def _smem_operand(smem, start, rows, sbo):
+    """The ``rows x 32``-byte K-major operand of one wgmma instruction as PTX reads it from shared
+    memory through a no-swizzle descriptor: element (r, b) at start + (r // 8) SBO + (b // 16) LBO +
+    (r % 8) 16 + b % 16, LBO = one core matrix (128 bytes)."""
+    from inferx_edge.compiler.cuda.wgmma import CORE
+
+    r, b = np.meshgrid(np.arange(rows), np.arange(32), indexing="ij")
+    return smem[start + r // 8 * sbo + b // 16 * CORE + r % 8 * 16 + b % 16]
+
+
+@pytest.mark.parametrize("bn", [128, 256])
+def test_the_warp_program_computes_one_tile(bn):
+    """One block's stage, emulated in numpy: the kernel's cp.async placement of each 16-byte chunk
+    (core_offset), the descriptor start of each instruction (operand_start), wgmma's read of K-major
+    operands and its accumulator fragment (acc_row / acc_col) put back the tile of A @ B^T."""
+    from inferx_edge.compiler.cuda import wgmma as W
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(-128, 128, (W.BM, W.BK)).astype(np.int64)
+    b = rng.integers(-128, 128, (bn, W.BK)).astype(np.int64)
+    chunks = W.BK // 16
+    sbo = chunks * W.CORE
+    smem = np.zeros((W.BM + bn) * W.BK, np.int64)
+    for tile, base, rows in ((a, 0, W.BM), (b, W.BM * W.BK, bn)):
+        for chunk in range(rows * chunks):  # every thread's chunks, in any order
+            r, c = divmod(chunk, chunks)
+            off = base + W.core_offset(r, c, sbo)
+            smem[off : off + 16] = tile[r, c * 16 : c * 16 + 16]
+    regs = W.INSTR_N // 2
+    acc = np.zeros((W.THREADS, bn // W.INSTR_N * regs), np.int64)
+    for wg in range(W.WARPGROUPS):
+        for kk in range(W.BK // 32):
+            op_a = _smem_operand(smem, W.operand_start(wg, kk, sbo), 64, sbo)
+            for j in range(bn // W.INSTR_N):
+                op_b = _smem_operand(smem, W.BM * W.BK + W.operand_start(j * 2, kk, sbo), W.INSTR_N, sbo)
+                d = op_a @ op_b.T  # the instruction's 64 x 128 product
+                for t in range(128):
+                    w, lane = divmod(t, 32)
+                    for i in range(regs):
+                        acc[wg * 128 + t, j * regs + i] += d[W.acc_row(w, lane, i), W.acc_col(lane, i)]
+    got = np.full((W.BM, bn), -1 << 40, np.int64)
+    for tx in range(W.THREADS):
+        wg, w, lane = tx // 128, tx % 128 // 32, tx % 32
+        for j in range(bn // W.INSTR_N):
+            for i in range(regs):
+                got[wg * 64 + W.acc_row(w, lane, i), j * W.INSTR_N + W.acc_col(lane, i)] = acc[tx, j * regs + i]
+    np.testing.assert_array_equal(got, a @ b.T)
