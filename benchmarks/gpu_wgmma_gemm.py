@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from benchmarks._record import gpu_driver, versions, write_record
+from benchmarks.gpu_int8_matmul import time_cuda
 
 #: a ViT-B/16 layer at batch 64 (64 x 197 tokens): QKV, attention out-projection, MLP in, MLP out
 VIT_SHAPES = ((12608, 2304, 768), (12608, 768, 768), (12608, 3072, 768), (12608, 768, 3072))
@@ -58,21 +59,6 @@ def compile_mma(m: int, n: int, k: int, tile: str, target: str):
     if path is None:
         raise RuntimeError(f"the tile {tile} does not apply to {m}x{n}x{k}")
     return tvm.runtime.load_module(path)["main"]
-
-
-def time_cuda(fn, iters: int = 50) -> float:
-    import torch
-
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters * 1e3
 
 
 def run_shape(m: int, n: int, k: int, target: str, variants: list[dict], mma_tiles, rounds: int = 2) -> dict:
@@ -126,7 +112,7 @@ def run_shape(m: int, n: int, k: int, target: str, variants: list[dict], mma_til
     times = {label: [] for label in systems}
     for _ in range(rounds):
         for label, fn in systems.items():
-            times[label].append(time_cuda(fn))
+            times[label].append(time_cuda(fn) * 1e3)  # us
     row["us"] = {label: min(ts) for label, ts in times.items()}
     row["us_all"] = times
     row["tops"] = {label: row["gop"] / us * 1e3 for label, us in row["us"].items()}
