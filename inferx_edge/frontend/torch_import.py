@@ -9,17 +9,20 @@ from inferx_edge.frontend.imported import ImportedModel, finish_import
 from inferx_edge.frontend.shapes import resolve_shapes
 from inferx_edge.frontend.torch_converters import CONVERTERS
 from inferx_edge.frontend.torch_extra_ops import EXTRA_OPS
+from inferx_edge.frontend.torch_math_ops import MATH_OPS
 
 
 def _cast_int_operands_of_float_arith(ep) -> int:
     """Insert an explicit cast where an elementwise op has a float result but an integer tensor operand
     (``torch.arange(h) + 0.5``: torch promotes to float). TVM's translator keeps the integer dtype and
-    drops the fraction (YOLOv8n's anchor grid lost its 0.5 offset: boxes off by half a stride).
+    drops the fraction (YOLOv8n's anchor grid lost its 0.5 offset: boxes off by half a stride), or
+    refuses the mixed operands (``where`` in torch's decomposition of ``heaviside``). Runs on the
+    decomposed program.
     Returns the number of casts inserted."""
     import torch
 
     aten = torch.ops.aten
-    ops = {aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor, aten.rsub.Scalar}
+    ops = {aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor, aten.rsub.Scalar, aten.where.self}
     graph, inserted = ep.graph, 0
     for node in list(graph.nodes):
         out = node.meta.get("val") if node.op == "call_function" and node.target in ops else None
@@ -63,9 +66,15 @@ def import_exported_program(path: Path, overrides: dict[str, tuple[int, ...]]) -
     from tvm import relax
     from tvm.relax.frontend.torch import from_exported_program
 
-    _cast_int_operands_of_float_arith(ep)
     try:
-        mod = from_exported_program(ep, keep_params_as_input=True, custom_convert_map={**CONVERTERS, **EXTRA_OPS})
+        ep = ep.run_decompositions()  # what the translator would run first (core ATen ops)
+        _cast_int_operands_of_float_arith(ep)
+        mod = from_exported_program(
+            ep,
+            keep_params_as_input=True,
+            custom_convert_map={**CONVERTERS, **EXTRA_OPS, **MATH_OPS},
+            run_ep_decomposition=False,
+        )
     except Exception as exc:  # unsupported aten ops raise ValueError/AssertionError/KeyError...
         raise ModelError(f"TVM could not import {path.name}: {type(exc).__name__}: {exc}") from exc
 
