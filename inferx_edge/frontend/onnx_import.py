@@ -75,7 +75,7 @@ def import_onnx(path: Path, overrides: dict[str, tuple[int, ...]]) -> ImportedMo
     model, _ = fold_pads_into_convs(model)  # after folding: "same" pads computed from shapes are constants now
     model, _ = explicit_conv_transpose_pads(model, shapes)
     model, _ = lower_fractional_resizes(model, shapes)  # sampled as ONNX does (TVM: by the size ratio)
-    refuse_fractional_resize_scales(model, shapes)  # those left: cubic, cropping, antialiased
+    refuse_fractional_resize_scales(model, shapes)  # those left: cropping, antialiased downscaling
     model, _ = unroll_recurrent(model, shapes)  # LSTM / GRU / RNN: TVM has no converter
     model, _ = decompose_unsupported(model)  # Celu: nor for this
     missing = _unsupported_ops(model)

@@ -245,7 +245,7 @@ def explicit_conv_transpose_pads(model, shapes: dict[str, tuple[int, ...]]):
 def refuse_fractional_resize_scales(model, shapes: dict[str, tuple[int, ...]]) -> None:
     """Raise a :class:`~inferx_edge.errors.ModelError` for a ``Resize`` given constant ``scales`` where a
     spatial size times its scale is not a whole number (5 pixels x 1.5, 9 x 0.7) that
-    :func:`~inferx_edge.frontend.onnx_resize.lower_fractional_resizes` left (cubic, cropping, antialiased). The ONNX specification
+    :func:`~inferx_edge.frontend.onnx_resize.lower_fractional_resizes` left (cropping, antialiased downscaling). The ONNX specification
     (and onnxruntime) map output pixels back with the scale itself; TVM's frontend uses the ratio of
     the rounded sizes, so such a resize imported with other values, silently (a bilinear 5 -> 7 resize
     50 % off). Scales whose products are whole agree either way and pass."""

@@ -2,12 +2,12 @@
 
 The ONNX specification (and onnxruntime) map an output pixel back to the input with the scale itself;
 TVM's frontend uses the ratio of the rounded sizes. Where size x scale is whole both agree; where it is
-not (9 x 0.7, 5 x 1.5) TVM would sample other pixels. Such a resize with constant scales, ``nearest``
-or ``linear`` mode, a coordinate transformation other than ``tf_crop_and_resize`` and no antialiasing
-becomes, axis by axis, a ``Gather`` of the source rows the specification picks (nearest) or two
-``Gather``s weighted and summed (linear: separable, so N-D linear is the axes in turn), with the
-indices and weights computed here in float32 as onnxruntime computes them. Other resizes of that kind
-(cubic, cropping, antialiased downscaling) are left to
+not (9 x 0.7, 5 x 1.5) TVM would sample other pixels. Such a resize with constant scales, ``nearest``,
+``linear`` or ``cubic`` mode, a coordinate transformation other than ``tf_crop_and_resize`` and no
+antialiased downscaling becomes, axis by axis, a ``Gather`` of the source rows the specification picks
+(nearest) or two / four ``Gather``s weighted and summed (linear / cubic: separable, so N-D is the axes in
+turn), with the indices and weights computed here in float32 as onnxruntime computes them. Other
+resizes of that kind (cropping, antialiased downscaling) are left to
 :func:`~inferx_edge.frontend.onnx_pads.refuse_fractional_resize_scales`, which names them.
 """
 
@@ -54,10 +54,42 @@ def source_coordinates(transform: str, size: int, out: int, scale: float) -> np.
     return (x + f32(0.5)) / s - f32(0.5)  # half_pixel, pytorch_half_pixel
 
 
+def _taps(mode: str, attrs: dict, src: np.ndarray, size: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``[(indices, weights)]`` along one axis whose weighted sum is the interpolation at ``src``:
+    onnxruntime's linear (clamped coordinate, two neighbours, half and half on the edge) or the
+    specification's cubic (Keys' kernel with ``cubic_coeff_a``, four neighbours, indices clamped to the
+    edge; with ``exclude_outside`` the weights of outside neighbours are zeroed and the rest rescaled)."""
+    f32 = np.float32
+    if mode == "linear":
+        src = np.clip(src, 0, size - 1)
+        lo = np.minimum(src.astype(np.int64), size - 1)
+        hi = np.minimum(lo + 1, size - 1)
+        w_hi = np.where(lo == hi, f32(0.5), np.abs(src - lo.astype(f32)))
+        w_lo = np.where(lo == hi, f32(0.5), np.abs(src - hi.astype(f32)))
+        return [(lo, w_lo), (hi, w_hi)]
+    a = f32(attrs.get("cubic_coeff_a", -0.75))
+    base = np.floor(src)
+    t = (src - base).astype(f32)
+
+    def far(d):  # Keys' kernel for 1 < |d| < 2
+        return ((a * d - f32(5) * a) * d + f32(8) * a) * d - f32(4) * a
+
+    def near(d):  # |d| <= 1
+        return ((a + f32(2)) * d - (a + f32(3))) * d * d + f32(1)
+
+    weights = [far(t + f32(1)), near(t), near(f32(1) - t), far(f32(2) - t)]
+    indices = [base.astype(np.int64) + k for k in (-1, 0, 1, 2)]
+    if attrs.get("exclude_outside"):
+        weights = [np.where((i >= 0) & (i < size), w, f32(0)) for i, w in zip(indices, weights, strict=True)]
+        total = sum(weights)
+        weights = [w / total for w in weights]
+    return [(np.clip(i, 0, size - 1), w.astype(f32)) for i, w in zip(indices, weights, strict=True)]
+
+
 def _lowerable(attrs: dict, factors: list[float]) -> bool:
     mode = _text(attrs.get("mode", b"nearest"))
     transform = _text(attrs.get("coordinate_transformation_mode", b"half_pixel"))
-    if mode not in ("nearest", "linear") or transform not in _TRANSFORMS:
+    if mode not in ("nearest", "linear", "cubic") or transform not in _TRANSFORMS:
         return False
     if mode == "nearest" and _text(attrs.get("nearest_mode", b"round_prefer_floor")) not in _NEAREST:
         return False
@@ -65,7 +97,7 @@ def _lowerable(attrs: dict, factors: list[float]) -> bool:
         return False  # onnxruntime's float rounding of this transform picks other pixels at ties
     if attrs.get("axes") or _text(attrs.get("keep_aspect_ratio_policy", b"stretch")) != "stretch":
         return False
-    return not (attrs.get("antialias") and mode == "linear" and any(f < 1 for f in factors))
+    return not (attrs.get("antialias") and mode != "nearest" and any(f < 1 for f in factors))
 
 
 def lower_fractional_resizes(model, shapes: dict[str, tuple[int, ...]]):
@@ -113,25 +145,28 @@ def lower_fractional_resizes(model, shapes: dict[str, tuple[int, ...]]):
             if mode == "nearest":
                 idx = np.clip(pick(src), 0, size - 1).astype(np.int64)
                 x = g.op("Gather", [x, g.const(f"{hint}_i", idx)], f"{hint}_axis{axis}", output=target, axis=axis)
-            else:  # onnxruntime's linear: clamp, neighbours, half and half on the edge
-                src = np.clip(src, 0, size - 1)
-                lo = np.minimum(src.astype(np.int64), size - 1)
-                hi = np.minimum(lo + 1, size - 1)
-                w_hi = np.where(lo == hi, np.float32(0.5), np.abs(src - lo.astype(np.float32)))
-                w_lo = np.where(lo == hi, np.float32(0.5), np.abs(src - hi.astype(np.float32)))
+            else:
                 bshape = [out] + [1] * (len(sizes) - 1 - axis)
                 terms = [
                     g.op(
                         "Mul",
                         [
-                            g.op("Gather", [x, g.const(f"{hint}_{name}_i", idx)], f"{hint}_{name}", axis=axis),
-                            g.const(f"{hint}_{name}_wc", w.astype(np.float32).reshape(bshape)),
+                            g.op("Gather", [x, g.const(f"{hint}_t{t}_i", idx)], f"{hint}_t{t}", axis=axis),
+                            g.const(f"{hint}_t{t}_wc", w.astype(np.float32).reshape(bshape)),
                         ],
-                        f"{hint}_{name}_w",
+                        f"{hint}_t{t}_w",
                     )
-                    for name, idx, w in (("lo", lo, w_lo), ("hi", hi, w_hi))
+                    for t, (idx, w) in enumerate(_taps(mode, attrs, src, size))
                 ]
-                x = g.op("Add", terms, f"{hint}_axis{axis}", output=target)
+                x = terms[0]
+                for t, term in enumerate(terms[1:]):
+                    last = t == len(terms) - 2
+                    x = g.op(
+                        "Add",
+                        [x, term],
+                        f"{hint}_axis{axis}" if last else f"{hint}_s{t}",
+                        output=target if last else None,
+                    )
         count += 1
     if not count:
         return model, 0

@@ -207,18 +207,23 @@ def test_conv_transpose_output_shape_gives_that_shape(tmp_path, attrs, in_hw, ou
 
 
 @pytest.mark.parametrize(
-    "mode, transform, scale",
+    "mode, transform, scale, extra",
     [
-        ("linear", "half_pixel", 1.5), ("linear", "align_corners", 0.7), ("linear", "pytorch_half_pixel", 2.3),
-        ("nearest", "asymmetric", 0.7), ("nearest", "half_pixel", 1.5), ("nearest", "tf_half_pixel_for_nn", 0.34),
-        ("linear", "half_pixel", 2.0), ("cubic", "half_pixel", 1.5),
+        ("linear", "half_pixel", 1.5, {}), ("linear", "align_corners", 0.7, {}),
+        ("linear", "pytorch_half_pixel", 2.3, {}), ("nearest", "asymmetric", 0.7, {}),
+        ("nearest", "half_pixel", 1.5, {}), ("nearest", "tf_half_pixel_for_nn", 0.34, {}),
+        ("linear", "half_pixel", 2.0, {}), ("cubic", "half_pixel", 1.5, {}), ("cubic", "align_corners", 0.7, {}),
+        ("cubic", "asymmetric", 2.3, {"exclude_outside": 1, "cubic_coeff_a": -0.5}),
+        ("cubic", "pytorch_half_pixel", 0.6, {"exclude_outside": 1}),
+        ("linear", "half_pixel", 0.7, {"antialias": 1}),
     ],
 )  # fmt: skip
-def test_resizes_by_scales_without_whole_sizes_sample_as_onnx(tmp_path, mode, transform, scale):
+def test_resizes_by_scales_without_whole_sizes_sample_as_onnx(tmp_path, mode, transform, scale, extra):
     """ONNX maps a Resize's output pixels back with its scales; TVM's importer uses the ratio of the
     rounded sizes, which differs where size x scale is not whole (9 x 0.7, 7 x 1.5) and silently gave
-    other values. Nearest and linear ones are lowered to gathers at import and match onnxruntime (H and
-    W scaled differently); cubic ones are refused with an error saying how to re-export."""
+    other values. Nearest, linear and cubic ones (cubic_coeff_a, exclude_outside) are lowered to gathers
+    at import and match onnxruntime (H and W scaled differently); an antialiased downscale is refused
+    with an error saying how to re-export."""
     import onnx
     import tvm
     from onnx import TensorProto
@@ -230,17 +235,17 @@ def test_resizes_by_scales_without_whole_sizes_sample_as_onnx(tmp_path, mode, tr
     ort = pytest.importorskip("onnxruntime")
     scales = numpy_helper.from_array(np.array([1, 1, scale, scale * 1.1], np.float32), "s")
     node = helper.make_node("Resize", ["x", "", "s"], ["y"], mode=mode, nearest_mode="round_prefer_ceil",
-                            coordinate_transformation_mode=transform)  # fmt: skip
+                            coordinate_transformation_mode=transform, **extra)  # fmt: skip
     out = [1, 2, int(np.float32(9) * np.float32(scale)), int(np.float32(7) * np.float32(scale * 1.1))]
     graph = helper.make_graph(
         [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 9, 7])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)], [scales],
     )  # fmt: skip
     path = tmp_path / "resize.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
-    if mode == "cubic":
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18 if extra else 13)]), str(path))
+    if extra.get("antialias"):
         with pytest.raises(
-            ModelError, match=r"\(cubic/half_pixel\).*not whole output sizes.*Re-export it with output sizes"
+            ModelError, match=r"\(linear/half_pixel\).*not whole output sizes.*Re-export it with output sizes"
         ):
             import_model(path, {})
         return
