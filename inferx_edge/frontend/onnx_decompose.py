@@ -1,30 +1,181 @@
-"""ONNX nodes TVM's frontend has no converter for, written as ones it has, before import: ``Celu``
-(``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``, the specification's definition). Recurrent nodes
-are :mod:`~inferx_edge.frontend.onnx_rnn`'s."""
+"""ONNX nodes TVM's frontend has no converter for, written as ones it has, before import (values as the
+specification defines them, each matched against onnxruntime in ``tests/frontend/test_onnx_decompose.py``):
+
+- ``Celu``: ``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``;
+- ``LpNormalization``: ``x / ||x||_p`` along ``axis`` (p = 1 or 2);
+- ``ReverseSequence`` with constant ``sequence_lens``: a ``GatherElements`` with the reversed positions;
+- ``CenterCropPad`` with a constant ``shape``: a centred ``Slice`` and a centred zero ``Pad`` per axis;
+- ``DFT`` with a static length: products with constant cosine / sine matrices (forward or inverse,
+  real or complex input, one-sided output, ``dft_length`` padding / truncation).
+
+Shape-dependent ones need static shapes (ONNX shape inference on the pinned inputs); where a value they
+need is not constant or a shape not known, the node is left and the import names it as unsupported.
+Recurrent nodes are :mod:`~inferx_edge.frontend.onnx_rnn`'s."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from inferx_edge.frontend.onnx_pads import _attrs, _NodeBuilder
+from inferx_edge.frontend.onnx_pads import _attrs, _constants, _NodeBuilder, _pinned
 
 
-def decompose_unsupported(model):
-    """``(model, count)``: every ``Celu`` node replaced by primitive ops (values as the specification's)."""
-    if not any(n.op_type == "Celu" for n in model.graph.node):
+def _celu(g, node, attrs, ctx) -> bool:
+    alpha = float(attrs.get("alpha", 1.0))
+    hint = _hint(node, "celu")
+    a, zero, one = (g.const(f"{hint}_{k}", np.float32(v)) for k, v in (("alpha", alpha), ("zero", 0), ("one", 1)))
+    x = node.input[0]
+    expm1 = g.op("Sub", [g.op("Exp", [g.op("Div", [x, a], hint)], hint), one], hint)
+    negative = g.op("Min", [g.op("Mul", [expm1, a], hint), zero], hint)
+    g.op("Add", [g.op("Relu", [x], hint), negative], hint, output=node.output[0])
+    return True
+
+
+def _lp_normalization(g, node, attrs, ctx) -> bool:
+    p, axis = int(attrs.get("p", 2)), int(attrs.get("axis", -1))
+    if p not in (1, 2):
+        return False
+    hint = _hint(node, "lpnorm")
+    axes = g.const(f"{hint}_axes", np.array([axis], np.int64))
+    x = node.input[0]
+    norm = g.op("ReduceL2" if p == 2 else "ReduceL1", [x, axes], hint, keepdims=1)
+    g.op("Div", [x, norm], hint, output=node.output[0])
+    return True
+
+
+def _reverse_sequence(g, node, attrs, ctx) -> bool:
+    shape = ctx.known.get(node.input[0])
+    lens = ctx.constants.get(node.input[1])
+    if shape is None or lens is None:
+        return False
+    b_axis, t_axis = int(attrs.get("batch_axis", 1)), int(attrs.get("time_axis", 0))
+    lens = np.asarray(lens).reshape(-1).astype(np.int64)
+    t = np.arange(shape[t_axis])[:, None]
+    src = np.where(t < lens[None, :], lens[None, :] - 1 - t, t)  # [time, batch]
+    view = [1] * len(shape)
+    view[t_axis], view[b_axis] = shape[t_axis], shape[b_axis]
+    order = [t_axis, b_axis] if t_axis < b_axis else [b_axis, t_axis]
+    src = src if order[0] == t_axis else src.T
+    index = np.broadcast_to(src.reshape(view), shape).astype(np.int64)
+    hint = _hint(node, "reverse")
+    g.op("GatherElements", [node.input[0], g.const(f"{hint}_idx", index)], hint, output=node.output[0], axis=t_axis)
+    return True
+
+
+def _center_crop_pad(g, node, attrs, ctx) -> bool:
+    shape = ctx.known.get(node.input[0])
+    target = ctx.constants.get(node.input[1])
+    if shape is None or target is None:
+        return False
+    target = [int(v) for v in np.asarray(target).reshape(-1)]
+    axes = [int(a) % len(shape) for a in attrs.get("axes", range(len(shape)))]
+    hint = _hint(node, "ccp")
+    x = node.input[0]
+    starts, ends, slice_axes = [], [], []
+    pads = [0] * (2 * len(shape))
+    for axis, want in zip(axes, target, strict=True):
+        have = shape[axis]
+        if want < have:
+            start = (have - want) // 2
+            starts, ends, slice_axes = [*starts, start], [*ends, start + want], [*slice_axes, axis]
+        elif want > have:
+            pads[axis] = (want - have) // 2
+            pads[axis + len(shape)] = want - have - pads[axis]
+    out = node.output[0]
+    if slice_axes:
+        arrays = (np.array(v, np.int64) for v in (starts, ends, slice_axes))
+        inputs = [g.const(f"{hint}_{k}", a) for k, a in zip(("starts", "ends", "axes"), arrays, strict=True)]
+        x = g.op("Slice", [x, *inputs], hint, output=None if any(pads) else out)
+    if any(pads) or not slice_axes:
+        g.op("Pad", [x, g.const(f"{hint}_pads", np.array(pads, np.int64))], hint, output=out)
+    return True
+
+
+def _dft(g, node, attrs, ctx) -> bool:
+    shape = ctx.known.get(node.input[0])
+    if shape is None or len(shape) < 3 or shape[-1] not in (1, 2):
+        return False
+    axis = attrs.get("axis", 1)
+    if len(node.input) > 2 and node.input[2]:  # opset 20: the axis is an input
+        given = ctx.constants.get(node.input[2])
+        if given is None:
+            return False
+        axis = int(np.asarray(given).reshape(-1)[0])
+    axis = int(axis) % len(shape)
+    if axis == len(shape) - 1:
+        return False
+    n = shape[axis]
+    if len(node.input) > 1 and node.input[1]:
+        length = ctx.constants.get(node.input[1])
+        if length is None:
+            return False
+        n = int(np.asarray(length).reshape(-1)[0])
+    inverse, onesided = bool(attrs.get("inverse", 0)), bool(attrs.get("onesided", 0))
+    have = shape[axis]
+    k = n // 2 + 1 if onesided else n
+    # Y[k] = sum_m x[m] exp(-+2 pi i k m / n) (/ n when inverse), over the first min(n, have) samples
+    m = np.arange(min(n, have))[:, None]
+    angle = 2 * np.pi * m * np.arange(k)[None, :] / n
+    sign = 1.0 if inverse else -1.0
+    scale = 1.0 / n if inverse else 1.0
+    cos, sin = np.cos(angle) * scale, sign * np.sin(angle) * scale
+    hint = _hint(node, "dft")
+    rank = len(shape)
+    perm = [d for d in range(rank - 1) if d != axis] + [axis, rank - 1]  # the signal axis next to re/im
+    x = g.op("Transpose", [node.input[0]], hint, perm=perm)
+    if have > n:
+        x = g.op(
+            "Slice",
+            [x, *(g.const(f"{hint}_{t}", np.array([v], np.int64)) for t, v in (("s", 0), ("e", n), ("a", rank - 2)))],
+            hint,
+        )
+    parts = []
+    for c in range(shape[-1]):
+        sel = g.const(f"{hint}_c{c}", np.array(c, np.int64))
+        parts.append(g.op("Gather", [x, sel], hint, axis=rank - 1))  # [..., samples]
+    c_cos, c_sin = (g.const(f"{hint}_{t}", v.astype(np.float32)) for t, v in (("cos", cos), ("sin", sin)))
+    re = g.op("MatMul", [parts[0], c_cos], hint)
+    im = g.op("MatMul", [parts[0], c_sin], hint)
+    if len(parts) == 2:  # (a + ib)(cos + i sin) = (a cos - b sin) + i (a sin + b cos)
+        re = g.op("Sub", [re, g.op("MatMul", [parts[1], c_sin], hint)], hint)
+        im = g.op("Add", [im, g.op("MatMul", [parts[1], c_cos], hint)], hint)
+    last = g.const(f"{hint}_last", np.array([-1], np.int64))
+    pair = g.op("Concat", [g.op("Unsqueeze", [re, last], hint), g.op("Unsqueeze", [im, last], hint)], hint, axis=-1)
+    back = [perm.index(d) for d in range(rank)]
+    g.op("Transpose", [pair], hint, output=node.output[0], perm=back)
+    return True
+
+
+_DECOMPOSITIONS = {
+    "Celu": _celu,
+    "LpNormalization": _lp_normalization,
+    "ReverseSequence": _reverse_sequence,
+    "CenterCropPad": _center_crop_pad,
+    "DFT": _dft,
+}
+
+
+class _Context:
+    def __init__(self, model, shapes) -> None:
+        self.constants = _constants(model)
+        pinned = _pinned(model, shapes or {})
+        self.known = pinned[1] if pinned else {}
+
+
+def _hint(node, default: str) -> str:
+    return (node.name or default).replace("/", "_")
+
+
+def decompose_unsupported(model, shapes: dict[str, tuple[int, ...]] | None = None):
+    """``(model, count)``: every node of the ops above that can be written with supported ops replaced."""
+    if not any(n.op_type in _DECOMPOSITIONS for n in model.graph.node):
         return model, 0
+    ctx = _Context(model, shapes)
     g = _NodeBuilder(model)
     count = 0
     for node in model.graph.node:
-        if node.op_type != "Celu":
+        rewrite = _DECOMPOSITIONS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if rewrite is not None and rewrite(g, node, _attrs(node), ctx):
+            count += 1
+        else:
             g.keep(node)
-            continue
-        alpha = float(_attrs(node).get("alpha", 1.0))
-        hint = (node.name or "celu").replace("/", "_")
-        a, zero, one = (g.const(f"{hint}_{k}", np.float32(v)) for k, v in (("alpha", alpha), ("zero", 0), ("one", 1)))
-        x = node.input[0]
-        expm1 = g.op("Sub", [g.op("Exp", [g.op("Div", [x, a], hint)], hint), one], hint)
-        negative = g.op("Min", [g.op("Mul", [expm1, a], hint), zero], hint)
-        g.op("Add", [g.op("Relu", [x], hint), negative], hint, output=node.output[0])
-        count += 1
     return g.model(model), count

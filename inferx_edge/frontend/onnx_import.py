@@ -77,7 +77,7 @@ def import_onnx(path: Path, overrides: dict[str, tuple[int, ...]]) -> ImportedMo
     model, _ = lower_fractional_resizes(model, shapes)  # sampled as ONNX does (TVM: by the size ratio)
     refuse_fractional_resize_scales(model, shapes)  # those left: cropping, antialiased downscaling
     model, _ = unroll_recurrent(model, shapes)  # LSTM / GRU / RNN: TVM has no converter
-    model, _ = decompose_unsupported(model)  # Celu: nor for this
+    model, _ = decompose_unsupported(model, shapes)  # Celu, LpNormalization, DFT...: nor for these
     missing = _unsupported_ops(model)
     if missing:
         detail = "; ".join(
