@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 import operator
 
+import numpy as np
+
 from inferx_edge.frontend.torch_converters import _dtype, _operand
 
 
@@ -151,8 +153,62 @@ def _running(largest: bool):
     return convert
 
 
+def _index_put(node, importer):
+    """``aten.index_put(x, indices, values, accumulate)`` with whole axes (None) around adjacent index
+    tensors (``F.fold``'s decomposition: ``[None, None, rows, cols]`` with accumulate). TVM's converter
+    reshaped every whole axis's arange to ``[d, 1, ...]`` at the same position, so two of them broadcast
+    against each other instead of spanning their own axes (F.fold came out wrong, silently). Here the
+    index space is torch's: leading whole axes, the broadcast index tensors, trailing whole axes.
+    Without accumulate: Relax's ``index_put`` with each index reshaped into its own place. With it:
+    the whole axes moved last and a ``scatter_nd`` add over the index tensors' tuples (its loop over
+    tuples is serial, so repeated indices add up; TVM's ``index_put`` adds in a parallel loop). Index
+    tensors separated by a whole axis are refused by name."""
+    from tvm import relax
+
+    from inferx_edge.errors import ModelError
+
+    x = importer.env[node.args[0]]
+    given = list(node.args[1])
+    values = importer.env[node.args[2]]
+    accumulate = bool(node.args[3]) if len(node.args) > 3 else bool(node.kwargs.get("accumulate", False))
+    shape = [int(d) for d in importer.shape_of(x)]
+    given += [None] * (len(shape) - len(given))
+    adv = [i for i, g in enumerate(given) if g is not None]
+    if not adv or adv != list(range(adv[0], adv[-1] + 1)):
+        raise ModelError("index_put with index tensors separated by whole axes: not supported")
+    op, bb = relax.op, importer.block_builder
+    ishapes = [[int(d) for d in importer.shape_of(importer.env[given[i]])] for i in adv]
+    n_adv, before, after = max(len(s) for s in ishapes), adv[0], len(shape) - 1 - adv[-1]
+    space = np.broadcast_shapes(*ishapes)
+    whole = [a for a in range(len(shape)) if a not in adv]
+    if accumulate:
+        # data [adv axes.., whole axes..]; indices [*space, len(adv)]; updates [*space, whole dims..]
+        perm = adv + whole
+        idx = [op.broadcast_to(op.astype(importer.env[given[a]], "int64"), list(space)) for a in adv]
+        stacked = bb.emit(op.concat([op.expand_dims(i, -1) for i in idx], axis=-1))
+        full = [shape[a] for a in range(before)] + list(space) + [shape[a] for a in range(adv[-1] + 1, len(shape))]
+        vperm = list(range(before, before + n_adv)) + list(range(before)) + list(range(before + n_adv, len(full)))
+        updates = bb.emit(op.permute_dims(op.broadcast_to(values, full), vperm))
+        scattered = bb.emit(op.scatter_nd(bb.emit(op.permute_dims(x, perm)), stacked, updates, "add"))
+        return bb.emit(op.permute_dims(scattered, [perm.index(a) for a in range(len(shape))]))
+    rank = before + n_adv + after
+    indices = []
+    for axis, g in enumerate(given):
+        if g is None:
+            pos = axis if axis < before else before + n_adv + (axis - adv[-1] - 1)
+            view = [1] * rank
+            view[pos] = shape[axis]
+            indices.append(relax.const(np.arange(shape[axis], dtype="int64").reshape(view), "int64"))
+        else:
+            ishape = ishapes[adv.index(axis)]
+            view = [1] * before + [1] * (n_adv - len(ishape)) + ishape + [1] * after
+            indices.append(bb.emit(op.reshape(op.astype(importer.env[g], "int64"), view)))
+    return bb.emit(op.index_put(x, relax.Tuple(indices), values, accumulate))
+
+
 #: aten op name (as TVM's translator keys them) -> converter
 EXTRA_OPS = {
+    "index_put.default": _index_put,
     "var_mean.correction": _var_mean,
     "adaptive_max_pool2d.default": _adaptive_max_pool2d,
     "hypot.default": _hypot,

@@ -94,3 +94,30 @@ def test_rrelu_in_training_mode_is_refused_by_name(tmp_path):
         pytest.skip(f"torch.export: {type(e).__name__}")
     with pytest.raises(ModelError, match="rrelu in training mode"):
         import_model(path, {})
+
+
+class Folds(torch.nn.Module):
+    def forward(self, x):
+        cols = x.reshape(2, 18, 16)
+        y = torch.zeros(2, 6, 3)
+        idx = torch.tensor([0, 2, 2, 5])
+        y[:, idx, :] += cols[:, :4, :3]  # repeated index 2: accumulates
+        z = torch.zeros(6, 4).index_put((torch.tensor([1, 1, 3]),), cols[0, :3, :4], accumulate=True)
+        w = torch.zeros(2, 6, 3)
+        w[:, torch.tensor([4, 1]), :] = cols[:, :2, :3]  # no accumulate: whole axes on both sides
+        return (
+            w,
+            torch.nn.functional.fold(cols, output_size=(6, 6), kernel_size=3),  # overlapping windows
+            torch.nn.functional.fold(cols[:, :8], output_size=(5, 5), kernel_size=2, stride=1, padding=0)[:, :, :4],
+            y,
+            z,
+        )
+
+
+def test_fold_and_accumulating_index_puts_match_torch(tmp_path):
+    """F.fold decomposes to index_put(accumulate) over [None, None, rows, cols]; TVM's converter put both
+    whole axes on one broadcast axis and the result was silently wrong (6.9 off). Whole axes before and
+    after the index tensors, repeated indices accumulating."""
+    got, want = _exported_built_and_run(tmp_path, Folds(), torch.randn(2 * 18 * 16))
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"output {i}")
