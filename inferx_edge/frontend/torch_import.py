@@ -10,6 +10,7 @@ from inferx_edge.frontend.shapes import resolve_shapes
 from inferx_edge.frontend.torch_converters import CONVERTERS
 from inferx_edge.frontend.torch_extra_ops import EXTRA_OPS
 from inferx_edge.frontend.torch_math_ops import MATH_OPS
+from inferx_edge.frontend.torch_window_ops import WINDOW_OPS
 
 
 def _cast_int_operands_of_float_arith(ep) -> int:
@@ -72,7 +73,7 @@ def import_exported_program(path: Path, overrides: dict[str, tuple[int, ...]]) -
         mod = from_exported_program(
             ep,
             keep_params_as_input=True,
-            custom_convert_map={**CONVERTERS, **EXTRA_OPS, **MATH_OPS},
+            custom_convert_map={**CONVERTERS, **EXTRA_OPS, **MATH_OPS, **WINDOW_OPS},
             run_ep_decomposition=False,
         )
     except Exception as exc:  # unsupported aten ops raise ValueError/AssertionError/KeyError...

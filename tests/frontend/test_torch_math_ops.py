@@ -121,3 +121,27 @@ def test_fold_and_accumulating_index_puts_match_torch(tmp_path):
     got, want = _exported_built_and_run(tmp_path, Folds(), torch.randn(2 * 18 * 16))
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"output {i}")
+
+
+class Windows(torch.nn.Module):
+    def forward(self, x):
+        f = torch.nn.functional
+        return (
+            f.interpolate(x, size=(3, 4), mode="bilinear", antialias=True),  # downscale both axes
+            f.interpolate(x, size=(5, 11), mode="bilinear", antialias=True),  # down and up
+            f.interpolate(x, size=(4, 3), mode="bicubic", antialias=True),
+            f.interpolate(x, scale_factor=0.4, mode="bilinear", antialias=True),  # torch's scale, not sizes
+            f.avg_pool2d(x, 2, divisor_override=3),
+            f.avg_pool2d(x, 3, stride=2, padding=1, divisor_override=5),
+            f.avg_pool2d(x, 3, stride=2, padding=1, ceil_mode=True, count_include_pad=False),  # no override
+            x.unfold(2, 3, 2),
+            x.unfold(-1, 2, 3),
+        )
+
+
+def test_antialiased_resizes_divisor_overrides_and_tensor_unfold_match_torch(tmp_path):
+    """TVM's translator ignored antialias (1.5 off) and divisor_override (0.33 off) without an error, and
+    did not know Tensor.unfold."""
+    got, want = _exported_built_and_run(tmp_path, Windows(), torch.randn(1, 2, 9, 8))
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"output {i}")
