@@ -42,6 +42,24 @@ def _cast_int_operands_of_float_arith(ep) -> int:
     return inserted
 
 
+def _bool_arith_as_logic(ep) -> int:
+    """Products and sums of boolean tensors (``torch.isclose``'s decomposition multiplies two masks) as
+    ``bitwise_and`` / ``bitwise_or``: TVM lowered a boolean multiply that failed to compile. Returns the
+    number of nodes changed."""
+    import torch
+
+    aten = torch.ops.aten
+    swap = {aten.mul.Tensor: aten.bitwise_and.Tensor, aten.add.Tensor: aten.bitwise_or.Tensor}
+    changed = 0
+    for node in ep.graph.nodes:
+        out = node.meta.get("val") if node.op == "call_function" and node.target in swap else None
+        operands = [a.meta.get("val") for a in node.args if isinstance(a, torch.fx.Node)] if out is not None else []
+        if len(operands) == 2 and all(isinstance(v, torch.Tensor) and v.dtype == torch.bool for v in [out, *operands]):
+            node.target = swap[node.target]
+            changed += 1
+    return changed
+
+
 def import_exported_program(path: Path, overrides: dict[str, tuple[int, ...]]) -> ImportedModel:
     try:
         import torch
@@ -70,6 +88,7 @@ def import_exported_program(path: Path, overrides: dict[str, tuple[int, ...]]) -
     try:
         ep = ep.run_decompositions()  # what the translator would run first (core ATen ops)
         _cast_int_operands_of_float_arith(ep)
+        _bool_arith_as_logic(ep)
         mod = from_exported_program(
             ep,
             keep_params_as_input=True,

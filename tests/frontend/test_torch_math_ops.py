@@ -145,3 +145,17 @@ def test_antialiased_resizes_divisor_overrides_and_tensor_unfold_match_torch(tmp
     got, want = _exported_built_and_run(tmp_path, Windows(), torch.randn(1, 2, 9, 8))
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"output {i}")
+
+
+class Close(torch.nn.Module):
+    def forward(self, x):
+        y = x + torch.where(x > 0, 1e-9, 1e-3)
+        return torch.isclose(x, y).float(), torch.isclose(x, y, rtol=0, atol=1e-6).float(), ((x > 0) * (x < 1)).float()
+
+
+def test_isclose_and_boolean_products_build(tmp_path):
+    """torch.isclose decomposes to a product of two boolean masks, which TVM lowered to code that did not
+    compile ("Check failed: ... kDLFloat"); boolean products and sums import as and / or."""
+    got, want = _exported_built_and_run(tmp_path, Close(), torch.randn(4, 7))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
