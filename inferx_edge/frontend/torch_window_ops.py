@@ -7,7 +7,8 @@ converted by the import (each matched against torch in ``tests/frontend/test_tor
   downscaling (1.5 off on a 9 x 8 -> 3 x 4 resize); here torch's separable filter as one constant
   interpolation matrix per axis (``Wh @ x @ Ww^T``).
 - ``Tensor.unfold(dim, size, step)`` (sliding windows as a new last axis): unsupported; here a gather of
-  the windows' positions."""
+  the windows' positions.
+- ``nn.ConvTranspose3d``: refused by TVM's translator; here Relax's ``conv3d_transpose``."""
 
 from __future__ import annotations
 
@@ -110,8 +111,33 @@ def _tensor_unfold(node, importer):
     return bb.emit(op.permute_dims(taken, perm))
 
 
+def _convolution(node, importer):
+    """``aten.convolution`` as TVM's translator converts it, plus the transposed 3-D case it refused
+    ("Unsupported transposed convolution dimensionality: 5"): Relax's ``conv3d_transpose``."""
+    x = importer.env[node.args[0]]
+    transposed = bool(node.args[6]) if len(node.args) > 6 else False
+    if not (transposed and len(importer.shape_of(x)) == 5):
+        return importer._convolution(node)
+    from tvm import relax
+
+    args = importer.retrieve_args(node)
+    weight, bias = args[1], args[2]
+    stride, padding, dilation, output_padding, groups = args[3], args[4], args[5], args[7], args[8]
+    bb = importer.block_builder
+    out = bb.emit(
+        relax.op.nn.conv3d_transpose(
+            x, weight, strides=stride, padding=padding, output_padding=output_padding, dilation=dilation,
+            groups=groups, data_layout="NCDHW", kernel_layout="IODHW",
+        )
+    )  # fmt: skip
+    if bias is None:
+        return out
+    return bb.emit(relax.op.add(out, relax.op.reshape(bias, (1, -1, 1, 1, 1))))
+
+
 #: aten op name (as TVM's translator keys them) -> converter
 WINDOW_OPS = {
+    "convolution.default": _convolution,
     "avg_pool2d.default": _avg_pool2d,
     "_upsample_bilinear2d_aa.default": _upsample_aa("bilinear"),
     "_upsample_bicubic2d_aa.default": _upsample_aa("bicubic"),
