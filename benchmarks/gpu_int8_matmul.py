@@ -105,9 +105,9 @@ def load_tile(spec, target, tile: str, depth: int = N):
     compile it (device compiler, CUDA source repairs; normal priority): the ``main`` function."""
     import tvm
 
-    from inferx_edge.tune.tiles import _compile_candidate
+    from inferx_edge.tune.tile_jobs import compile_candidate
 
-    path = _compile_candidate(workload(depth), tile, target, spec.name, None, False)
+    path = compile_candidate(workload(depth), tile, target, spec.name, None, False)
     if path is None:
         raise RuntimeError(f"the tile {tile} does not apply")
     return tvm.runtime.load_module(path)["main"]
@@ -159,10 +159,10 @@ def compile_tiles(spec, target, tiles: list[str]) -> list[tuple]:
 
     from tvm.support.popen_pool import PopenPoolExecutor
 
-    from inferx_edge.tune.tiles import _compile_candidate
+    from inferx_edge.tune.tile_jobs import compile_candidate
 
     pool = PopenPoolExecutor(max_workers=max(1, min(len(tiles), (os.cpu_count() or 2) - 1)), timeout=300)
-    futures = [pool.submit(_compile_candidate, workload(), t, target, spec.name, None) for t in tiles]
+    futures = [pool.submit(compile_candidate, workload(), t, target, spec.name, None) for t in tiles]
     built = []
     for fut in futures:
         try:

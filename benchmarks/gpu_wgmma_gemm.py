@@ -53,9 +53,11 @@ def compile_wgmma(shape, target: str, swap: bool = False):
 def compile_mma(m: int, n: int, k: int, tile: str, target: str):
     import tvm
 
-    from inferx_edge.tune.tiles import _compile_candidate
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.targets import get_target
+    from inferx_edge.tune.tile_jobs import compile_candidate
 
-    path = _compile_candidate(workload(m, n, k), tile, target, target, None, False)
+    path = compile_candidate(workload(m, n, k), tile, resolve_tvm_target(get_target(target)), target, None, False)
     if path is None:
         raise RuntimeError(f"the tile {tile} does not apply to {m}x{n}x{k}")
     return tvm.runtime.load_module(path)["main"]
