@@ -43,10 +43,10 @@ def _lp_normalization(g, node, attrs, ctx) -> bool:
 
 
 def _reverse_sequence(g, node, attrs, ctx) -> bool:
-    shape = ctx.known.get(node.input[0])
-    lens = ctx.constants.get(node.input[1])
-    if shape is None or lens is None:
+    known = ctx.shape_and_constant(node)
+    if known is None:
         return False
+    shape, lens = known
     b_axis, t_axis = int(attrs.get("batch_axis", 1)), int(attrs.get("time_axis", 0))
     lens = np.asarray(lens).reshape(-1).astype(np.int64)
     t = np.arange(shape[t_axis])[:, None]
@@ -62,10 +62,10 @@ def _reverse_sequence(g, node, attrs, ctx) -> bool:
 
 
 def _center_crop_pad(g, node, attrs, ctx) -> bool:
-    shape = ctx.known.get(node.input[0])
-    target = ctx.constants.get(node.input[1])
-    if shape is None or target is None:
+    known = ctx.shape_and_constant(node)
+    if known is None:
         return False
+    shape, target = known
     target = [int(v) for v in np.asarray(target).reshape(-1)]
     axes = [int(a) % len(shape) for a in attrs.get("axes", range(len(shape)))]
     hint = _hint(node, "ccp")
@@ -159,6 +159,12 @@ class _Context:
         self.constants = _constants(model)
         pinned = _pinned(model, shapes or {})
         self.known = pinned[1] if pinned else {}
+
+    def shape_and_constant(self, node):
+        """``(static shape of the node's first input, constant value of its second)``, or None."""
+        shape = self.known.get(node.input[0])
+        value = self.constants.get(node.input[1]) if len(node.input) > 1 else None
+        return None if shape is None or value is None else (shape, value)
 
 
 def _hint(node, default: str) -> str:
