@@ -5,6 +5,8 @@ specification defines them, each matched against onnxruntime in ``tests/frontend
 - ``LpNormalization``: ``x / ||x||_p`` along ``axis`` (p = 1 or 2);
 - ``ReverseSequence`` with constant ``sequence_lens``: a ``GatherElements`` with the reversed positions;
 - ``CenterCropPad`` with a constant ``shape``: a centred ``Slice`` and a centred zero ``Pad`` per axis;
+- ``Col2Im`` (2-D, constant image and block shapes): per kernel offset, the column block spread to the
+  stride, padded into place and summed;
 - ``DFT`` with a static length: products with constant cosine / sine matrices (forward or inverse,
   real or complex input, one-sided output, ``dft_length`` padding / truncation).
 
@@ -145,7 +147,59 @@ def _dft(g, node, attrs, ctx) -> bool:
     return True
 
 
+def _col2im(g, node, attrs, ctx) -> bool:
+    """2-D ``Col2Im``: each kernel offset's column block spread to its stride (zeros between), padded into
+    place in the padded image and summed; the pads cropped at the end."""
+    shape = ctx.known.get(node.input[0])
+    image, block = (ctx.constants.get(name) for name in node.input[1:3])
+    if shape is None or image is None or block is None or len(np.asarray(image).reshape(-1)) != 2:
+        return False
+    (h, w), (kh, kw) = (tuple(int(v) for v in np.asarray(a).reshape(-1)) for a in (image, block))
+    dh, dw = (int(v) for v in attrs.get("dilations", (1, 1)))
+    sh, sw = (int(v) for v in attrs.get("strides", (1, 1)))
+    ph0, pw0, ph1, pw1 = (int(v) for v in attrs.get("pads", (0, 0, 0, 0)))
+    hp, wp = h + ph0 + ph1, w + pw0 + pw1
+    oh, ow = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
+    n, c = shape[0], shape[1] // (kh * kw)
+    if shape[1] != c * kh * kw or shape[2] != oh * ow:
+        return False
+    hint = _hint(node, "col2im")
+
+    def i64(tag, values):
+        return g.const(f"{hint}_{tag}", np.array(values, np.int64))
+
+    cols = g.op("Reshape", [node.input[0], i64("view", [n, c, kh * kw, oh, ow])], hint)
+    terms = []
+    for ki in range(kh):
+        for kj in range(kw):
+            k = ki * kw + kj
+            v = g.op("Slice", [cols, i64("k0", [k]), i64("k1", [k + 1]), i64("kax", [2])], hint)
+            if sh > 1 or sw > 1:  # to [oh, sh, ow, sw] with zeros after each value, then flattened
+                v = g.op("Reshape", [v, i64("v6", [n, c, oh, 1, ow, 1])], hint)
+                v = g.op("Pad", [v, i64("spread", [0, 0, 0, 0, 0, 0, 0, 0, 0, sh - 1, 0, sw - 1])], hint)
+                v = g.op("Reshape", [v, i64("v4", [n, c, oh * sh, ow * sw])], hint)
+                v = g.op(
+                    "Slice",
+                    [v, i64("z", [0, 0]), i64("span", [(oh - 1) * sh + 1, (ow - 1) * sw + 1]), i64("hw", [2, 3])],
+                    hint,
+                )
+            else:
+                v = g.op("Reshape", [v, i64("v4", [n, c, oh, ow])], hint)
+            top, left = ki * dh, kj * dw
+            bottom, right = hp - top - ((oh - 1) * sh + 1), wp - left - ((ow - 1) * sw + 1)
+            terms.append(g.op("Pad", [v, i64("at", [0, 0, top, left, 0, 0, bottom, right])], hint))
+    total = terms[0] if len(terms) == 1 else g.op("Sum", terms, hint)
+    g.op(
+        "Slice",
+        [total, i64("c0", [ph0, pw0]), i64("c1", [ph0 + h, pw0 + w]), i64("cax", [2, 3])],
+        hint,
+        output=node.output[0],
+    )
+    return True
+
+
 _DECOMPOSITIONS = {
+    "Col2Im": _col2im,
     "Celu": _celu,
     "LpNormalization": _lp_normalization,
     "ReverseSequence": _reverse_sequence,

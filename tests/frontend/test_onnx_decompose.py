@@ -99,3 +99,21 @@ def test_a_node_with_a_runtime_value_is_still_named(tmp_path):
     path = _model(tmp_path, node, [5, 3, 2], [5, 3, 2], extra_inputs=[lens])
     with pytest.raises(ModelError, match="ReverseSequence"):
         import_model(path, {})
+
+
+@pytest.mark.parametrize(
+    "image, block, attrs",
+    [((5, 5), (2, 2), {}), ((6, 7), (3, 2), {"strides": [2, 1], "pads": [1, 0, 1, 1]}), ((7, 7), (2, 3), {"dilations": [2, 1], "strides": [1, 2]})],
+)  # fmt: skip
+def test_col2im(tmp_path, image, block, attrs):
+    (h, w), (kh, kw) = image, block
+    dh, dw = attrs.get("dilations", [1, 1])
+    sh, sw = attrs.get("strides", [1, 1])
+    ph0, pw0, ph1, pw1 = attrs.get("pads", [0, 0, 0, 0])
+    oh = (h + ph0 + ph1 - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + pw0 + pw1 - dw * (kw - 1) - 1) // sw + 1
+    shape = [2, 3 * kh * kw, oh * ow]
+    x = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
+    node = helper.make_node("Col2Im", ["x", "im", "bl"], ["y"], **attrs)
+    path = _model(tmp_path, node, shape, [2, 3, h, w], [_i64("im", list(image)), _i64("bl", list(block))])
+    _matches_onnxruntime(path, x)
