@@ -106,11 +106,20 @@ def search_tiles(
     from inferx_edge.compiler.compile import resolve_tvm_target
     from inferx_edge.compiler.cuda import MIN_INT8_DIM as MIN_DIM
     from inferx_edge.compiler.cuda import MIN_INT8_ROWS as MIN_ROWS
+    from inferx_edge.compiler.cuda.rules.wgmma_matmul import wgmma_takes
     from inferx_edge.compiler.cuda.tile_policy import deep_stages_on
     from inferx_edge.records import metaschedule as tdb
 
     target = resolve_tvm_target(spec)
     groups = tile_groups(mod)
+    on_wgmma = [g for g in groups if wgmma_takes(g.func, target)]
+    if on_wgmma:
+        log(f"      {len(on_wgmma)} kernel groups run on the wgmma GEMM (no tiles to search): skipped")
+        groups = [g for g in groups if g not in on_wgmma]
+        if not groups:
+            raise UsageError(
+                f"every tensor-core kernel of the model runs on the wgmma GEMM for {spec.name}; no tiles to search"
+            )
     if not groups:
         raise UsageError(
             f"the model has no int8 or fp16 tensor-core kernels for {spec.name} (GEMMs and convolutions "

@@ -228,3 +228,20 @@ def test_the_warp_program_computes_one_tile(bn):
             for i in range(regs):
                 got[wg * 64 + W.acc_row(w, lane, i), j * W.INSTR_N + W.acc_col(lane, i)] = acc[tx, j * regs + i]
     np.testing.assert_array_equal(got, a @ b.T)
+
+
+def test_the_tile_search_leaves_kernels_wgmma_takes(tmp_path, monkeypatch):
+    """With wgmma on for sm_90a, both dense kernels are the rule's (a searched tile would be ignored);
+    off, or for another arch, they are the tile search's."""
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.cuda.rules.wgmma_matmul import wgmma_takes
+    from inferx_edge.targets import get_target
+
+    _, _, mod = _int8_module(tmp_path)
+    kernels = _dense_kernels(mod)
+    h200, a100 = (resolve_tvm_target(get_target(t)) for t in ("h200", "a100"))
+    monkeypatch.setenv("INFERX_WGMMA", "1")
+    assert all(wgmma_takes(f, h200) for f in kernels.values())
+    assert not any(wgmma_takes(f, a100) for f in kernels.values())
+    monkeypatch.setenv("INFERX_WGMMA", "0")
+    assert not any(wgmma_takes(f, h200) for f in kernels.values())

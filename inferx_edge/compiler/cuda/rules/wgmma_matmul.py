@@ -13,6 +13,17 @@ def wgmma_target(target) -> bool:
     return target.kind.name == "cuda" and str(target.attrs.get("arch", "")) == "sm_90a" and sm_version(target) == 90
 
 
+def wgmma_takes(func, target) -> bool:
+    """Whether the rule below takes ``func`` for ``target`` (on, sm_90a, a dense layer it can rewrite):
+    the tile search leaves such kernels alone (a tile would be ignored)."""
+    from inferx_edge.compiler.cuda.device_compiler import CudaOptions
+    from inferx_edge.compiler.cuda.wgmma_epilogue import wgmma_kernel_for
+
+    if not wgmma_target(target) or not CudaOptions.from_env().wgmma:
+        return False
+    return wgmma_kernel_for(func)[0] is not None
+
+
 def wgmma_matmul_rule():
     from tvm.s_tir.dlight.base import ScheduleRule
 
