@@ -35,7 +35,7 @@ def workload(m: int, n: int, k: int):
     return te.create_prim_func([a, b, c]).with_attr("global_symbol", "main")
 
 
-def compile_wgmma(shape, target: str, swap: bool = False):
+def compile_wgmma(shape, target: str):
     import tvm
 
     from inferx_edge.compiler.compile import resolve_tvm_target
@@ -45,7 +45,7 @@ def compile_wgmma(shape, target: str, swap: bool = False):
 
     spec = get_target(target)
     tgt = resolve_tvm_target(spec)
-    func = gemm_kernel(shape, swap_offsets=swap).with_attr("global_symbol", "main")
+    func = gemm_kernel(shape).with_attr("global_symbol", "main")
     with device_compiler(spec, "cubin"), tgt:
         return tvm.compile(tvm.IRModule({"main": func}), target=tgt)["main"]
 
@@ -81,10 +81,10 @@ def run_shape(m: int, n: int, k: int, target: str, variants: list[dict], mma_til
     systems = {"cublaslt (torch._int_mm)": lambda: torch._int_mm(ta, tbt)}
     row = {"shape": [m, n, k], "gop": 2 * m * n * k / 1e9, "exact": {}, "compile_s": {}, "errors": {}}
     for v in variants:
-        label = f"wgmma bn{v['bn']} s{v['stages']}" + (" swapped offsets" if v["swap"] else "")
+        label = f"wgmma bn{v['bn']} s{v['stages']} inflight{v['inflight']} swizzle{v['swizzle']}"
         t0 = time.perf_counter()
         try:
-            f = compile_wgmma(GemmShape(m, n, k, bn=v["bn"], stages=v["stages"]), target, v["swap"])
+            f = compile_wgmma(GemmShape(m, n, k, **v), target)
         except Exception as e:  # noqa: BLE001 - recorded, the others still run
             row["errors"][label] = f"{type(e).__name__}: {e}"[:400]
             continue
@@ -131,13 +131,22 @@ def main() -> None:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in VIT_SHAPES))
-    p.add_argument("--variants", default="128:4,128:4:swap,256:3", help="wgmma tiles as BN:STAGES[:swap]")
+    p.add_argument(
+        "--variants",
+        default="128:4,128:4:i1,128:4:sw64,128:4:i1:sw64,256:3:i1:sw64",
+        help="wgmma tiles as BN:STAGES[:i1 (one group in flight)][:sw64 (64-byte swizzle)]",
+    )
     p.add_argument("--mma-tiles", default=",".join(MMA_TILES))
     p.add_argument("--target", default="h200")
     p.add_argument("--name", default="gpu_wgmma_gemm_h100")
     args = p.parse_args()
     variants = [
-        {"bn": int(x.split(":")[0]), "stages": int(x.split(":")[1]), "swap": x.endswith(":swap")}
+        {
+            "bn": int(x.split(":")[0]),
+            "stages": int(x.split(":")[1]),
+            "inflight": int(":i1" in x),
+            "swizzle": 64 if ":sw64" in x else 0,
+        }
         for x in args.variants.split(",")
     ]
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]

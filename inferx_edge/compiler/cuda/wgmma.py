@@ -39,6 +39,11 @@ class GemmShape:
     k: int
     bn: int = 128
     stages: int = 4
+    #: wgmma groups a warpgroup leaves in flight at the end of a stage (0: waits for all; 1: the next
+    #: stage's instructions issue while the last ones run, prefetching one stage less far)
+    inflight: int = 0
+    #: shared-memory layout of the operand tiles: 0 (canonical, no swizzle) or 64 (64-byte swizzle)
+    swizzle: int = 0
 
     def __post_init__(self) -> None:
         why = self.unsupported()
@@ -52,8 +57,10 @@ class GemmShape:
             return f"N={self.n} is not a multiple of the tile width {self.bn}"
         if self.k % BK:
             return f"K={self.k} is not a multiple of {BK}"
-        if self.stages < 2:
-            return "the pipeline needs at least 2 stages"
+        if self.inflight not in (0, 1) or self.stages < 2 + self.inflight:
+            return f"{self.inflight} groups in flight need at least {2 + self.inflight} stages"
+        if self.swizzle not in (0, 64):
+            return f"swizzle {self.swizzle}: valid are 0 and 64"
         return None
 
     @property
@@ -91,17 +98,27 @@ def element(buf, row, col):
     return buf[tuple(tirx.Cast(dtype, i) if dtype != "int32" else i for i in reversed(idx))]
 
 
-def core_offset(row, chunk, sbo: int):
-    """Byte offset of 16-byte ``chunk`` of tile row ``row`` in the no-swizzle K-major layout: core
-    matrices of 8 rows x 16 bytes, adjacent along K ``CORE`` bytes apart (LBO), along M/N ``sbo``."""
+def core_offset(row, chunk, sbo: int, swizzle: int = 0):
+    """Byte offset of 16-byte ``chunk`` of tile row ``row`` in the K-major layout. No swizzle: core
+    matrices of 8 rows x 16 bytes, adjacent along K ``CORE`` bytes apart (LBO), along M/N ``sbo``
+    (checked on an H100). 64-byte swizzle: 8-row atoms of 64-byte rows, ``sbo`` apart, the chunk index
+    XORed with address bits 7-8 (``(row % 8) // 2``), as CUTLASS's ``Swizzle<2, 4, 3>``."""
+    if swizzle == 64:
+        return row // 8 * sbo + row % 8 * 64 + (chunk ^ (row % 8 // 2)) * 16
     return row // 8 * sbo + chunk * CORE + row % 8 * 16
 
 
-def operand_start(block64, kk, sbo: int):
+def operand_start(block64, kk, sbo: int, swizzle: int = 0):
     """Byte offset (in a stage's A or B tile) where the descriptor of one instruction starts: rows
     ``64 block64 ..`` (a warpgroup's A rows, or an instruction's 128 B rows as two 64-row blocks),
-    K bytes ``32 kk ..`` (two core matrices per k32 step)."""
-    return block64 * 8 * sbo + kk * 2 * CORE
+    K bytes ``32 kk ..`` (two core matrices per k32 step; 32 bytes into the swizzled rows)."""
+    return block64 * 8 * sbo + kk * (32 if swizzle else 2 * CORE)
+
+
+def descriptor_strides(sbo: int, swizzle: int) -> tuple[int, int, int]:
+    """``(LBO, SBO, layout)`` as the matrix descriptor encodes them (bytes / 16; TVM's layout code:
+    0 none, 2 the 64-byte swizzle). A swizzled K-major operand whose K fits one atom has no LBO (1)."""
+    return (1, sbo >> 4, 2) if swizzle == 64 else (CORE >> 4, sbo >> 4, 0)
 
 
 def acc_row(w, lane, i):
@@ -114,10 +131,9 @@ def acc_col(lane, i):
     return i // 4 * 8 + lane % 4 * 2 + i % 2
 
 
-def gemm_body(shape: GemmShape, a, b, store: Store, swap_offsets: bool = False):
+def gemm_body(shape: GemmShape, a, b, store: Store):
     """The kernel's body: ``a`` and ``b`` are buffers whose data hold A as ``[m, k]`` and B as ``[n, k]``,
-    row-major (any shape: the kernel reads them through 2-D views); ``store`` writes each element.
-    ``swap_offsets`` exchanges the descriptors' two core-matrix strides (a layout check on devices)."""
+    row-major (any shape: the kernel reads them through 2-D views); ``store`` writes each element."""
     from tvm.script import tirx as T
 
     m, n, k, bn, stages = shape.m, shape.n, shape.k, shape.bn, shape.stages
@@ -126,7 +142,9 @@ def gemm_body(shape: GemmShape, a, b, store: Store, swap_offsets: bool = False):
     sbo = chunks * CORE  # bytes between 8-row groups of a tile
     stage_a = BM * BK
     stage_bytes = (BM + bn) * BK
-    lbo_f, sbo_f = (sbo >> 4, CORE >> 4) if swap_offsets else (CORE >> 4, sbo >> 4)
+    sw = shape.swizzle
+    lbo_f, sbo_f, layout = descriptor_strides(sbo, sw)
+    ahead = stages - 1 - shape.inflight  # stages prefetched ahead of the one computed
     n_instr = bn // INSTR_N
     regs = INSTR_N // 2  # accumulator registers per instruction and thread
     loads_a = BM * chunks // THREADS
@@ -142,7 +160,7 @@ def gemm_body(shape: GemmShape, a, b, store: Store, swap_offsets: bool = False):
             r = T.meta_var((i * THREADS + tx) // chunks)
             c = T.meta_var((i * THREADS + tx) % chunks)
             T.ptx.cp.async_.cg.shared.global_(
-                T.address_of(sm[slot * stage_bytes + core_offset(r, c, sbo)]),
+                T.address_of(sm[slot * stage_bytes + core_offset(r, c, sbo, sw)]),
                 T.address_of(element(a, T.min(bm * BM + r, m - 1), step * BK + c * 16)),
                 16,
                 T.if_then_else(bm * BM + r < m, T.uint32(16), T.uint32(0)),
@@ -151,7 +169,7 @@ def gemm_body(shape: GemmShape, a, b, store: Store, swap_offsets: bool = False):
             r = T.meta_var((i * THREADS + tx) // chunks)
             c = T.meta_var((i * THREADS + tx) % chunks)
             T.ptx.cp.async_.cg.shared.global_(
-                T.address_of(sm[slot * stage_bytes + stage_a + core_offset(r, c, sbo)]),
+                T.address_of(sm[slot * stage_bytes + stage_a + core_offset(r, c, sbo, sw)]),
                 T.address_of(element(b, bnn * bn + r, step * BK + c * 16)),
                 16,
                 T.uint32(16),
@@ -172,33 +190,36 @@ def gemm_body(shape: GemmShape, a, b, store: Store, swap_offsets: bool = False):
         lane = T.meta_var(tx % 32)
         for i in T.unroll(n_instr * regs):
             acc[i] = T.uint32(0)
-        for s in T.unroll(stages - 1):
+        for s in T.unroll(ahead):
             if s < kt:
                 load_stage(sm, s, s, tx, bm, bnn)
             T.ptx.cp.async_.commit_group()
         for step in range(kt):
-            T.ptx.cp.async_.wait_group(stages - 2)
+            T.ptx.cp.async_.wait_group(ahead - 1)
             T.ptx.fence.proxy.async_.shared__cta()
             T.tvm_storage_sync("shared")
             T.ptx.wgmma.fence.sync.aligned()
             for kk in T.unroll(BK // 32):
                 T.cuda.wgmma.encode_matrix_descriptor(
                     T.address_of(da[0]),
-                    T.address_of(sm[step % stages * stage_bytes + operand_start(wg, kk, sbo)]),
-                    lbo_f, sbo_f, 0,
+                    T.address_of(sm[step % stages * stage_bytes + operand_start(wg, kk, sbo, sw)]),
+                    lbo_f, sbo_f, layout,
                 )  # fmt: skip
                 for j in T.unroll(n_instr):
                     T.cuda.wgmma.encode_matrix_descriptor(
                         T.address_of(db[0]),
-                        T.address_of(sm[step % stages * stage_bytes + stage_a + operand_start(j * 2, kk, sbo)]),
-                        lbo_f, sbo_f, 0,
+                        T.address_of(sm[step % stages * stage_bytes + stage_a + operand_start(j * 2, kk, sbo, sw)]),
+                        lbo_f, sbo_f, layout,
                     )  # fmt: skip
                     mma(acc, j * regs, da[0], db[0])
             T.ptx.wgmma.commit_group.sync.aligned()
-            if step + stages - 1 < kt:
-                load_stage(sm, (step + stages - 1) % stages, step + stages - 1, tx, bm, bnn)
+            # the slot of step + ahead was last read by step - 1 - inflight: every warpgroup finished
+            # it before this stage's barrier (it waited for all but `inflight` groups)
+            if step + ahead < kt:
+                load_stage(sm, (step + ahead) % stages, step + ahead, tx, bm, bnn)
             T.ptx.cp.async_.commit_group()
-            T.ptx.wgmma.wait_group.sync.aligned(0)
+            T.ptx.wgmma.wait_group.sync.aligned(shape.inflight)
+        T.ptx.wgmma.wait_group.sync.aligned(0)
         for j in T.unroll(n_instr):
             for i in T.unroll(regs):
                 row = T.meta_var(bm * BM + wg * 64 + acc_row(w, lane, i))
@@ -209,7 +230,7 @@ def gemm_body(shape: GemmShape, a, b, store: Store, swap_offsets: bool = False):
     return gemm.body
 
 
-def gemm_kernel(shape: GemmShape, swap_offsets: bool = False):
+def gemm_kernel(shape: GemmShape):
     """The PrimFunc ``gemm(a[m, k] int8, b[n, k] int8, c[m, n] int32)``: the plain GEMM."""
     import tvm
     from tvm.script.ir_builder import tirx as IB
@@ -217,6 +238,6 @@ def gemm_kernel(shape: GemmShape, swap_offsets: bool = False):
     a = tvm.tirx.decl_buffer((shape.m, shape.k), "int8", name="a")
     b = tvm.tirx.decl_buffer((shape.n, shape.k), "int8", name="b")
     c = tvm.tirx.decl_buffer((shape.m, shape.n), "int32", name="c")
-    body = gemm_body(shape, a, b, lambda acc, row, col: IB.buffer_store(c, acc, [row, col]), swap_offsets)
+    body = gemm_body(shape, a, b, lambda acc, row, col: IB.buffer_store(c, acc, [row, col]))
     func = tvm.tirx.PrimFunc([a, b, c], body)
     return func.with_attrs({"tirx.noalias": True, "tirx.is_scheduled": True})

@@ -129,6 +129,23 @@ def test_the_rewritten_epilogue_computes_what_the_fused_kernel_computed(tmp_path
         np.testing.assert_array_equal(outs[1], outs[0], err_msg=name)
 
 
+def test_pipeline_and_layout_options_compile_and_are_checked():
+    """One group in flight needs a stage more; unknown swizzles are refused; every valid combination
+    generates a kernel for sm_90a (compiled in the sm_90a build test's pipeline)."""
+    from inferx_edge.compiler.cuda.wgmma import GemmShape, gemm_kernel
+
+    with pytest.raises(ValueError, match="need at least 3 stages"):
+        GemmShape(256, 256, 128, stages=2, inflight=1)
+    with pytest.raises(ValueError, match="valid are 0 and 64"):
+        GemmShape(256, 256, 128, swizzle=128)
+    for inflight in (0, 1):
+        for swizzle in (0, 64):
+            script = gemm_kernel(
+                GemmShape(200, 256, 192, bn=256, stages=3, inflight=inflight, swizzle=swizzle)
+            ).script()
+            assert '"wait_group", "sync", "aligned"' in script and "wgmma" in script
+
+
 def test_kernels_it_does_not_take_say_why(tmp_path):
     """A GEMM whose N is no multiple of the 128-wide tile, and a kernel with no int8 GEMM, are refused
     with the reason."""
@@ -181,21 +198,27 @@ def test_sm90a_builds_run_int8_dense_layers_on_wgmma_when_on(tmp_path, monkeypat
         assert set(rules.values()) == {want}, (target, rules)
 
 
-def _smem_operand(smem, start, rows, sbo):
+def _smem_operand(smem, start, rows, sbo, swizzle):
     """The ``rows x 32``-byte K-major operand of one wgmma instruction as PTX reads it from shared
-    memory through a no-swizzle descriptor: element (r, b) at start + (r // 8) SBO + (b // 16) LBO +
-    (r % 8) 16 + b % 16, LBO = one core matrix (128 bytes)."""
+    memory through a descriptor. No swizzle: element (r, b) at start + (r // 8) SBO + (b // 16) LBO +
+    (r % 8) 16 + b % 16, LBO = one core matrix (128 bytes). 64-byte swizzle: at start + (r // 8) SBO +
+    (r % 8) 64 + b, with address bits 7-8 XORed into bits 4-5 (the atom 512-byte aligned)."""
     from inferx_edge.compiler.cuda.wgmma import CORE
 
     r, b = np.meshgrid(np.arange(rows), np.arange(32), indexing="ij")
+    if swizzle == 64:
+        addr = start + r // 8 * sbo + r % 8 * 64 + b
+        return smem[addr ^ ((addr >> 7) & 3) << 4]
     return smem[start + r // 8 * sbo + b // 16 * CORE + r % 8 * 16 + b % 16]
 
 
-@pytest.mark.parametrize("bn", [128, 256])
-def test_the_warp_program_computes_one_tile(bn):
+@pytest.mark.parametrize("bn, swizzle", [(128, 0), (256, 0), (128, 64), (256, 64)])
+def test_the_warp_program_computes_one_tile(bn, swizzle):
     """One block's stage, emulated in numpy: the kernel's cp.async placement of each 16-byte chunk
     (core_offset), the descriptor start of each instruction (operand_start), wgmma's read of K-major
-    operands and its accumulator fragment (acc_row / acc_col) put back the tile of A @ B^T."""
+    operands (as the PTX ISA describes it, with and without the 64-byte swizzle) and its accumulator
+    fragment (acc_row / acc_col) put back the tile of A @ B^T. (No swizzle was also checked exactly on
+    an H100: gpu_wgmma_gemm_s72; the swizzled layout has not run on a GPU yet.)"""
     from inferx_edge.compiler.cuda import wgmma as W
 
     rng = np.random.default_rng(0)
@@ -207,15 +230,16 @@ def test_the_warp_program_computes_one_tile(bn):
     for tile, base, rows in ((a, 0, W.BM), (b, W.BM * W.BK, bn)):
         for chunk in range(rows * chunks):  # every thread's chunks, in any order
             r, c = divmod(chunk, chunks)
-            off = base + W.core_offset(r, c, sbo)
+            off = base + W.core_offset(r, c, sbo, swizzle)
             smem[off : off + 16] = tile[r, c * 16 : c * 16 + 16]
     regs = W.INSTR_N // 2
     acc = np.zeros((W.THREADS, bn // W.INSTR_N * regs), np.int64)
     for wg in range(W.WARPGROUPS):
         for kk in range(W.BK // 32):
-            op_a = _smem_operand(smem, W.operand_start(wg, kk, sbo), 64, sbo)
+            op_a = _smem_operand(smem, W.operand_start(wg, kk, sbo, swizzle), 64, sbo, swizzle)
             for j in range(bn // W.INSTR_N):
-                op_b = _smem_operand(smem, W.BM * W.BK + W.operand_start(j * 2, kk, sbo), W.INSTR_N, sbo)
+                start = W.BM * W.BK + W.operand_start(j * 2, kk, sbo, swizzle)
+                op_b = _smem_operand(smem, start, W.INSTR_N, sbo, swizzle)
                 d = op_a @ op_b.T  # the instruction's 64 x 128 product
                 for t in range(128):
                     w, lane = divmod(t, 32)
