@@ -8,7 +8,9 @@ specification defines them, each matched against onnxruntime in ``tests/frontend
 - ``Col2Im`` (2-D, constant image and block shapes): per kernel offset, the column block spread to the
   stride, padded into place and summed;
 - ``DFT`` with a static length: products with constant cosine / sine matrices (forward or inverse,
-  real or complex input, one-sided output, ``dft_length`` padding / truncation).
+  real or complex input, one-sided output, ``dft_length`` padding / truncation);
+- ``STFT`` with a constant frame step and window / frame length: gathered frames, windowed, the same
+  products.
 
 Shape-dependent ones need static shapes (ONNX shape inference on the pinned inputs); where a value they
 need is not constant or a shape not known, the node is left and the import names it as unsupported.
@@ -113,13 +115,6 @@ def _dft(g, node, attrs, ctx) -> bool:
         n = int(np.asarray(length).reshape(-1)[0])
     inverse, onesided = bool(attrs.get("inverse", 0)), bool(attrs.get("onesided", 0))
     have = shape[axis]
-    k = n // 2 + 1 if onesided else n
-    # Y[k] = sum_m x[m] exp(-+2 pi i k m / n) (/ n when inverse), over the first min(n, have) samples
-    m = np.arange(min(n, have))[:, None]
-    angle = 2 * np.pi * m * np.arange(k)[None, :] / n
-    sign = 1.0 if inverse else -1.0
-    scale = 1.0 / n if inverse else 1.0
-    cos, sin = np.cos(angle) * scale, sign * np.sin(angle) * scale
     hint = _hint(node, "dft")
     rank = len(shape)
     perm = [d for d in range(rank - 1) if d != axis] + [axis, rank - 1]  # the signal axis next to re/im
@@ -130,8 +125,25 @@ def _dft(g, node, attrs, ctx) -> bool:
             [x, *(g.const(f"{hint}_{t}", np.array([v], np.int64)) for t, v in (("s", 0), ("e", n), ("a", rank - 2)))],
             hint,
         )
+    pair = _dft_pairs(g, x, rank, shape[-1], n, min(n, have), inverse, onesided, hint)
+    back = [perm.index(d) for d in range(rank)]
+    g.op("Transpose", [pair], hint, output=node.output[0], perm=back)
+    return True
+
+
+def _dft_pairs(g, x, rank, channels, n, samples, inverse, onesided, hint, output=None):
+    """The DFT of ``x`` (rank ``rank``: the signal along axis -2, ``samples`` of a length-``n``
+    transform, zero-padded beyond; real or (re, im) along axis -1) as ``[..., bins, 2]``:
+    ``Y[k] = sum_m x[m] exp(-+2 pi i k m / n)`` (``/ n`` when inverse), as products with constant
+    cosine and sine matrices."""
+    k = n // 2 + 1 if onesided else n
+    m = np.arange(samples)[:, None]
+    angle = 2 * np.pi * m * np.arange(k)[None, :] / n
+    sign = 1.0 if inverse else -1.0
+    scale = 1.0 / n if inverse else 1.0
+    cos, sin = np.cos(angle) * scale, sign * np.sin(angle) * scale
     parts = []
-    for c in range(shape[-1]):
+    for c in range(channels):
         sel = g.const(f"{hint}_c{c}", np.array(c, np.int64))
         parts.append(g.op("Gather", [x, sel], hint, axis=rank - 1))  # [..., samples]
     c_cos, c_sin = (g.const(f"{hint}_{t}", v.astype(np.float32)) for t, v in (("cos", cos), ("sin", sin)))
@@ -141,9 +153,35 @@ def _dft(g, node, attrs, ctx) -> bool:
         re = g.op("Sub", [re, g.op("MatMul", [parts[1], c_sin], hint)], hint)
         im = g.op("Add", [im, g.op("MatMul", [parts[1], c_cos], hint)], hint)
     last = g.const(f"{hint}_last", np.array([-1], np.int64))
-    pair = g.op("Concat", [g.op("Unsqueeze", [re, last], hint), g.op("Unsqueeze", [im, last], hint)], hint, axis=-1)
-    back = [perm.index(d) for d in range(rank)]
-    g.op("Transpose", [pair], hint, output=node.output[0], perm=back)
+    halves = [g.op("Unsqueeze", [re, last], hint), g.op("Unsqueeze", [im, last], hint)]
+    return g.op("Concat", halves, hint, output=output, axis=-1)
+
+
+def _stft(g, node, attrs, ctx) -> bool:
+    """``STFT`` with a constant frame step and window / frame length: the frames gathered
+    ([batch, frames, frame_length, re/im]), windowed, and transformed as :func:`_dft_pairs`."""
+    shape = ctx.known.get(node.input[0])
+    inputs = list(node.input) + [""] * (4 - len(node.input))
+    step = ctx.constants.get(inputs[1])
+    window = ctx.constants.get(inputs[2]) if inputs[2] else None
+    length = ctx.constants.get(inputs[3]) if inputs[3] else None
+    if shape is None or len(shape) != 3 or shape[-1] not in (1, 2) or step is None:
+        return False
+    if (inputs[2] and window is None) or (inputs[3] and length is None) or (window is None and length is None):
+        return False
+    frame = int(np.asarray(length).reshape(-1)[0]) if length is not None else int(np.asarray(window).size)
+    step = int(np.asarray(step).reshape(-1)[0])
+    frames = (shape[1] - frame) // step + 1
+    if frames < 1:
+        return False
+    hint = _hint(node, "stft")
+    index = np.arange(frames)[:, None] * step + np.arange(frame)[None, :]
+    x = g.op("Gather", [node.input[0], g.const(f"{hint}_frames", index.astype(np.int64))], hint, axis=1)
+    if window is not None:
+        w = np.asarray(window, np.float32).reshape(1, 1, frame, 1)
+        x = g.op("Mul", [x, g.const(f"{hint}_window", w)], hint)
+    onesided = bool(attrs.get("onesided", 1))
+    _dft_pairs(g, x, 4, shape[-1], frame, frame, False, onesided, hint, output=node.output[0])
     return True
 
 
@@ -205,6 +243,7 @@ _DECOMPOSITIONS = {
     "ReverseSequence": _reverse_sequence,
     "CenterCropPad": _center_crop_pad,
     "DFT": _dft,
+    "STFT": _stft,
 }
 
 

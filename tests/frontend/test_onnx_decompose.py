@@ -117,3 +117,22 @@ def test_col2im(tmp_path, image, block, attrs):
     node = helper.make_node("Col2Im", ["x", "im", "bl"], ["y"], **attrs)
     path = _model(tmp_path, node, shape, [2, 3, h, w], [_i64("im", list(image)), _i64("bl", list(block))])
     _matches_onnxruntime(path, x)
+
+
+@pytest.mark.parametrize("window, frame, onesided", [("hann", None, 1), (None, 8, 1), ("hann", 16, 0)])
+def test_stft(tmp_path, window, frame, onesided):
+    shape = [2, 50, 1]
+    x = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+    n = frame or 16
+    frames = (50 - n) // 6 + 1
+    inits = [_i64("step", 6)]
+    inputs = ["x", "step", "", ""]
+    if window:
+        inits.append(numpy_helper.from_array(np.hanning(n).astype(np.float32), "w"))
+        inputs[2] = "w"
+    if frame:
+        inits.append(_i64("len", frame))
+        inputs[3] = "len"
+    node = helper.make_node("STFT", inputs, ["y"], onesided=onesided)
+    out = [2, frames, n // 2 + 1 if onesided else n, 2]
+    _matches_onnxruntime(_model(tmp_path, node, shape, out, inits, opset=17), x, rtol=1e-4, atol=1e-4)
