@@ -2,7 +2,7 @@
 modules exported with torch.export, built for this CPU and compared with torch; single-node ONNX
 models with non-default attributes, imported, run and compared with onnxruntime. TVM's translators have
 converted ops with wrong values and no error (F.fold, avg_pool2d divisor_override, antialiased resizes:
-fixed in the frontend); this guards the rest, e.g. across a TVM upgrade. Slow (~4 min on 2 cores)."""
+fixed in the frontend); this guards the rest, e.g. across a TVM upgrade. Slow (~80 s on 2 cores)."""
 
 from __future__ import annotations
 
