@@ -5,6 +5,7 @@ specification defines them, each matched against onnxruntime in ``tests/frontend
 - ``LpNormalization``: ``x / ||x||_p`` along ``axis`` (p = 1 or 2);
 - ``ReverseSequence`` with constant ``sequence_lens``: a ``GatherElements`` with the reversed positions;
 - ``CenterCropPad`` with a constant ``shape``: a centred ``Slice`` and a centred zero ``Pad`` per axis;
+- ``Det`` of 1x1 to 3x3 matrices: cofactor expansion;
 - ``Col2Im`` (2-D, constant image and block shapes): per kernel offset, the column block spread to the
   stride, padded into place and summed;
 - ``DFT`` with a static length: products with constant cosine / sine matrices (forward or inverse,
@@ -236,7 +237,44 @@ def _col2im(g, node, attrs, ctx) -> bool:
     return True
 
 
+def _det(g, node, attrs, ctx) -> bool:
+    """``Det`` of 1x1, 2x2 and 3x3 matrices by cofactor expansion (larger ones need pivoting: left)."""
+    shape = ctx.known.get(node.input[0])
+    if shape is None or len(shape) < 2 or shape[-1] != shape[-2] or shape[-1] > 3:
+        return False
+    n, hint = shape[-1], _hint(node, "det")
+    rank = len(shape)
+
+    def at(i, j):
+        row = g.op("Gather", [node.input[0], g.const(f"{hint}_r{i}", np.array(i, np.int64))], hint, axis=rank - 2)
+        return g.op("Gather", [row, g.const(f"{hint}_c{j}", np.array(j, np.int64))], hint, axis=rank - 2)
+
+    e = [[at(i, j) for j in range(n)] for i in range(n)]
+
+    def mul(*xs):
+        out = xs[0]
+        for x in xs[1:]:
+            out = g.op("Mul", [out, x], hint)
+        return out
+
+    out = node.output[0]
+    if n == 1:
+        g.op("Identity", [e[0][0]], hint, output=out)
+    elif n == 2:
+        g.op("Sub", [mul(e[0][0], e[1][1]), mul(e[0][1], e[1][0])], hint, output=out)
+    else:
+        terms = []
+        for j in range(3):
+            minor = g.op(
+                "Sub", [mul(e[1][(j + 1) % 3], e[2][(j + 2) % 3]), mul(e[1][(j + 2) % 3], e[2][(j + 1) % 3])], hint
+            )
+            terms.append(mul(e[0][j], minor))
+        g.op("Sum", terms, hint, output=out)
+    return True
+
+
 _DECOMPOSITIONS = {
+    "Det": _det,
     "Col2Im": _col2im,
     "Celu": _celu,
     "LpNormalization": _lp_normalization,

@@ -136,3 +136,18 @@ def test_stft(tmp_path, window, frame, onesided):
     node = helper.make_node("STFT", inputs, ["y"], onesided=onesided)
     out = [2, frames, n // 2 + 1 if onesided else n, 2]
     _matches_onnxruntime(_model(tmp_path, node, shape, out, inits, opset=17), x, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_det(tmp_path, n):
+    x = np.random.default_rng(6).standard_normal((4, 2, n, n)).astype(np.float32)
+    node = helper.make_node("Det", ["x"], ["y"])
+    _matches_onnxruntime(_model(tmp_path, node, x.shape, [4, 2]), x)
+
+
+def test_det_of_larger_matrices_is_still_named(tmp_path):
+    from inferx_edge.frontend import import_model
+
+    node = helper.make_node("Det", ["x"], ["y"])
+    with pytest.raises(ModelError, match="Det"):
+        import_model(_model(tmp_path, node, [2, 4, 4], [2]), {})
