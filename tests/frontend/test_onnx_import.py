@@ -107,7 +107,7 @@ def test_unsupported_op_is_named(tmp_path):
     graph = helper.make_graph(
         [helper.make_node("Det", ["x"], ["d"], name="det_0"), helper.make_node("Relu", ["d"], ["y"])],
         "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 3])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
     )
     path = tmp_path / "det.onnx"
