@@ -227,7 +227,7 @@ def _col2im(g, node, attrs, ctx) -> bool:
             top, left = ki * dh, kj * dw
             bottom, right = hp - top - ((oh - 1) * sh + 1), wp - left - ((ow - 1) * sw + 1)
             terms.append(g.op("Pad", [v, i64("at", [0, 0, top, left, 0, 0, bottom, right])], hint))
-    total = terms[0] if len(terms) == 1 else g.op("Sum", terms, hint)
+    total = g.add_all(terms, hint)
     g.op(
         "Slice",
         [total, i64("c0", [ph0, pw0]), i64("c1", [ph0 + h, pw0 + w]), i64("cax", [2, 3])],
@@ -269,7 +269,7 @@ def _det(g, node, attrs, ctx) -> bool:
                 "Sub", [mul(e[1][(j + 1) % 3], e[2][(j + 2) % 3]), mul(e[1][(j + 2) % 3], e[2][(j + 1) % 3])], hint
             )
             terms.append(mul(e[0][j], minor))
-        g.op("Sum", terms, hint, output=out)
+        g.add_all(terms, hint, output=out)
     return True
 
 

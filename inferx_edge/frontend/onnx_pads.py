@@ -81,6 +81,16 @@ class _NodeBuilder:
         self.nodes.append(helper.make_node(op_type, inputs, [out], name=self.name(f"{hint}_{op_type}"), **attrs))
         return out
 
+    def add_all(self, terms: list[str], hint: str, output: str | None = None) -> str:
+        """``terms`` summed left to right by ``Add`` nodes, the last one writing ``output`` (TVM imports
+        a ``Sum`` node by stacking its inputs and reducing: a copy of every term); its output's name."""
+        if len(terms) == 1 and output:
+            return self.op("Identity", terms, hint, output=output)
+        total = terms[0]
+        for i, term in enumerate(terms[1:], 1):
+            total = self.op("Add", [total, term], hint, output=output if i == len(terms) - 1 else None)
+        return total
+
     def model(self, model):
         """A copy of ``model`` whose graph has the built nodes (in order) and the new initializers."""
         import onnx

@@ -54,6 +54,16 @@ def source_coordinates(transform: str, size: int, out: int, scale: float) -> np.
     return (x + f32(0.5)) / s - f32(0.5)  # half_pixel, pytorch_half_pixel
 
 
+def keys_near(d, a):
+    """Keys' cubic convolution kernel (coefficient ``a``) for ``|d| <= 1``."""
+    return ((a + 2) * d - (a + 3)) * d * d + 1
+
+
+def keys_far(d, a):
+    """Keys' cubic convolution kernel (coefficient ``a``) for ``1 < |d| < 2``."""
+    return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+
+
 def _taps(mode: str, attrs: dict, src: np.ndarray, size: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """``[(indices, weights)]`` along one axis whose weighted sum is the interpolation at ``src``:
     onnxruntime's linear (clamped coordinate, two neighbours, half and half on the edge) or the
@@ -71,13 +81,7 @@ def _taps(mode: str, attrs: dict, src: np.ndarray, size: int) -> list[tuple[np.n
     base = np.floor(src)
     t = (src - base).astype(f32)
 
-    def far(d):  # Keys' kernel for 1 < |d| < 2
-        return ((a * d - f32(5) * a) * d + f32(8) * a) * d - f32(4) * a
-
-    def near(d):  # |d| <= 1
-        return ((a + f32(2)) * d - (a + f32(3))) * d * d + f32(1)
-
-    weights = [far(t + f32(1)), near(t), near(f32(1) - t), far(f32(2) - t)]
+    weights = [keys_far(t + f32(1), a), keys_near(t, a), keys_near(f32(1) - t, a), keys_far(f32(2) - t, a)]
     indices = [base.astype(np.int64) + k for k in (-1, 0, 1, 2)]
     if attrs.get("exclude_outside"):
         weights = [np.where((i >= 0) & (i < size), w, f32(0)) for i, w in zip(indices, weights, strict=True)]
@@ -158,15 +162,7 @@ def lower_fractional_resizes(model, shapes: dict[str, tuple[int, ...]]):
                     )
                     for t, (idx, w) in enumerate(_taps(mode, attrs, src, size))
                 ]
-                x = terms[0]
-                for t, term in enumerate(terms[1:]):
-                    last = t == len(terms) - 2
-                    x = g.op(
-                        "Add",
-                        [x, term],
-                        f"{hint}_axis{axis}" if last else f"{hint}_s{t}",
-                        output=target if last else None,
-                    )
+                x = g.add_all(terms, f"{hint}_axis{axis}", output=target)
         count += 1
     if not count:
         return model, 0

@@ -89,18 +89,15 @@ def _scatter_add(node, importer):
     return bb.emit(relax.op.scatter_elements(x, index, src, axis=dim % len(ishape), reduction="add"))
 
 
-def _cdist(node, importer):
-    """``aten._cdist_forward(x1 [.., P, M], x2 [.., R, M], p, compute_mode)``: the p-norm distance of every
-    row pair, from the broadcast differences ([.., P, R, M]; torch's matrix-product shortcut for p = 2 on
-    long inputs rounds differently, by ~1e-6 relative)."""
+def cdist_values(importer, a, b, p: float, dtype: str):
+    """The p-norm distance of every row pair of ``a [.., P, M]`` and ``b [.., R, M]`` from the broadcast
+    differences ``[.., P, R, M]`` (torch's matrix-product shortcut for p = 2 on long inputs rounds
+    differently, by ~1e-6 relative)."""
     from tvm import relax
 
-    a, b = (importer.env[node.args[i]] for i in (0, 1))
-    p = float(node.args[2]) if len(node.args) > 2 else 2.0
     op, bb = relax.op, importer.block_builder
     d = op.abs(op.subtract(op.expand_dims(a, -2), op.expand_dims(b, -3)))
     if p == 0:
-        dtype = _dtype(node.args[0])
         return bb.emit(op.sum(op.astype(op.not_equal(d, relax.const(0.0, dtype)), dtype), axis=[-1]))
     if math.isinf(p):
         return bb.emit(op.max(d, axis=[-1]))
@@ -108,9 +105,28 @@ def _cdist(node, importer):
         return bb.emit(op.sum(d, axis=[-1]))
     if p == 2:
         return bb.emit(op.sqrt(op.sum(op.multiply(d, d), axis=[-1])))
-    dtype = _dtype(node.args[0])
     total = op.sum(op.power(d, relax.const(p, dtype)), axis=[-1])
     return bb.emit(op.power(total, relax.const(1.0 / p, dtype)))
+
+
+def _cdist(node, importer):
+    """``aten._cdist_forward(x1, x2, p, compute_mode)``: :func:`cdist_values`."""
+    a, b = (importer.env[node.args[i]] for i in (0, 1))
+    p = float(node.args[2]) if len(node.args) > 2 else 2.0
+    return cdist_values(importer, a, b, p, _dtype(node.args[0]))
+
+
+def shifted_along(t, dim: int, shape: list[int], step: int, fill, dtype: str):
+    """``t`` moved ``step`` places along ``dim`` (a log-step scan's earlier partner), the first ``step``
+    places filled with ``fill``."""
+    from tvm import relax
+
+    op = relax.op
+    head = list(shape)
+    head[dim] = step
+    body = op.strided_slice(t, axes=[dim], begin=[0], end=[shape[dim] - step])
+    filler = op.broadcast_to(relax.const(np.full([1] * len(shape), fill), dtype), head)
+    return op.concat([filler, body], axis=dim)
 
 
 def _running(largest: bool):
@@ -120,7 +136,6 @@ def _running(largest: bool):
     propagated as torch does."""
 
     def convert(node, importer):
-        import numpy as np
         from tvm import relax
 
         x = importer.env[node.args[0]]
@@ -136,15 +151,7 @@ def _running(largest: bool):
         idx = bb.emit(op.broadcast_to(relax.const(np.arange(length).reshape(view), "int64"), shape))
         vals, step = x, 1
         while step < length:
-            head = list(shape)
-            head[dim] = step
-
-            def shifted(t, fill, t_dtype, head=head, step=step):
-                body = op.strided_slice(t, axes=[dim], begin=[0], end=[length - step])
-                filler = op.broadcast_to(relax.const(np.full([1] * len(head), fill), t_dtype), head)
-                return op.concat([filler, body], axis=dim)
-
-            sv, si = shifted(vals, pad, dtype), shifted(idx, 0, "int64")
+            sv, si = shifted_along(vals, dim, shape, step, pad, dtype), shifted_along(idx, dim, shape, step, 0, "int64")
             later = op.greater_equal(vals, sv) if largest else op.less_equal(vals, sv)
             vals, idx = bb.emit(op.where(later, vals, sv)), bb.emit(op.where(later, idx, si))
             step *= 2

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from inferx_edge.frontend.torch_converters import _dtype, _operand
-from inferx_edge.frontend.torch_extra_ops import _cdist
+from inferx_edge.frontend.torch_extra_ops import cdist_values, shifted_along
 
 #: Giles' single-precision erfinv ("Approximating the erfinv function", GPU Computing Gems, 2011):
 #: p(w) for w = -log(1 - x^2) below 5 (in w - 2.5) and above (in sqrt(w) - 3), erfinv(x) ~ p x
@@ -46,8 +46,8 @@ class _Ops:
 
 def _unary(build):
     def convert(node, importer):
-        dtype = _dtype(node)
-        return _Ops(importer, dtype).emit(build(_Ops(importer, dtype), _operand(importer, node.args[0], dtype)))
+        o = _Ops(importer, _dtype(node))
+        return o.emit(build(o, _operand(importer, node.args[0], o.dtype)))
 
     return convert
 
@@ -87,11 +87,16 @@ def _pi_frac(o, x):
     return o.op.multiply(o.c(math.pi), o.op.subtract(x, o.op.round(x)))
 
 
+def _reflected(o, x):
+    """``(small, y)``: where ``x < 0.5`` (the reflection formulas' side) and ``1 - x`` there, else ``x``."""
+    small = o.emit(o.op.less(x, o.c(0.5)))
+    return small, o.emit(o.op.where(small, o.op.subtract(o.c(1.0), x), x))
+
+
 def _lgamma(o, x):
     # reflection below 0.5: lgamma(x) = log(pi / |sin(pi x)|) - lgamma(1 - x)
     op = o.op
-    small = o.emit(op.less(x, o.c(0.5)))
-    y = o.emit(op.where(small, op.subtract(o.c(1.0), x), x))
+    small, y = _reflected(o, x)
     base = o.emit(_lgamma_positive(o, y))
     reflected = op.subtract(op.log(op.divide(o.c(math.pi), op.abs(op.sin(_pi_frac(o, x))))), base)
     return op.where(small, reflected, base)
@@ -101,8 +106,7 @@ def _digamma(o, x):
     # digamma(x) = digamma(x + 8) - sum 1 / (x + i); asymptotic series at z = x + 8;
     # below 0.5 reflection: digamma(x) = digamma(1 - x) - pi / tan(pi x)
     op = o.op
-    small = o.emit(op.less(x, o.c(0.5)))
-    y = o.emit(op.where(small, op.subtract(o.c(1.0), x), x))
+    small, y = _reflected(o, x)
     z, terms = _shifted(o, y)
     inv2 = op.divide(o.c(1.0), op.multiply(z, z))
     # log z - 1/(2z) - 1/(12z^2) + 1/(120z^4) - 1/(252z^6) + 1/(240z^8)
@@ -150,10 +154,7 @@ def _logcumsumexp(node, importer):
     dim = int(node.args[1]) % len(shape)
     length, step = shape[dim], 1
     while step < length:
-        head = list(shape)
-        head[dim] = step
-        earlier = op.strided_slice(x, axes=[dim], begin=[0], end=[length - step])
-        earlier = o.emit(op.concat([op.broadcast_to(o.c(-np.inf), head), earlier], axis=dim))
+        earlier = o.emit(shifted_along(x, dim, shape, step, -np.inf, dtype))
         hi = o.emit(op.maximum(x, earlier))
         gap = op.negative(op.abs(op.subtract(x, earlier)))
         summed = op.add(hi, op.log(op.add(o.c(1.0), op.exp(gap))))
@@ -203,16 +204,10 @@ def _pdist(node, importer):
     x = importer.env[node.args[0]]
     n = int(importer.shape_of(x)[0])
     o = _Ops(importer, _dtype(node))
-    full = o.emit(o.op.reshape(_cdist_of(node, importer, x), [n * n]))
+    p = float(node.args[1]) if len(node.args) > 1 else 2.0
+    full = o.emit(o.op.reshape(cdist_values(importer, x, x, p, o.dtype), [n * n]))
     pairs = np.array([i * n + j for i in range(n) for j in range(i + 1, n)], np.int64)
     return o.emit(o.op.take(full, o.relax.const(pairs, "int64"), axis=0))
-
-
-def _cdist_of(node, importer, x):
-    class _Pair:  # _cdist reads (x1, x2, p) from an fx node's args
-        args = (node.args[0], node.args[0], node.args[1] if len(node.args) > 1 else 2.0)
-
-    return _cdist(_Pair, importer)
 
 
 def _rrelu_eval(node, importer):

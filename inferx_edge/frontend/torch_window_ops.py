@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from inferx_edge.frontend.onnx_resize import keys_far, keys_near
 from inferx_edge.frontend.torch_converters import _dtype
 
 
@@ -44,9 +45,7 @@ def _aa_filter(mode: str):
 
     def cubic(x, a=-0.5):
         x = np.abs(x)
-        near = ((a + 2) * x - (a + 3)) * x * x + 1
-        far = (((x - 5) * x + 8) * x - 4) * a
-        return np.where(x < 1, near, np.where(x < 2, far, 0.0))
+        return np.where(x < 1, keys_near(x, a), np.where(x < 2, keys_far(x, a), 0.0))
 
     return cubic
 

@@ -112,10 +112,10 @@ def search_tiles(
 
     target = resolve_tvm_target(spec)
     groups = tile_groups(mod)
-    on_wgmma = [g for g in groups if wgmma_takes(g.func, target)]
-    if on_wgmma:
-        log(f"      {len(on_wgmma)} kernel groups run on the wgmma GEMM (no tiles to search): skipped")
-        groups = [g for g in groups if g not in on_wgmma]
+    on_wgmma = [wgmma_takes(g.func, target) for g in groups]
+    if any(on_wgmma):
+        log(f"      {sum(on_wgmma)} kernel groups run on the wgmma GEMM (no tiles to search): skipped")
+        groups = [g for g, taken in zip(groups, on_wgmma, strict=True) if not taken]
         if not groups:
             raise UsageError(
                 f"every tensor-core kernel of the model runs on the wgmma GEMM for {spec.name}; no tiles to search"

@@ -4,15 +4,15 @@ epilogue of the kernel it replaces applied to the accumulators in registers.
 ``C[m, n] = epilogue(sum_k A[m, k] * B[n, k])``: A and B are int8 and K-major (a dense layer's
 activations and its ``[out, in]`` weight), the sum int32. A block of ``2 x 128`` threads (two
 warpgroups) owns a ``128 x bn`` output tile; it walks K in steps of 64 with a ``stages``-deep
-``cp.async`` pipeline into shared memory, where each 16-byte chunk lands in the canonical K-major
-"core matrix" layout (8 rows x 16 bytes, no swizzle) the wgmma descriptors name, so the copies are
-plain 16-byte ``cp.async`` and no ``ldmatrix`` is issued. Each warpgroup issues ``m64n{128}k32``
+``cp.async`` pipeline into shared memory, where each 16-byte chunk lands in the K-major layout the
+wgmma descriptors name (canonical "core matrices" of 8 rows x 16 bytes, or the 64-byte swizzle), so the
+copies are plain 16-byte ``cp.async`` and no ``ldmatrix`` is issued. Each warpgroup issues ``m64n{128}k32``
 instructions for its 64 rows; the accumulator of warp ``w`` holds rows ``16 w .. 16 w + 15`` in the
 ``mma.sync`` m16n8 layout, repeated over the tile's 8-column groups. Rows past M read clamped
 addresses with a zero source size (zero-filled) and are not written.
 
 The kernel is generated per shape, as a scheduled TIR function, like the fused attention kernel. How
-the tile's elements leave the kernel is a callable (:class:`Epilogue`) so the fused requantize / bias /
+the tile's elements leave the kernel is a callable (:data:`Store`) so the fused requantize / bias /
 activation / residual tail of a quantized dense layer writes its own outputs.
 """
 
@@ -51,6 +51,8 @@ class GemmShape:
             raise ValueError(f"wgmma int8 GEMM {self.m}x{self.n}x{self.k}: {why}")
 
     def unsupported(self) -> str | None:
+        if self.m < 1:
+            return "empty M"
         if self.bn % INSTR_N:
             return f"tile width {self.bn} is not a multiple of {INSTR_N}"
         if self.n % self.bn:
@@ -63,39 +65,28 @@ class GemmShape:
             return f"swizzle {self.swizzle}: valid are 0 and 64"
         return None
 
-    @property
-    def smem_bytes(self) -> int:
-        return self.stages * (BM + self.bn) * BK
-
-
-def supports(m: int, n: int, k: int, bn: int = 128) -> str | None:
-    """Why this kernel cannot run ``m x n x k`` (None when it can)."""
-    if m < 1:
-        return "empty M"
-    if n % bn or bn % INSTR_N:
-        return f"N={n} is not a multiple of {bn}"
-    if k % BK:
-        return f"K={k} is not a multiple of {BK}"
-    return None
-
 
 #: ``store(acc, row, col)`` emits (through TVMScript's IR builder) what becomes of the int32
 #: accumulator ``acc`` of output element ``(row, col)``; it runs only for ``row < m``.
 Store = Callable[..., None]
 
 
+def split_row(row, extents) -> list:
+    """The indices along row axes of ``extents`` (row-major) of flat row ``row``."""
+    idx, rest = [], row
+    for ext in reversed(extents[1:]):
+        idx.append(rest % ext)
+        rest = rest // ext
+    return [rest, *idx[::-1]]
+
+
 def element(buf, row, col):
     """The load of element ``(row, col)`` of ``buf`` viewed as a row-major matrix over its last axis."""
     from tvm import tirx
 
-    dims = [int(d) for d in buf.shape]
-    idx, rest = [col], row
-    for ext in reversed(dims[1:-1]):
-        idx.append(rest % ext)
-        rest = rest // ext
-    idx.append(rest)
+    idx = [*split_row(row, [int(d) for d in buf.shape[:-1]]), col]
     dtype = str(buf.shape[0].ty.dtype) if hasattr(buf.shape[0], "ty") else "int32"
-    return buf[tuple(tirx.Cast(dtype, i) if dtype != "int32" else i for i in reversed(idx))]
+    return buf[tuple(tirx.Cast(dtype, i) if dtype != "int32" else i for i in idx)]
 
 
 def core_offset(row, chunk, sbo: int, swizzle: int = 0):

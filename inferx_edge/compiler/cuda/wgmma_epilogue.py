@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from inferx_edge.compiler.cuda.wgmma import GemmShape, gemm_body, supports
+from inferx_edge.compiler.cuda.wgmma import GemmShape, gemm_body, split_row
 
 
 def _gemm_block(sch, block):
@@ -89,10 +89,6 @@ def _is_var(expr, var) -> bool:
 
 
 def _is_vars(exprs, want) -> bool:
-    from tvm import tirx
-
-    if want is None:
-        return all(isinstance(e, tirx.Var) for e in exprs)
     return len(exprs) == len(want) and all(_is_var(e, v) for e, v in zip(exprs, want, strict=True))
 
 
@@ -164,10 +160,10 @@ def wgmma_kernel_for(func, bn: int = 128, stages: int = 4, body=gemm_body):
         return None, "an operand is computed in the kernel"
     node = sch.get(blocks[0])
     row_extents = [_extent(node, v) for v in rows]
-    m, n, kk = math.prod(row_extents), _extent(node, j), _extent(node, k)
-    why = supports(m, n, kk, bn)
-    if why:
-        return None, why
+    try:
+        shape = GemmShape(math.prod(row_extents), _extent(node, j), _extent(node, k), bn=bn, stages=stages)
+    except ValueError as e:  # a shape the kernel does not take: the message says why
+        return None, str(e)
     try:
         for blk in blocks[1:-1]:
             sch.compute_inline(blk)
@@ -177,7 +173,7 @@ def wgmma_kernel_for(func, bn: int = 128, stages: int = 4, body=gemm_body):
     if len(blocks) > 2:
         return None, "more than one epilogue output"
     if len(blocks) == 2:
-        epi = _epilogue_store(sch, blocks[1], c, [*row_extents, n])
+        epi = _epilogue_store(sch, blocks[1], c, [*row_extents, shape.n])
         if isinstance(epi, str):
             return None, epi
         out, out_idx, value, ivars = epi
@@ -186,21 +182,13 @@ def wgmma_kernel_for(func, bn: int = 128, stages: int = 4, body=gemm_body):
     if not any(p.same_as(out) for p in params):
         return None, "the kernel's output is not a parameter"
 
-    def split_row(row):
-        # row-major position -> the row axes' indices
-        idx, rest = [], row
-        for ext in reversed(row_extents):
-            idx.append(rest % ext)
-            rest = rest // ext
-        return idx[::-1]
-
     def store(acc, row, col):
-        point = [*split_row(row), col]
+        point = [*split_row(row, row_extents), col]
         subst = [(v, tirx.Cast(_dt(v), p) if _dt(v) != _dt(p) else p) for v, p in zip(ivars, point, strict=True)]
         if value is None:
             IB.buffer_store(out, acc, [p for _, p in subst])
             return
         IB.buffer_store(out, _rewrite(value, subst, c, acc), [_rewrite(i, subst, c, acc) for i in out_idx])
 
-    new_body = body(GemmShape(m, n, kk, bn=bn, stages=stages), a, b, store)
+    new_body = body(shape, a, b, store)
     return func.with_body(new_body).with_attr("tirx.is_scheduled", True), ""

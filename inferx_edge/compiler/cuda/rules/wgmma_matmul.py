@@ -5,23 +5,29 @@ shapes the kernel does not take). ``CudaOptions.wgmma`` (env ``INFERX_WGMMA``) s
 
 from __future__ import annotations
 
-from inferx_edge.compiler.cuda.analysis import sm_version
-
 
 def wgmma_target(target) -> bool:
     """Whether ``target`` compiles for exactly sm_90a (wgmma is not in sm_90 or any later arch)."""
-    return target.kind.name == "cuda" and str(target.attrs.get("arch", "")) == "sm_90a" and sm_version(target) == 90
+    return target.kind.name == "cuda" and str(target.attrs.get("arch", "")) == "sm_90a"
 
 
-def wgmma_takes(func, target) -> bool:
-    """Whether the rule below takes ``func`` for ``target`` (on, sm_90a, a dense layer it can rewrite):
-    the tile search leaves such kernels alone (a tile would be ignored)."""
+def wgmma_kernel(func, target):
+    """The wgmma kernel the rule below puts in place of ``func`` for ``target``, or None (off, not
+    sm_90a, not a dense layer it can rewrite)."""
+    from tvm import tirx
+
     from inferx_edge.compiler.cuda.device_compiler import CudaOptions
     from inferx_edge.compiler.cuda.wgmma_epilogue import wgmma_kernel_for
 
-    if not wgmma_target(target) or not CudaOptions.from_env().wgmma:
-        return False
-    return wgmma_kernel_for(func)[0] is not None
+    if not isinstance(func, tirx.PrimFunc) or not wgmma_target(target) or not CudaOptions.from_env().wgmma:
+        return None
+    return wgmma_kernel_for(func)[0]
+
+
+def wgmma_takes(func, target) -> bool:
+    """Whether the rule below takes ``func`` for ``target``: the tile search leaves such kernels alone
+    (a tile would be ignored)."""
+    return wgmma_kernel(func, target) is not None
 
 
 def wgmma_matmul_rule():
@@ -29,14 +35,9 @@ def wgmma_matmul_rule():
 
     class WgmmaInt8Matmul(ScheduleRule):
         def apply(self, func, target, _tunable):
-            from tvm import s_tir, tirx
+            from tvm import s_tir
 
-            from inferx_edge.compiler.cuda.device_compiler import CudaOptions
-            from inferx_edge.compiler.cuda.wgmma_epilogue import wgmma_kernel_for
-
-            if not isinstance(func, tirx.PrimFunc) or not wgmma_target(target) or not CudaOptions.from_env().wgmma:
-                return None
-            kernel, _why = wgmma_kernel_for(func)
+            kernel = wgmma_kernel(func, target)
             return None if kernel is None else s_tir.Schedule(kernel)
 
         def apply_config(self, func, config):
