@@ -31,14 +31,14 @@ from benchmarks._record import RESULTS, gpu_driver, versions, write_record
 N = 4096
 
 
-def workload(depth: int = N):
-    """C[N, N] = A[N, depth] @ B[N, depth]^T in int8 -> int32."""
+def workload(depth: int = N, m: int = N, n: int = N):
+    """C[m, n] = A[m, depth] @ B[n, depth]^T in int8 -> int32."""
     from tvm import te
 
-    a = te.placeholder((N, depth), "int8", name="A")
-    b = te.placeholder((N, depth), "int8", name="B")  # row-major [N, K]: C = A @ B^T, as cuBLASLt's int8 path
+    a = te.placeholder((m, depth), "int8", name="A")
+    b = te.placeholder((n, depth), "int8", name="B")  # row-major [N, K]: C = A @ B^T, as cuBLASLt's int8 path
     k = te.reduce_axis((0, depth), name="k")
-    c = te.compute((N, N), lambda i, j: te.sum(a[i, k].astype("int32") * b[j, k].astype("int32"), axis=k), name="C")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, k].astype("int32") * b[j, k].astype("int32"), axis=k), name="C")
     return te.create_prim_func([a, b, c]).with_attr("global_symbol", "main")
 
 
@@ -84,18 +84,18 @@ def plot_curve(rec: dict, path: Path) -> None:
     plt.close()
 
 
-def operands(depth: int):
-    """Seeded random int8 A[N, depth] and B[N, depth] on the GPU for TVM and torch, a zeroed int32
-    C[N, N] for TVM, and torch's result: (a, b, c, ta, tb, ref)."""
+def operands(depth: int, m: int = N, n: int = N):
+    """Seeded random int8 A[m, depth] and B[n, depth] on the GPU for TVM and torch, a zeroed int32
+    C[m, n] for TVM, and torch's result: (a, b, c, ta, tb, ref)."""
     import torch
     import tvm
 
     rng = np.random.default_rng(0)
-    a_np = rng.integers(-128, 128, (N, depth), dtype=np.int8)
-    b_np = rng.integers(-128, 128, (N, depth), dtype=np.int8)
+    a_np = rng.integers(-128, 128, (m, depth), dtype=np.int8)
+    b_np = rng.integers(-128, 128, (n, depth), dtype=np.int8)
     dev = tvm.cuda(0)
     a, b = tvm.runtime.tensor(a_np, dev), tvm.runtime.tensor(b_np, dev)
-    c = tvm.runtime.tensor(np.zeros((N, N), np.int32), dev)
+    c = tvm.runtime.tensor(np.zeros((m, n), np.int32), dev)
     ta, tb = torch.from_numpy(a_np).cuda(), torch.from_numpy(b_np).cuda()
     return a, b, c, ta, tb, torch._int_mm(ta, tb.t())
 

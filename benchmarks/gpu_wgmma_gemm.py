@@ -16,23 +16,13 @@ import time
 import numpy as np
 
 from benchmarks._record import gpu_driver, versions, write_record
-from benchmarks.gpu_int8_matmul import time_cuda
+from benchmarks.gpu_int8_matmul import operands, time_cuda, workload
 
 #: a ViT-B/16 layer at batch 64 (64 x 197 tokens): QKV, attention out-projection, MLP in, MLP out
 VIT_SHAPES = ((12608, 2304, 768), (12608, 768, 768), (12608, 3072, 768), (12608, 768, 3072))
 #: the mma.sync tile an untuned ViT build picks (``--mma-tiles`` adds others, e.g. the tile search's
 #: fastest on its QKV GEMM, 2x2.2x4.k8.v16.a8.w16.mma)
 MMA_TILES = ("2x4.2x4.k8.v16.a8.w16.mma",)
-
-
-def workload(m: int, n: int, k: int):
-    from tvm import te
-
-    a = te.placeholder((m, k), "int8", name="A")
-    b = te.placeholder((n, k), "int8", name="B")
-    r = te.reduce_axis((0, k), name="k")
-    c = te.compute((m, n), lambda i, j: te.sum(a[i, r].astype("int32") * b[j, r].astype("int32"), axis=r), name="C")
-    return te.create_prim_func([a, b, c]).with_attr("global_symbol", "main")
 
 
 def compile_wgmma(shape, target: str):
@@ -57,7 +47,7 @@ def compile_mma(m: int, n: int, k: int, tile: str, target: str):
     from inferx_edge.targets import get_target
     from inferx_edge.tune.tile_jobs import compile_candidate
 
-    path = compile_candidate(workload(m, n, k), tile, resolve_tvm_target(get_target(target)), target, None, False)
+    path = compile_candidate(workload(k, m, n), tile, resolve_tvm_target(get_target(target)), target, None, False)
     if path is None:
         raise RuntimeError(f"the tile {tile} does not apply to {m}x{n}x{k}")
     return tvm.runtime.load_module(path)["main"]
@@ -65,37 +55,23 @@ def compile_mma(m: int, n: int, k: int, tile: str, target: str):
 
 def run_shape(m: int, n: int, k: int, target: str, variants: list[dict], mma_tiles, rounds: int = 2) -> dict:
     import torch
-    import tvm
 
     from inferx_edge.compiler.cuda.wgmma import GemmShape
 
-    rng = np.random.default_rng(0)
-    a_np = rng.integers(-128, 128, (m, k), dtype=np.int8)
-    b_np = rng.integers(-128, 128, (n, k), dtype=np.int8)
-    dev = tvm.cuda(0)
-    a, b = tvm.runtime.tensor(a_np, dev), tvm.runtime.tensor(b_np, dev)
-    c = tvm.runtime.tensor(np.zeros((m, n), np.int32), dev)
-    ta, tb = torch.from_numpy(a_np).cuda(), torch.from_numpy(b_np).cuda()
-    ref = torch._int_mm(ta, tb.t())
+    a, b, c, ta, tb, ref = operands(k, m, n)
     tbt = tb.t()
     systems = {"cublaslt (torch._int_mm)": lambda: torch._int_mm(ta, tbt)}
     row = {"shape": [m, n, k], "gop": 2 * m * n * k / 1e9, "exact": {}, "compile_s": {}, "errors": {}}
-    for v in variants:
-        label = f"wgmma bn{v['bn']} s{v['stages']} inflight{v['inflight']} swizzle{v['swizzle']}"
+    builds = [
+        (f"wgmma bn{v['bn']} s{v['stages']} inflight{v['inflight']} swizzle{v['swizzle']}",
+         lambda v=v: compile_wgmma(GemmShape(m, n, k, **v), target))
+        for v in variants
+    ] + [(f"mma.sync {tile}", lambda tile=tile: compile_mma(m, n, k, tile, target)) for tile in mma_tiles]  # fmt: skip
+    for label, build in builds:
         t0 = time.perf_counter()
         try:
-            f = compile_wgmma(GemmShape(m, n, k, **v), target)
+            f = build()
         except Exception as e:  # noqa: BLE001 - recorded, the others still run
-            row["errors"][label] = f"{type(e).__name__}: {e}"[:400]
-            continue
-        row["compile_s"][label] = round(time.perf_counter() - t0, 1)
-        systems[label] = lambda f=f: f(a, b, c)
-    for tile in mma_tiles:
-        label = f"mma.sync {tile}"
-        t0 = time.perf_counter()
-        try:
-            f = compile_mma(m, n, k, tile, target)
-        except Exception as e:  # noqa: BLE001
             row["errors"][label] = f"{type(e).__name__}: {e}"[:400]
             continue
         row["compile_s"][label] = round(time.perf_counter() - t0, 1)
