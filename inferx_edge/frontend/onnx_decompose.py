@@ -58,8 +58,7 @@ def _reverse_sequence(g, node, attrs, ctx) -> bool:
     src = np.where(t < lens[None, :], lens[None, :] - 1 - t, t)  # [time, batch]
     view = [1] * len(shape)
     view[t_axis], view[b_axis] = shape[t_axis], shape[b_axis]
-    order = [t_axis, b_axis] if t_axis < b_axis else [b_axis, t_axis]
-    src = src if order[0] == t_axis else src.T
+    src = src if t_axis < b_axis else src.T  # in the axes' order
     index = np.broadcast_to(src.reshape(view), shape).astype(np.int64)
     hint = _hint(node, "reverse")
     g.op("GatherElements", [node.input[0], g.const(f"{hint}_idx", index)], hint, output=node.output[0], axis=t_axis)
