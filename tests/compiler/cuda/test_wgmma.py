@@ -48,19 +48,15 @@ def _int8_module(tmp_path, target="h200"):
     from inferx_edge.compiler.compile import resolve_tvm_target
     from inferx_edge.compiler.variant import prepare_variant, variant_layout
     from inferx_edge.frontend import import_model
-    from inferx_edge.quantize.driver import QuantOptions, quantizer, resolve_plan
     from inferx_edge.targets import get_target
+    from tests.compiler.test_zoo_blocks import block_quantizer
 
     path, shape = _mlp(tmp_path)
     imported = import_model(path, {})
-    calib = tmp_path / "calib.npy"
-    np.save(calib, np.random.default_rng(1).standard_normal((8, *shape[1:])).astype(np.float32))
-    plan = resolve_plan(path, {}, imported, "int8", QuantOptions(calib=calib), log=lambda *a: None)
+    quantize = block_quantizer(tmp_path, path, imported, shape)
     spec = get_target(target)
     tvm_target = resolve_tvm_target(spec)
-    mod = prepare_variant(
-        imported, variant_layout(spec, "int8"), quantize=quantizer(plan, "int8"), target=tvm_target
-    ).mod
+    mod = prepare_variant(imported, variant_layout(spec, "int8"), quantize=quantize, target=tvm_target).mod
     return spec, tvm_target, mod
 
 
