@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Move the parts of the working tree a GPU-host run does not need (tests/, tuning_logs/,
-# benchmarks/results/) out of the repository and back. The tracked tree is ~5.2 MiB; with the 61 MiB
-# TVM bundle a remote GPU host that takes at most 64 MiB refuses it, parked it is ~2.2 MiB.
+# Move the parts of the working tree a GPU-host run does not need (tests/, tuning_logs/, docs/,
+# benchmarks/results/ and benchmarks/README.md) out of the repository and back. With the 61 MiB TVM
+# bundle a remote GPU host takes at most 64 MiB; parked, the tracked tree is ~2.4 MiB.
 #
 #   bash scripts/park_for_device.sh park      # before the remote run
 #   bash scripts/park_for_device.sh restore   # after it (copy new records in afterwards)
@@ -12,7 +12,7 @@
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 store=${INFERX_PARK_DIR:-/tmp/inferx_parked}
-dirs=(tests tuning_logs benchmarks/results)
+dirs=(tests tuning_logs docs benchmarks/results benchmarks/README.md)
 case "${1:-}" in
   park)
     [ -e "$store" ] && { echo "already parked in $store (restore first)" >&2; exit 1; }

@@ -30,10 +30,10 @@ def test_a_tree_parked_for_the_gpu_host_records_the_commit_it_was_parked_at(tmp_
     import subprocess
 
     repo = tmp_path / "repo"
-    for d in ("scripts", "benchmarks/results", "tests", "tuning_logs"):
+    for d in ("scripts", "benchmarks/results", "tests", "tuning_logs", "docs"):
         (repo / d).mkdir(parents=True)
     shutil.copy(ROOT / "scripts/park_for_device.sh", repo / "scripts")
-    for f in ("tests/t.py", "tuning_logs/db.json", "benchmarks/results/r.json"):
+    for f in ("tests/t.py", "tuning_logs/db.json", "benchmarks/results/r.json", "docs/d.md", "benchmarks/README.md"):
         (repo / f).write_text("x\n")
 
     def git(*args):
@@ -47,6 +47,7 @@ def test_a_tree_parked_for_the_gpu_host_records_the_commit_it_was_parked_at(tmp_
     subprocess.run([*script, "park"], cwd=repo, env=env, check=True, capture_output=True)
     parked = (repo / "benchmarks/results/.parked_commit").read_text().split()
     assert parked == [git("rev-parse", "HEAD"), "clean"] and not (repo / "tests").exists()
+    assert not (repo / "docs").exists() and not (repo / "benchmarks/README.md").exists()
     import benchmarks._record as record
 
     monkeypatch.setattr(record, "RESULTS", repo / "benchmarks/results")
