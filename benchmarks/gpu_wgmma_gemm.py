@@ -17,9 +17,16 @@ import numpy as np
 
 from benchmarks._record import gpu_driver, versions, write_record
 from benchmarks.gpu_int8_matmul import operands, time_cuda, workload
+from inferx_edge.compiler.cuda.wgmma import parse_tile
 
 #: a ViT-B/16 layer at batch 64 (64 x 197 tokens): QKV, attention out-projection, MLP in, MLP out
 VIT_SHAPES = ((12608, 2304, 768), (12608, 768, 768), (12608, 3072, 768), (12608, 768, 3072))
+#: wgmma tiles (``wgmma.parse_tile``): the one session 72 measured, a wgmma group left in flight,
+#: each swizzle, 128-byte stages, 256-wide tiles, deeper pipelines, and the fence's cost
+VARIANTS = (
+    "128:4", "128:4:i1", "128:4:i1:sw64", "128:6:i1:sw64", "256:4:i1:sw64", "128:3:i1:k128:sw128",
+    "128:4:i1:k128:sw128", "256:3:i1:k128:sw128", "128:4:i1:sw64:nf",
+)  # fmt: skip
 #: the mma.sync tile an untuned ViT build picks (``--mma-tiles`` adds others, e.g. the tile search's
 #: fastest on its QKV GEMM, 2x2.2x4.k8.v16.a8.w16.mma)
 MMA_TILES = ("2x4.2x4.k8.v16.a8.w16.mma",)
@@ -56,14 +63,14 @@ def compile_mma(m: int, n: int, k: int, tile: str, target: str):
 def run_shape(m: int, n: int, k: int, target: str, variants: list[dict], mma_tiles, rounds: int = 2) -> dict:
     import torch
 
-    from inferx_edge.compiler.cuda.wgmma import GemmShape
+    from inferx_edge.compiler.cuda.wgmma import GemmShape, tile_label
 
     a, b, c, ta, tb, ref = operands(k, m, n)
     tbt = tb.t()
     systems = {"cublaslt (torch._int_mm)": lambda: torch._int_mm(ta, tbt)}
     row = {"shape": [m, n, k], "gop": 2 * m * n * k / 1e9, "exact": {}, "compile_s": {}, "errors": {}}
     builds = [
-        (f"wgmma bn{v['bn']} s{v['stages']} inflight{v['inflight']} swizzle{v['swizzle']}",
+        (f"wgmma {tile_label(GemmShape(m, n, k, **v))}",
          lambda v=v: compile_wgmma(GemmShape(m, n, k, **v), target))
         for v in variants
     ] + [(f"mma.sync {tile}", lambda tile=tile: compile_mma(m, n, k, tile, target)) for tile in mma_tiles]  # fmt: skip
@@ -109,22 +116,15 @@ def main() -> None:
     p.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in VIT_SHAPES))
     p.add_argument(
         "--variants",
-        default="128:4,128:4:i1,128:4:sw64,128:4:i1:sw64,256:3:i1:sw64",
-        help="wgmma tiles as BN:STAGES[:i1 (one group in flight)][:sw64 (64-byte swizzle)]",
+        default=",".join(VARIANTS),
+        help="wgmma tiles as BN:STAGES[:i1 (one group in flight)][:k128 (128-byte stages)][:sw64|:sw128 (swizzle)]"
+        "[:nf (no proxy fence: what it costs; such a kernel may race)]",
     )
     p.add_argument("--mma-tiles", default=",".join(MMA_TILES))
     p.add_argument("--target", default="h200")
     p.add_argument("--name", default="gpu_wgmma_gemm_h100")
     args = p.parse_args()
-    variants = [
-        {
-            "bn": int(x.split(":")[0]),
-            "stages": int(x.split(":")[1]),
-            "inflight": int(":i1" in x),
-            "swizzle": 64 if ":sw64" in x else 0,
-        }
-        for x in args.variants.split(",")
-    ]
+    variants = [parse_tile(x) for x in args.variants.split(",")]
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     rows = []
     for m, n, k in shapes:

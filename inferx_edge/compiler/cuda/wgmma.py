@@ -3,9 +3,10 @@ epilogue of the kernel it replaces applied to the accumulators in registers.
 
 ``C[m, n] = epilogue(sum_k A[m, k] * B[n, k])``: A and B are int8 and K-major (a dense layer's
 activations and its ``[out, in]`` weight), the sum int32. A block of ``2 x 128`` threads (two
-warpgroups) owns a ``128 x bn`` output tile; it walks K in steps of 64 with a ``stages``-deep
-``cp.async`` pipeline into shared memory, where each 16-byte chunk lands in the K-major layout the
-wgmma descriptors name (canonical "core matrices" of 8 rows x 16 bytes, or the 64-byte swizzle), so the
+warpgroups) owns a ``128 x bn`` output tile; it walks K in steps of ``bk`` (64 or 128) with a
+``stages``-deep ``cp.async`` pipeline into shared memory, where each 16-byte chunk lands in the K-major
+layout the wgmma descriptors name (canonical "core matrices" of 8 rows x 16 bytes, or the swizzle whose
+rows are one stage's ``bk`` bytes), so the
 copies are plain 16-byte ``cp.async`` and no ``ldmatrix`` is issued. Each warpgroup issues ``m64n{128}k32``
 instructions for its 64 rows; the accumulator of warp ``w`` holds rows ``16 w .. 16 w + 15`` in the
 ``mma.sync`` m16n8 layout, repeated over the tile's 8-column groups. Rows past M read clamped
@@ -24,7 +25,10 @@ from dataclasses import dataclass
 WARPGROUPS = 2
 THREADS = 128 * WARPGROUPS
 BM = 64 * WARPGROUPS
-BK = 64  # bytes of K per pipeline stage (two k32 instructions)
+#: bytes of K per pipeline stage a tile may take (two or four k32 instructions)
+STAGE_BYTES = (64, 128)
+#: the swizzles' codes in the matrix descriptor (CUtensorMapSwizzle, as TVM's encoder takes them)
+SWIZZLE_CODE = {0: 0, 64: 2, 128: 3}
 CORE = 128  # bytes of one core matrix: 8 rows x 16 bytes
 #: widest N one wgmma instruction takes here (int8 instructions stop at n224; 128 divides the tiles)
 INSTR_N = 128
@@ -42,8 +46,15 @@ class GemmShape:
     #: wgmma groups a warpgroup leaves in flight at the end of a stage (0: waits for all; 1: the next
     #: stage's instructions issue while the last ones run, prefetching one stage less far)
     inflight: int = 0
-    #: shared-memory layout of the operand tiles: 0 (canonical, no swizzle) or 64 (64-byte swizzle)
+    #: shared-memory layout of the operand tiles: 0 (canonical, no swizzle) or ``bk`` (the swizzle as
+    #: wide as a stage's rows: 64 or 128 bytes)
     swizzle: int = 0
+    #: bytes of K per pipeline stage
+    bk: int = 64
+    #: order the cp.async writes of a stage before wgmma reads them (``fence.proxy.async``, as the PTX
+    #: memory model requires). False only to measure what the fence costs (``gpu_wgmma_gemm`` variants
+    #: with ``:nf``): a kernel without it may read a stage before its writes are visible.
+    proxy_fence: bool = True
 
     def __post_init__(self) -> None:
         why = self.unsupported()
@@ -57,13 +68,43 @@ class GemmShape:
             return f"tile width {self.bn} is not a multiple of {INSTR_N}"
         if self.n % self.bn:
             return f"N={self.n} is not a multiple of the tile width {self.bn}"
-        if self.k % BK:
-            return f"K={self.k} is not a multiple of {BK}"
+        if self.bk not in STAGE_BYTES:
+            return f"stage depth {self.bk}: valid are {', '.join(map(str, STAGE_BYTES))}"
+        if self.k % self.bk:
+            return f"K={self.k} is not a multiple of the stage depth {self.bk}"
         if self.inflight not in (0, 1) or self.stages < 2 + self.inflight:
             return f"{self.inflight} groups in flight need at least {2 + self.inflight} stages"
-        if self.swizzle not in (0, 64):
-            return f"swizzle {self.swizzle}: valid are 0 and 64"
+        if self.swizzle not in (0, self.bk):
+            return f"swizzle {self.swizzle}: valid are 0 and the stage depth {self.bk}"
         return None
+
+
+def parse_tile(spec: str) -> dict:
+    """:class:`GemmShape`'s tile fields from ``BN:STAGES[:i1][:k128][:sw64|:sw128][:nf]`` (one wgmma group
+    in flight, 128-byte stages, the swizzle, no proxy fence), e.g. ``"256:3:i1:k128:sw128"``."""
+    parts = spec.split(":")
+    if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
+        raise ValueError(f"wgmma tile {spec!r}: expected BN:STAGES[:i1][:k128][:sw64|:sw128]")
+    tile = {"bn": int(parts[0]), "stages": int(parts[1]), "inflight": 0, "swizzle": 0, "bk": 64, "proxy_fence": True}
+    for flag in parts[2:]:
+        if flag == "i1":
+            tile["inflight"] = 1
+        elif flag in ("k64", "k128"):
+            tile["bk"] = int(flag[1:])
+        elif flag in ("sw64", "sw128"):
+            tile["swizzle"] = int(flag[2:])
+        elif flag == "nf":
+            tile["proxy_fence"] = False
+        else:
+            raise ValueError(f"wgmma tile {spec!r}: unknown flag {flag!r} (valid: i1, k64, k128, sw64, sw128, nf)")
+    return tile
+
+
+def tile_label(shape: GemmShape) -> str:
+    """The :func:`parse_tile` spelling of ``shape``'s tile."""
+    flags = ["i1"] * shape.inflight + [f"k{shape.bk}"] + [f"sw{shape.swizzle}"] * bool(shape.swizzle)
+    flags += ["nf"] * (not shape.proxy_fence)
+    return ":".join([str(shape.bn), str(shape.stages), *flags])
 
 
 #: ``store(acc, row, col)`` emits (through TVMScript's IR builder) what becomes of the int32
@@ -92,10 +133,11 @@ def element(buf, row, col):
 def core_offset(row, chunk, sbo: int, swizzle: int = 0):
     """Byte offset of 16-byte ``chunk`` of tile row ``row`` in the K-major layout. No swizzle: core
     matrices of 8 rows x 16 bytes, adjacent along K ``CORE`` bytes apart (LBO), along M/N ``sbo``
-    (checked on an H100). 64-byte swizzle: 8-row atoms of 64-byte rows, ``sbo`` apart, the chunk index
-    XORed with address bits 7-8 (``(row % 8) // 2``), as CUTLASS's ``Swizzle<2, 4, 3>``."""
-    if swizzle == 64:
-        return row // 8 * sbo + row % 8 * 64 + (chunk ^ (row % 8 // 2)) * 16
+    (checked on an H100). Swizzled: 8-row atoms of ``swizzle``-byte rows, ``sbo`` apart, the chunk
+    index XORed with address bits 7-8 (64 bytes: ``(row % 8) // 2``, CUTLASS's ``Swizzle<2, 4, 3>``) or
+    7-9 (128 bytes: ``row % 8``, ``Swizzle<3, 4, 3>``)."""
+    if swizzle:
+        return row // 8 * sbo + row % 8 * swizzle + (chunk ^ (row % 8 // (128 // swizzle))) * 16
     return row // 8 * sbo + chunk * CORE + row % 8 * 16
 
 
@@ -107,9 +149,9 @@ def operand_start(block64, kk, sbo: int, swizzle: int = 0):
 
 
 def descriptor_strides(sbo: int, swizzle: int) -> tuple[int, int, int]:
-    """``(LBO, SBO, layout)`` as the matrix descriptor encodes them (bytes / 16; TVM's layout code:
-    0 none, 2 the 64-byte swizzle). A swizzled K-major operand whose K fits one atom has no LBO (1)."""
-    return (1, sbo >> 4, 2) if swizzle == 64 else (CORE >> 4, sbo >> 4, 0)
+    """``(LBO, SBO, layout)`` as the matrix descriptor encodes them (bytes / 16; the layout as
+    :data:`SWIZZLE_CODE`). A swizzled K-major operand whose K fits one atom has no LBO (1)."""
+    return (1 if swizzle else CORE >> 4, sbo >> 4, SWIZZLE_CODE[swizzle])
 
 
 def acc_row(w, lane, i):
@@ -127,12 +169,12 @@ def gemm_body(shape: GemmShape, a, b, store: Store):
     row-major (any shape: the kernel reads them through 2-D views); ``store`` writes each element."""
     from tvm.script import tirx as T
 
-    m, n, k, bn, stages = shape.m, shape.n, shape.k, shape.bn, shape.stages
-    n_m, n_n, kt = -(-m // BM), n // bn, k // BK
-    chunks = BK // 16
-    sbo = chunks * CORE  # bytes between 8-row groups of a tile
-    stage_a = BM * BK
-    stage_bytes = (BM + bn) * BK
+    m, n, k, bn, bk, stages = shape.m, shape.n, shape.k, shape.bn, shape.bk, shape.stages
+    n_m, n_n, kt = -(-m // BM), n // bn, k // bk
+    chunks = bk // 16
+    sbo = chunks * CORE  # bytes between 8-row groups of a tile (8 rows of bk bytes)
+    stage_a = BM * bk
+    stage_bytes = (BM + bn) * bk
     sw = shape.swizzle
     lbo_f, sbo_f, layout = descriptor_strides(sbo, sw)
     ahead = stages - 1 - shape.inflight  # stages prefetched ahead of the one computed
@@ -152,7 +194,7 @@ def gemm_body(shape: GemmShape, a, b, store: Store):
             c = T.meta_var((i * THREADS + tx) % chunks)
             T.ptx.cp.async_.cg.shared.global_(
                 T.address_of(sm[slot * stage_bytes + core_offset(r, c, sbo, sw)]),
-                T.address_of(element(a, T.min(bm * BM + r, m - 1), step * BK + c * 16)),
+                T.address_of(element(a, T.min(bm * BM + r, m - 1), step * bk + c * 16)),
                 16,
                 T.if_then_else(bm * BM + r < m, T.uint32(16), T.uint32(0)),
             )
@@ -161,7 +203,7 @@ def gemm_body(shape: GemmShape, a, b, store: Store):
             c = T.meta_var((i * THREADS + tx) % chunks)
             T.ptx.cp.async_.cg.shared.global_(
                 T.address_of(sm[slot * stage_bytes + stage_a + core_offset(r, c, sbo, sw)]),
-                T.address_of(element(b, bnn * bn + r, step * BK + c * 16)),
+                T.address_of(element(b, bnn * bn + r, step * bk + c * 16)),
                 16,
                 T.uint32(16),
             )
@@ -187,10 +229,11 @@ def gemm_body(shape: GemmShape, a, b, store: Store):
             T.ptx.cp.async_.commit_group()
         for step in range(kt):
             T.ptx.cp.async_.wait_group(ahead - 1)
-            T.ptx.fence.proxy.async_.shared__cta()
+            if shape.proxy_fence:
+                T.ptx.fence.proxy.async_.shared__cta()
             T.tvm_storage_sync("shared")
             T.ptx.wgmma.fence.sync.aligned()
-            for kk in T.unroll(BK // 32):
+            for kk in T.unroll(bk // 32):
                 T.cuda.wgmma.encode_matrix_descriptor(
                     T.address_of(da[0]),
                     T.address_of(sm[step % stages * stage_bytes + operand_start(wg, kk, sbo, sw)]),

@@ -138,9 +138,10 @@ def _epilogue_store(sch, block, c, extents):
     return body.buffer, list(body.indices), body.value, ivars
 
 
-def wgmma_kernel_for(func, bn: int = 128, stages: int = 4, body=gemm_body):
+def wgmma_kernel_for(func, body=gemm_body, **tile):
     """``(kernel, reason)``: ``func`` (a fused int8 dense layer) with its body replaced by the wgmma
-    GEMM and its epilogue, or ``(None, why it does not apply)``. ``body(shape, a, b, store)`` makes the
+    GEMM and its epilogue, or ``(None, why it does not apply)``. ``tile`` are :class:`GemmShape`'s tile
+    fields (its defaults where absent). ``body(shape, a, b, store)`` makes the
     new body (:func:`~inferx_edge.compiler.cuda.wgmma.gemm_body`; tests put a plain loop there to run
     the rewritten epilogue on a CPU)."""
     from tvm import s_tir, tirx
@@ -161,7 +162,7 @@ def wgmma_kernel_for(func, bn: int = 128, stages: int = 4, body=gemm_body):
     node = sch.get(blocks[0])
     row_extents = [_extent(node, v) for v in rows]
     try:
-        shape = GemmShape(math.prod(row_extents), _extent(node, j), _extent(node, k), bn=bn, stages=stages)
+        shape = GemmShape(math.prod(row_extents), _extent(node, j), _extent(node, k), **tile)
     except ValueError as e:  # a shape the kernel does not take: the message says why
         return None, str(e)
     try:

@@ -126,20 +126,33 @@ def test_the_rewritten_epilogue_computes_what_the_fused_kernel_computed(tmp_path
 
 
 def test_pipeline_and_layout_options_compile_and_are_checked():
-    """One group in flight needs a stage more; unknown swizzles are refused; every valid combination
-    generates a kernel for sm_90a (compiled in the sm_90a build test's pipeline)."""
-    from inferx_edge.compiler.cuda.wgmma import GemmShape, gemm_kernel
+    """One group in flight needs a stage more; a swizzle must be as wide as a stage's rows; tile specs
+    parse and print back; every valid combination generates a kernel for sm_90a (compiled in the sm_90a
+    build test's pipeline)."""
+    from inferx_edge.compiler.cuda.wgmma import GemmShape, gemm_kernel, parse_tile, tile_label
 
     with pytest.raises(ValueError, match="need at least 3 stages"):
         GemmShape(256, 256, 128, stages=2, inflight=1)
-    with pytest.raises(ValueError, match="valid are 0 and 64"):
+    with pytest.raises(ValueError, match="valid are 0 and the stage depth 64"):
         GemmShape(256, 256, 128, swizzle=128)
-    for inflight in (0, 1):
-        for swizzle in (0, 64):
-            script = gemm_kernel(
-                GemmShape(200, 256, 192, bn=256, stages=3, inflight=inflight, swizzle=swizzle)
-            ).script()
-            assert '"wait_group", "sync", "aligned"' in script and "wgmma" in script
+    with pytest.raises(ValueError, match="valid are 64, 128"):
+        GemmShape(256, 256, 128, bk=32)
+    with pytest.raises(ValueError, match="K=192 is not a multiple of the stage depth 128"):
+        GemmShape(256, 256, 192, bk=128)
+    with pytest.raises(ValueError, match="unknown flag 'sw32'"):
+        parse_tile("128:4:sw32")
+    with pytest.raises(ValueError, match="expected BN:STAGES"):
+        parse_tile("128")
+    for spec in ("128:4:k64", "256:3:i1:k128:sw128", "128:5:i1:k64:sw64:nf"):
+        assert tile_label(GemmShape(256, 256, 256, **parse_tile(spec))) == spec
+    fenced, unfenced = (gemm_kernel(GemmShape(256, 256, 256, **parse_tile(t))).script() for t in ("128:4", "128:4:nf"))
+    assert '"proxy", "async"' in fenced and '"proxy", "async"' not in unfenced
+    for bk, swizzles in ((64, (0, 64)), (128, (0, 128))):
+        for inflight in (0, 1):
+            for swizzle in swizzles:
+                shape = GemmShape(200, 256, 256, bn=256, stages=3, inflight=inflight, swizzle=swizzle, bk=bk)
+                script = gemm_kernel(shape).script()
+                assert '"wait_group", "sync", "aligned"' in script and "wgmma" in script
 
 
 def test_kernels_it_does_not_take_say_why(tmp_path):
@@ -197,33 +210,37 @@ def test_sm90a_builds_run_int8_dense_layers_on_wgmma_when_on(tmp_path, monkeypat
 def _smem_operand(smem, start, rows, sbo, swizzle):
     """The ``rows x 32``-byte K-major operand of one wgmma instruction as PTX reads it from shared
     memory through a descriptor. No swizzle: element (r, b) at start + (r // 8) SBO + (b // 16) LBO +
-    (r % 8) 16 + b % 16, LBO = one core matrix (128 bytes). 64-byte swizzle: at start + (r // 8) SBO +
-    (r % 8) 64 + b, with address bits 7-8 XORed into bits 4-5 (the atom 512-byte aligned)."""
+    (r % 8) 16 + b % 16, LBO = one core matrix (128 bytes). Swizzled (S = 64 or 128 bytes): at start +
+    (r // 8) SBO + (r % 8) S + b, with address bits 7-8 (S = 64) or 7-9 (S = 128) XORed into bits 4-5 or
+    4-6 (the atom 8 S-byte aligned)."""
     from inferx_edge.compiler.cuda.wgmma import CORE
 
     r, b = np.meshgrid(np.arange(rows), np.arange(32), indexing="ij")
-    if swizzle == 64:
-        addr = start + r // 8 * sbo + r % 8 * 64 + b
-        return smem[addr ^ ((addr >> 7) & 3) << 4]
+    if swizzle:
+        addr = start + r // 8 * sbo + r % 8 * swizzle + b
+        mask = swizzle // 16 - 1
+        return smem[addr ^ ((addr >> 7) & mask) << 4]
     return smem[start + r // 8 * sbo + b // 16 * CORE + r % 8 * 16 + b % 16]
 
 
-@pytest.mark.parametrize("bn, swizzle", [(128, 0), (256, 0), (128, 64), (256, 64)])
-def test_the_warp_program_computes_one_tile(bn, swizzle):
+@pytest.mark.parametrize(
+    "bn, bk, swizzle", [(128, 64, 0), (256, 64, 0), (128, 64, 64), (256, 64, 64), (128, 128, 0), (256, 128, 128)]
+)
+def test_the_warp_program_computes_one_tile(bn, bk, swizzle):
     """One block's stage, emulated in numpy: the kernel's cp.async placement of each 16-byte chunk
     (core_offset), the descriptor start of each instruction (operand_start), wgmma's read of K-major
-    operands (as the PTX ISA describes it, with and without the 64-byte swizzle) and its accumulator
+    operands (as the PTX ISA describes it, with and without the 64- and 128-byte swizzles) and its accumulator
     fragment (acc_row / acc_col) put back the tile of A @ B^T. (No swizzle was also checked exactly on
-    an H100: gpu_wgmma_gemm_s72; the swizzled layout has not run on a GPU yet.)"""
+    an H100 with 64-byte stages: gpu_wgmma_gemm_s72.)"""
     from inferx_edge.compiler.cuda import wgmma as W
 
     rng = np.random.default_rng(0)
-    a = rng.integers(-128, 128, (W.BM, W.BK)).astype(np.int64)
-    b = rng.integers(-128, 128, (bn, W.BK)).astype(np.int64)
-    chunks = W.BK // 16
+    a = rng.integers(-128, 128, (W.BM, bk)).astype(np.int64)
+    b = rng.integers(-128, 128, (bn, bk)).astype(np.int64)
+    chunks = bk // 16
     sbo = chunks * W.CORE
-    smem = np.zeros((W.BM + bn) * W.BK, np.int64)
-    for tile, base, rows in ((a, 0, W.BM), (b, W.BM * W.BK, bn)):
+    smem = np.zeros((W.BM + bn) * bk, np.int64)
+    for tile, base, rows in ((a, 0, W.BM), (b, W.BM * bk, bn)):
         for chunk in range(rows * chunks):  # every thread's chunks, in any order
             r, c = divmod(chunk, chunks)
             off = base + W.core_offset(r, c, sbo, swizzle)
@@ -231,10 +248,10 @@ def test_the_warp_program_computes_one_tile(bn, swizzle):
     regs = W.INSTR_N // 2
     acc = np.zeros((W.THREADS, bn // W.INSTR_N * regs), np.int64)
     for wg in range(W.WARPGROUPS):
-        for kk in range(W.BK // 32):
+        for kk in range(bk // 32):
             op_a = _smem_operand(smem, W.operand_start(wg, kk, sbo, swizzle), 64, sbo, swizzle)
             for j in range(bn // W.INSTR_N):
-                start = W.BM * W.BK + W.operand_start(j * 2, kk, sbo, swizzle)
+                start = W.BM * bk + W.operand_start(j * 2, kk, sbo, swizzle)
                 op_b = _smem_operand(smem, start, W.INSTR_N, sbo, swizzle)
                 d = op_a @ op_b.T  # the instruction's 64 x 128 product
                 for t in range(128):

@@ -5,6 +5,9 @@ shapes the kernel does not take). ``CudaOptions.wgmma`` (env ``INFERX_WGMMA``) s
 
 from __future__ import annotations
 
+#: the tile every taken kernel runs with (``wgmma.parse_tile`` spelling)
+TILE = "128:4"
+
 
 def wgmma_target(target) -> bool:
     """Whether ``target`` compiles for exactly sm_90a (wgmma is not in sm_90 or any later arch)."""
@@ -17,11 +20,12 @@ def wgmma_kernel(func, target):
     from tvm import tirx
 
     from inferx_edge.compiler.cuda.device_compiler import CudaOptions
+    from inferx_edge.compiler.cuda.wgmma import parse_tile
     from inferx_edge.compiler.cuda.wgmma_epilogue import wgmma_kernel_for
 
     if not isinstance(func, tirx.PrimFunc) or not wgmma_target(target) or not CudaOptions.from_env().wgmma:
         return None
-    return wgmma_kernel_for(func)[0]
+    return wgmma_kernel_for(func, **parse_tile(TILE))[0]
 
 
 def wgmma_takes(func, target) -> bool:
