@@ -6,7 +6,7 @@ shapes the kernel does not take). ``CudaOptions.wgmma`` (env ``INFERX_WGMMA``) s
 from __future__ import annotations
 
 #: the tile every taken kernel runs with (``wgmma.parse_tile`` spelling)
-TILE = "128:4"
+TILE = "128:4:i1:k128:sw128"
 
 
 def wgmma_target(target) -> bool:
