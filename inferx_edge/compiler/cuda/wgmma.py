@@ -29,6 +29,9 @@ BM = 64 * WARPGROUPS
 STAGE_BYTES = (64, 128)
 #: the swizzles' codes in the matrix descriptor (CUtensorMapSwizzle, as TVM's encoder takes them)
 SWIZZLE_CODE = {0: 0, 64: 2, 128: 3}
+#: int32 words of padding per staged output row (a warp's fragment writes then hit 16 banks twice,
+#: not 4 banks 8 times)
+PAD = 4
 CORE = 128  # bytes of one core matrix: 8 rows x 16 bytes
 #: widest N one wgmma instruction takes here (int8 instructions stop at n224; 128 divides the tiles)
 INSTR_N = 128
@@ -55,6 +58,10 @@ class GemmShape:
     #: memory model requires). False only to measure what the fence costs (``gpu_wgmma_gemm`` variants
     #: with ``:nf``): a kernel without it may read a stage before its writes are visible.
     proxy_fence: bool = True
+    #: the tile's int32 accumulators go through shared memory (rows padded by :data:`PAD` words) and the
+    #: epilogue runs with consecutive threads on consecutive columns, so its loads and stores coalesce;
+    #: False (``:ds``): each thread applies it to its own fragment (8 rows x 2 columns per warp store)
+    stage_out: bool = True
 
     def __post_init__(self) -> None:
         why = self.unsupported()
@@ -80,12 +87,14 @@ class GemmShape:
 
 
 def parse_tile(spec: str) -> dict:
-    """:class:`GemmShape`'s tile fields from ``BN:STAGES[:i1][:k128][:sw64|:sw128][:nf]`` (one wgmma group
-    in flight, 128-byte stages, the swizzle, no proxy fence), e.g. ``"256:3:i1:k128:sw128"``."""
+    """:class:`GemmShape`'s tile fields from ``BN:STAGES[:i1][:k128][:sw64|:sw128][:nf][:ds]`` (one wgmma
+    group in flight, 128-byte stages, the swizzle, no proxy fence, direct fragment stores), e.g.
+    ``"256:3:i1:k128:sw128"``."""
     parts = spec.split(":")
     if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
         raise ValueError(f"wgmma tile {spec!r}: expected BN:STAGES[:i1][:k128][:sw64|:sw128]")
     tile = {"bn": int(parts[0]), "stages": int(parts[1]), "inflight": 0, "swizzle": 0, "bk": 64, "proxy_fence": True}
+    tile["stage_out"] = True
     for flag in parts[2:]:
         if flag == "i1":
             tile["inflight"] = 1
@@ -95,15 +104,17 @@ def parse_tile(spec: str) -> dict:
             tile["swizzle"] = int(flag[2:])
         elif flag == "nf":
             tile["proxy_fence"] = False
+        elif flag == "ds":
+            tile["stage_out"] = False
         else:
-            raise ValueError(f"wgmma tile {spec!r}: unknown flag {flag!r} (valid: i1, k64, k128, sw64, sw128, nf)")
+            raise ValueError(f"wgmma tile {spec!r}: unknown flag {flag!r} (valid: i1, k64, k128, sw64, sw128, nf, ds)")
     return tile
 
 
 def tile_label(shape: GemmShape) -> str:
     """The :func:`parse_tile` spelling of ``shape``'s tile."""
     flags = ["i1"] * shape.inflight + [f"k{shape.bk}"] + [f"sw{shape.swizzle}"] * bool(shape.swizzle)
-    flags += ["nf"] * (not shape.proxy_fence)
+    flags += ["nf"] * (not shape.proxy_fence) + ["ds"] * (not shape.stage_out)
     return ":".join([str(shape.bn), str(shape.stages), *flags])
 
 
@@ -182,6 +193,8 @@ def gemm_body(shape: GemmShape, a, b, store: Store):
     regs = INSTR_N // 2  # accumulator registers per instruction and thread
     loads_a = BM * chunks // THREADS
     loads_b = bn * chunks // THREADS
+    ld = bn + PAD  # int32 words per staged output row
+    staged_bytes = BM * ld * 4 if shape.stage_out else 0
 
     def mma(acc, base, da, db):
         lanes = [acc[base + i] for i in range(regs)]
@@ -212,7 +225,7 @@ def gemm_body(shape: GemmShape, a, b, store: Store):
     def gemm():
         bx = T.launch_thread("blockIdx.x", n_m * n_n)
         tx = T.launch_thread("threadIdx.x", THREADS)
-        sm = T.alloc_buffer((stages * stage_bytes,), "int8", scope="shared.dyn")
+        sm = T.alloc_buffer((max(stages * stage_bytes, staged_bytes),), "int8", scope="shared.dyn")
         acc = T.alloc_buffer((n_instr * regs,), "uint32", scope="local")
         da = T.alloc_buffer((1,), "uint64", scope="local")
         db = T.alloc_buffer((1,), "uint64", scope="local")
@@ -254,12 +267,27 @@ def gemm_body(shape: GemmShape, a, b, store: Store):
             T.ptx.cp.async_.commit_group()
             T.ptx.wgmma.wait_group.sync.aligned(shape.inflight)
         T.ptx.wgmma.wait_group.sync.aligned(0)
-        for j in T.unroll(n_instr):
-            for i in T.unroll(regs):
-                row = T.meta_var(bm * BM + wg * 64 + acc_row(w, lane, i))
-                col = T.meta_var(bnn * bn + j * INSTR_N + acc_col(lane, i))
-                if row < m:
-                    store(T.reinterpret("int32", acc[j * regs + i]), row, col)
+        if shape.stage_out:
+            staged = T.decl_buffer((BM * ld,), "int32", data=sm.data, scope="shared.dyn")
+            T.ptx.cp.async_.wait_group(0)
+            T.tvm_storage_sync("shared")  # every warpgroup is done reading the pipeline's stages
+            for j in T.unroll(n_instr):
+                for i in T.unroll(regs):
+                    r = T.meta_var(wg * 64 + acc_row(w, lane, i))
+                    staged[r * ld + j * INSTR_N + acc_col(lane, i)] = T.reinterpret("int32", acc[j * regs + i])
+            T.tvm_storage_sync("shared")
+            for e in range(BM * bn // THREADS):
+                r = T.meta_var((e * THREADS + tx) // bn)
+                c = T.meta_var((e * THREADS + tx) % bn)
+                if bm * BM + r < m:
+                    store(staged[r * ld + c], bm * BM + r, bnn * bn + c)
+        else:
+            for j in T.unroll(n_instr):
+                for i in T.unroll(regs):
+                    row = T.meta_var(bm * BM + wg * 64 + acc_row(w, lane, i))
+                    col = T.meta_var(bnn * bn + j * INSTR_N + acc_col(lane, i))
+                    if row < m:
+                        store(T.reinterpret("int32", acc[j * regs + i]), row, col)
 
     return gemm.body
 

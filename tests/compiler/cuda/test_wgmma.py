@@ -143,16 +143,20 @@ def test_pipeline_and_layout_options_compile_and_are_checked():
         parse_tile("128:4:sw32")
     with pytest.raises(ValueError, match="expected BN:STAGES"):
         parse_tile("128")
-    for spec in ("128:4:k64", "256:3:i1:k128:sw128", "128:5:i1:k64:sw64:nf"):
+    for spec in ("128:4:k64", "256:3:i1:k128:sw128", "128:5:i1:k64:sw64:nf:ds"):
         assert tile_label(GemmShape(256, 256, 256, **parse_tile(spec))) == spec
     fenced, unfenced = (gemm_kernel(GemmShape(256, 256, 256, **parse_tile(t))).script() for t in ("128:4", "128:4:nf"))
     assert '"proxy", "async"' in fenced and '"proxy", "async"' not in unfenced
     for bk, swizzles in ((64, (0, 64)), (128, (0, 128))):
         for inflight in (0, 1):
             for swizzle in swizzles:
-                shape = GemmShape(200, 256, 256, bn=256, stages=3, inflight=inflight, swizzle=swizzle, bk=bk)
-                script = gemm_kernel(shape).script()
-                assert '"wait_group", "sync", "aligned"' in script and "wgmma" in script
+                for stage_out in (True, False):
+                    shape = GemmShape(
+                        200, 256, 256, bn=256, stages=3, inflight=inflight, swizzle=swizzle, bk=bk, stage_out=stage_out
+                    )
+                    script = gemm_kernel(shape).script()
+                    assert '"wait_group", "sync", "aligned"' in script and "wgmma" in script
+                    assert ("staged" in script) == stage_out
 
 
 def test_kernels_it_does_not_take_say_why(tmp_path):
@@ -265,6 +269,18 @@ def test_the_warp_program_computes_one_tile(bn, bk, swizzle):
             for i in range(regs):
                 got[wg * 64 + W.acc_row(w, lane, i), j * W.INSTR_N + W.acc_col(lane, i)] = acc[tx, j * regs + i]
     np.testing.assert_array_equal(got, a @ b.T)
+    # the staged epilogue: fragments into padded shared rows, read back by consecutive threads along N
+    ld = bn + W.PAD
+    staged = np.full(W.BM * ld, -1 << 40, np.int64)
+    for tx in range(W.THREADS):
+        wg, w, lane = tx // 128, tx % 128 // 32, tx % 32
+        for j in range(bn // W.INSTR_N):
+            for i in range(regs):
+                staged[(wg * 64 + W.acc_row(w, lane, i)) * ld + j * W.INSTR_N + W.acc_col(lane, i)] = acc[
+                    tx, j * regs + i
+                ]
+    flat = np.arange(W.BM * bn)
+    np.testing.assert_array_equal(staged[flat // bn * ld + flat % bn].reshape(W.BM, bn), a @ b.T)
 
 
 def test_the_tile_search_leaves_kernels_wgmma_takes(tmp_path, monkeypatch):
