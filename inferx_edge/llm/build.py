@@ -195,6 +195,7 @@ def _gpu_pipeline(target):
     from tvm.s_tir import dlight
 
     from inferx_edge.compiler.cpu.default_schedule import _as_dlight_rule
+    from inferx_edge.compiler.op_patterns import after_op_patterns
 
     schedule = dlight.ApplyDefaultSchedule(
         _as_dlight_rule(_DecodeGEMV()),
@@ -205,7 +206,9 @@ def _gpu_pipeline(target):
         dlight.gpu.Fallback(),
     )
     # TVM's legalization list ends with its own dlight schedule: ours replaces it
-    legalize = [p for p in cuda.legalize_passes(target) if type(p).__name__ != "ApplyDefaultSchedule"]
+    legalize = after_op_patterns(
+        [p for p in cuda.legalize_passes(target) if type(p).__name__ != "ApplyDefaultSchedule"]
+    )
 
     @tvm.transform.module_pass(opt_level=0, name="InferxLLMGPUPipeline")
     def pipeline(mod, _ctx):

@@ -350,6 +350,7 @@ def cpu_pipeline(target, first_rules=()):
     from tvm.s_tir import dlight as dl
 
     from inferx_edge.compiler.guarded_schedule import guarded_default_schedule
+    from inferx_edge.compiler.op_patterns import after_op_patterns
     from inferx_edge.compiler.tvm_ops import tvm_op_fixes
 
     tvm_op_fixes()  # vector exp among them: lowered when this pipeline's kernels are compiled
@@ -361,7 +362,7 @@ def cpu_pipeline(target, first_rules=()):
         with target:
             seq = tvm.transform.Sequential(
                 cpu_generic.library_dispatch_passes(target)
-                + cpu_generic.legalize_passes(target)
+                + after_op_patterns(cpu_generic.legalize_passes(target))
                 + [guarded_default_schedule(*extra, dl.cpu.GEMV(), rule, dl.cpu.Reduction())]
                 + cpu_generic.dataflow_lower_passes(target)
                 + cpu_generic.finalize_passes(target)

@@ -19,7 +19,8 @@ def fusion_passes(sm_count: int | None = None) -> list:
     ``sm_count``). Long reductions with few outputs for a GPU of ``sm_count`` SMs become two
     (:func:`~inferx_edge.compiler.cuda.split_reductions.split_long_reductions`). A GEMM's result broadcast
     over a larger tensor (squeeze-excite gates) is kept out of the GEMM's kernel
-    (:func:`~inferx_edge.compiler.cuda.broadcast_gates.split_broadcast_gates`); parameters are renamed
+    (:func:`~inferx_edge.compiler.cuda.broadcast_gates.split_broadcast_gates`), and so is a pad
+    (:func:`~inferx_edge.compiler.op_patterns.mark_growing_ops_injective`); parameters are renamed
     first so kernel buffers have names the mma.sync codegen can carry
     (:func:`~inferx_edge.compiler.cuda.kernel_names.lowercase_kernel_names`)."""
     from tvm import relax
@@ -28,12 +29,14 @@ def fusion_passes(sm_count: int | None = None) -> list:
     from inferx_edge.compiler.cuda.concat import legalize_concat
     from inferx_edge.compiler.cuda.kernel_names import lowercase_kernel_names
     from inferx_edge.compiler.cuda.split_reductions import split_long_reductions
+    from inferx_edge.compiler.op_patterns import mark_growing_ops_injective
 
     return [
         lowercase_kernel_names(),
         split_long_reductions(sm_count),
         relax.transform.LegalizeOps({"relax.concat": legalize_concat}),
         relax.transform.AnnotateTIROpPattern(),
+        mark_growing_ops_injective(),
         split_broadcast_gates(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
