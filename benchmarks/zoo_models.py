@@ -36,6 +36,8 @@ class ZooModel:
     image: int = 224
     real_weights: bool = False
     note: str = ""
+    #: video clips: the input is (batch, 3, frames, image, image)
+    frames: int = 0
     classes: tuple[str, ...] = field(default_factory=tuple)
 
     def make(self, seed: int = 0):
@@ -67,6 +69,8 @@ class ZooModel:
     def input_shapes(self, batch: int) -> dict[str, tuple[int, ...]]:
         if self.is_text:
             return {"input_ids": (batch, SEQ_LEN), "attention_mask": (batch, SEQ_LEN)}
+        if self.frames:
+            return {"image": (batch, 3, self.frames, self.image, self.image)}
         return {"image": (batch, 3, self.image, self.image)}
 
     def example(self, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -80,7 +84,7 @@ class ZooModel:
                 ids[i, 0], ids[i, n - 1] = 101, 102  # [CLS] ... [SEP]
                 ids[i, n:], mask[i, n:] = 0, 0
             return {"input_ids": ids, "attention_mask": mask}
-        return {"image": rng.standard_normal((batch, 3, self.image, self.image)).astype(np.float32)}
+        return {"image": rng.standard_normal(self.input_shapes(batch)["image"]).astype(np.float32)}
 
 
 SEQ_LEN = 128
@@ -98,6 +102,17 @@ def _tv(name: str, **kw):
                 if p.ndim >= 2 and not p.any():
                     p.normal_(0.0, 0.02)
         return net
+
+    return make
+
+
+def _tv_video(name: str):
+    def make(seed: int = 0):
+        import torch
+        from torchvision.models import video
+
+        torch.manual_seed(seed)
+        return getattr(video, name)(weights=None).eval()
 
     return make
 
@@ -531,6 +546,11 @@ def _extra_entries() -> dict[str, ZooModel]:
         ZooModel("deeplabv3_mobilenet_v3_large", lambda seed=0: _segmentation(seed, "deeplabv3_mobilenet_v3_large"),
                  kind="segmenter", image=320, classes=("dilated", "aspp", "upsample")),
         ZooModel("maxvit_t", _tv("maxvit_t"), kind="transformer", classes=("block-attention", "mbconv", "relative-bias")),
+        ZooModel("swin_v2_t", _tv("swin_v2_t"), kind="transformer", image=256,
+                 classes=("cosine-attention", "log-spaced-cpb", "shifted-window")),
+        ZooModel("r3d_18", _tv_video("r3d_18"), image=112, frames=8, classes=("conv3d", "video")),
+        ZooModel("swin3d_t", _tv_video("swin3d_t"), kind="transformer", image=112, frames=8,
+                 classes=("3d-window-attention", "odd-grid-pad", "video")),
         # written here, no torchvision needed: the classes above do not cover them
         ZooModel("unet_gn", _unet, kind="segmenter", image=128,
                  classes=("transposed-conv", "group-norm", "skip-concat")),

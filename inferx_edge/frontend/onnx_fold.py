@@ -6,12 +6,20 @@ those values are constants, but TVM's ONNX frontend imports ``Shape`` of a stati
 value and then fails on ``Gather``/``ConstantOfShape`` over it. This pass pins the input dims, infers
 shapes, replaces ``Shape``/``Size`` of statically shaped tensors by constants and evaluates every node
 whose inputs are all small constants with ONNX's reference implementation, so the frontend sees plain
-constants. Weights (large initializers) are never folded or copied.
+constants; ``Loop`` nodes whose trip count became a constant are unrolled
+(:mod:`~inferx_edge.frontend.onnx_loops`). Weights (large initializers) are never folded or copied.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from inferx_edge.frontend.onnx_loops import (
+    graph_references,
+    inline_constant_ifs,
+    resolve_sequences,
+    unroll_loops,
+)
 
 #: Largest tensor (elements) a folded node may produce or read; shape arithmetic is far below this.
 FOLD_LIMIT = 1 << 16
@@ -88,9 +96,13 @@ def fold_shape_subgraphs(model, shapes: dict[str, tuple[int, ...]], max_rounds: 
     _pin_inputs(m, shapes)
     total = 0
     for _ in range(max_rounds):
+        m, unrolled = unroll_loops(m)  # loops whose trip count the last round made a constant
+        m, resolved = resolve_sequences(m)
+        m, inlined = inline_constant_ifs(m)
+        unrolled += resolved + inlined
         m, n = _fold_round(m)
-        total += n
-        if not n:
+        total += n + unrolled
+        if not n and not unrolled:
             break
     return m, total
 
@@ -144,7 +156,9 @@ def _fold_round(m):
     # folded values become Constant nodes, not initializers: the frontend turns initializers into
     # function parameters, and several of its converters (Expand, Tile, ...) need the value itself.
     # Small integer initializers (shapes, axes, indices; never weights) move to Constant nodes too.
+    vectors = _vector_slice_bounds(keep, values)
     needed = {i for n in keep for i in n.input} | {o.name for o in m.graph.output}
+    needed |= {r for n in keep for r in graph_references(n)}  # what Loop / If bodies read from outside
     shape_like = [
         init
         for init in m.graph.initializer
@@ -155,7 +169,7 @@ def _fold_round(m):
     names = {init.name for init in shape_like}
     for inp in [i for i in m.graph.input if i.name in names]:  # initializers listed as inputs (opset < 9 style)
         m.graph.input.remove(inp)
-    produced = {o for n in m.graph.node for o in n.output} | names
+    produced = {o for n in m.graph.node for o in n.output} | names | vectors
     constants = [
         helper.make_node("Constant", [], [name], value=numpy_helper.from_array(values[name], name))
         for name in sorted((needed & produced) - {o for n in keep for o in n.output})
@@ -164,3 +178,21 @@ def _fold_round(m):
     del m.graph.node[:]
     m.graph.node.extend(constants + [n for n in keep if n.op_type != "Constant" or n.output[0] in needed])
     return m, folded
+
+
+def _vector_slice_bounds(nodes, values: dict[str, np.ndarray]) -> set[str]:
+    """Constant ``Slice`` starts / ends / axes / steps that are 0-d (a loop body's ``Gather`` of its
+    iteration number writes them so) read through a 1-D copy, whose names are returned: the frontend
+    takes only lists there."""
+    made = set()
+    for node in nodes:
+        if node.op_type != "Slice":
+            continue
+        for k in range(1, min(len(node.input), 5)):
+            name = node.input[k]
+            if name and name in values and values[name].ndim == 0:
+                vector = f"{name}_as_1d"
+                values[vector] = values[name].reshape(1)
+                node.input[k] = vector
+                made.add(vector)
+    return made
