@@ -114,7 +114,9 @@ def _copies(node, trips: int, body, uid: str) -> tuple[list, dict[str, str]]:
         rename = {}
         iteration = f"{uid}_it{it}"
         nodes.append(
-            helper.make_node("Constant", [], [iteration], value=numpy_helper.from_array(np.array(it, np.int64), iteration))
+            helper.make_node(
+                "Constant", [], [iteration], value=numpy_helper.from_array(np.array(it, np.int64), iteration)
+            )
         )
         rename[body_in[0]] = iteration
         if len(body_in) > 1:
