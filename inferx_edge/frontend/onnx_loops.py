@@ -123,15 +123,7 @@ def _copies(node, trips: int, body, uid: str) -> tuple[list, dict[str, str]]:
             rename[body_in[1]] = true
         for name, value in zip(body_in[2:], carried, strict=True):
             rename[name] = value
-        for b in body.node:
-            copy = helper.make_node(b.op_type, [], [], domain=b.domain)
-            copy.attribute.extend(b.attribute)
-            copy.input.extend(rename.get(i, i) if i else "" for i in b.input)
-            for o in b.output:
-                rename[o] = f"{uid}_it{it}_{o}" if o else ""
-            copy.output.extend(rename[o] for o in b.output)
-            copy.name = f"{uid}_it{it}_{b.name}" if b.name else ""
-            nodes.append(copy)
+        nodes += _copy_nodes(body.node, rename, f"{uid}_it{it}")
         carried = [rename.get(o, o) for o in body_out[1 : 1 + n_carried]]
         for parts, o in zip(scans, body_out[1 + n_carried :], strict=True):
             parts.append(rename.get(o, o))
@@ -147,9 +139,27 @@ def _copies(node, trips: int, body, uid: str) -> tuple[list, dict[str, str]]:
     return nodes, {k: v for k, v in results.items() if k}
 
 
-def unroll_loops(model):
-    """``(model, count)``: every ``Loop`` the module docstring describes replaced by copies of its body
-    (``model`` is changed in place and returned)."""
+def _copy_nodes(graph_nodes, rename: dict[str, str], prefix: str) -> list:
+    """Copies of ``graph_nodes`` reading through ``rename`` (names from outside stay), their outputs
+    renamed ``<prefix>_<name>`` (recorded in ``rename``)."""
+    from onnx import helper
+
+    copies = []
+    for b in graph_nodes:
+        copy = helper.make_node(b.op_type, [rename.get(x, x) if x else "" for x in b.input], [], domain=b.domain)
+        copy.attribute.extend(b.attribute)
+        for o in b.output:
+            rename[o] = f"{prefix}_{o}" if o else ""
+        copy.output.extend(rename[o] for o in b.output)
+        copy.name = f"{prefix}_{b.name}" if b.name else ""
+        copies.append(copy)
+    return copies
+
+
+def _expand_nodes(model, expand):
+    """``(model, count)``: each node for which ``expand(index, node, constants)`` returns ``(nodes,
+    {output: name now holding it})`` replaced by those nodes, its readers reading the new names (graph
+    outputs through an ``Identity``); ``model`` changed in place."""
     from onnx import helper
 
     constants = _constants(model)
@@ -157,13 +167,12 @@ def unroll_loops(model):
     nodes, replaced, count = [], {}, 0
     for i, node in enumerate(model.graph.node):
         node.input[:] = [replaced.get(x, x) for x in node.input]
-        found = _unrollable(node, constants)
+        found = expand(i, node, constants)
         if found is None:
             nodes.append(node)
             continue
-        copies, results = _copies(node, *found, uid=f"loop{i}")
-        nodes += copies
-        for out, value in results.items():
+        nodes += found[0]
+        for out, value in found[1].items():
             if out in graph_outputs:
                 nodes.append(helper.make_node("Identity", [value], [out]))
             else:
@@ -173,6 +182,17 @@ def unroll_loops(model):
         del model.graph.node[:]
         model.graph.node.extend(nodes)
     return model, count
+
+
+def unroll_loops(model):
+    """``(model, count)``: every ``Loop`` the module docstring describes replaced by copies of its body
+    (``model`` is changed in place and returned)."""
+
+    def expand(i, node, constants):
+        found = _unrollable(node, constants)
+        return None if found is None else _copies(node, *found, uid=f"loop{i}")
+
+    return _expand_nodes(model, expand)
 
 
 def _index(constants, name, default=None) -> int | None:
@@ -242,36 +262,16 @@ def inline_constant_ifs(model):
     (renamed apart; ``model`` changed in place). Branches with subgraphs of their own stay."""
     from onnx import AttributeProto, helper
 
-    constants = _constants(model)
-    graph_outputs = {o.name for o in model.graph.output}
-    nodes, replaced, count = [], {}, 0
-    for i, node in enumerate(model.graph.node):
-        node.input[:] = [replaced.get(x, x) for x in node.input]
+    def expand(i, node, constants):
         cond = constants.get(node.input[0]) if node.op_type == "If" and node.input else None
         if cond is None or cond.size != 1 or node.domain not in ("", "ai.onnx"):
-            nodes.append(node)
-            continue
+            return None
         branch_name = "then_branch" if bool(cond.reshape(())) else "else_branch"
         branch = helper.get_attribute_value(next(a for a in node.attribute if a.name == branch_name))
         if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for n in branch.node for a in n.attribute):
-            nodes.append(node)
-            continue
-        uid, rename = f"if{i}", {}
-        for b in branch.node:
-            copy = helper.make_node(b.op_type, [rename.get(x, x) for x in b.input], [], domain=b.domain)
-            copy.attribute.extend(b.attribute)
-            for o in b.output:
-                rename[o] = f"{uid}_{o}" if o else ""
-            copy.output.extend(rename[o] for o in b.output)
-            copy.name = f"{uid}_{b.name}" if b.name else ""
-            nodes.append(copy)
-        for out, value in zip(node.output, (rename.get(o.name, o.name) for o in branch.output), strict=True):
-            if out in graph_outputs:
-                nodes.append(helper.make_node("Identity", [value], [out]))
-            else:
-                replaced[out] = value
-        count += 1
-    if count:
-        del model.graph.node[:]
-        model.graph.node.extend(nodes)
-    return model, count
+            return None
+        rename: dict[str, str] = {}
+        copies = _copy_nodes(branch.node, rename, f"if{i}")
+        return copies, dict(zip(node.output, (rename.get(o.name, o.name) for o in branch.output), strict=True))
+
+    return _expand_nodes(model, expand)
