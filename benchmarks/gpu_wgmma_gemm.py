@@ -117,8 +117,8 @@ def main() -> None:
     p.add_argument(
         "--variants",
         default=",".join(VARIANTS),
-        help="wgmma tiles as BN:STAGES[:i1 (one group in flight)][:k128 (128-byte stages)][:sw64|:sw128 (swizzle)]"
-        "[:nf (no proxy fence: what it costs; such a kernel may race)]",
+        help="wgmma tiles in wgmma.parse_tile's spelling, BN:STAGES[:i1][:k128][:sw64|:sw128][:nf][:ds] (nf: no "
+        "proxy fence, only to measure its cost: such a kernel may race)",
     )
     p.add_argument("--mma-tiles", default=",".join(MMA_TILES))
     p.add_argument("--target", default="h200")

@@ -55,9 +55,6 @@ def mark_growing_ops_injective():
                 continue
             if int(func.attrs["op_pattern"]) in (ELEMWISE, BROADCAST) and grows(func):
                 updates[gv] = func.with_attr("op_pattern", INJECTIVE)
-        if not updates:
-            return mod
-        mod = mod.shallow_copy() if hasattr(mod, "shallow_copy") else mod
         for gv, func in updates.items():
             mod[gv] = func
         return mod

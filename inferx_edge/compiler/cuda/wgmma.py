@@ -89,25 +89,20 @@ class GemmShape:
 def parse_tile(spec: str) -> dict:
     """:class:`GemmShape`'s tile fields from ``BN:STAGES[:i1][:k128][:sw64|:sw128][:nf][:ds]`` (one wgmma
     group in flight, 128-byte stages, the swizzle, no proxy fence, direct fragment stores), e.g.
-    ``"256:3:i1:k128:sw128"``."""
+    ``"256:3:i1:k128:sw128"``; fields a spec leaves out keep :class:`GemmShape`'s defaults."""
     parts = spec.split(":")
     if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
-        raise ValueError(f"wgmma tile {spec!r}: expected BN:STAGES[:i1][:k128][:sw64|:sw128]")
-    tile = {"bn": int(parts[0]), "stages": int(parts[1]), "inflight": 0, "swizzle": 0, "bk": 64, "proxy_fence": True}
-    tile["stage_out"] = True
+        raise ValueError(f"wgmma tile {spec!r}: expected BN:STAGES[:i1][:k64|:k128][:sw64|:sw128][:nf][:ds]")
+    flags = {
+        "i1": ("inflight", 1), "k64": ("bk", 64), "k128": ("bk", 128), "sw64": ("swizzle", 64),
+        "sw128": ("swizzle", 128), "nf": ("proxy_fence", False), "ds": ("stage_out", False),
+    }  # fmt: skip
+    tile = {"bn": int(parts[0]), "stages": int(parts[1])}
     for flag in parts[2:]:
-        if flag == "i1":
-            tile["inflight"] = 1
-        elif flag in ("k64", "k128"):
-            tile["bk"] = int(flag[1:])
-        elif flag in ("sw64", "sw128"):
-            tile["swizzle"] = int(flag[2:])
-        elif flag == "nf":
-            tile["proxy_fence"] = False
-        elif flag == "ds":
-            tile["stage_out"] = False
-        else:
-            raise ValueError(f"wgmma tile {spec!r}: unknown flag {flag!r} (valid: i1, k64, k128, sw64, sw128, nf, ds)")
+        if flag not in flags:
+            raise ValueError(f"wgmma tile {spec!r}: unknown flag {flag!r} (valid: {', '.join(flags)})")
+        field, value = flags[flag]
+        tile[field] = value
     return tile
 
 
