@@ -6,7 +6,7 @@ those values are constants, but TVM's ONNX frontend imports ``Shape`` of a stati
 value and then fails on ``Gather``/``ConstantOfShape`` over it. This pass pins the input dims, infers
 shapes, replaces ``Shape``/``Size`` of statically shaped tensors by constants and evaluates every node
 whose inputs are all small constants with ONNX's reference implementation, so the frontend sees plain
-constants; ``Loop`` nodes whose trip count became a constant are unrolled
+constants; ``Loop`` and ``If`` nodes whose trip count or condition became a constant are made static
 (:mod:`~inferx_edge.frontend.onnx_loops`). Weights (large initializers) are never folded or copied.
 """
 
@@ -14,12 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from inferx_edge.frontend.onnx_loops import (
-    graph_references,
-    inline_constant_ifs,
-    resolve_sequences,
-    unroll_loops,
-)
+from inferx_edge.frontend.onnx_loops import graph_references, static_control_flow
 
 #: Largest tensor (elements) a folded node may produce or read; shape arithmetic is far below this.
 FOLD_LIMIT = 1 << 16
@@ -96,13 +91,10 @@ def fold_shape_subgraphs(model, shapes: dict[str, tuple[int, ...]], max_rounds: 
     _pin_inputs(m, shapes)
     total = 0
     for _ in range(max_rounds):
-        m, unrolled = unroll_loops(m)  # loops whose trip count the last round made a constant
-        m, resolved = resolve_sequences(m)
-        m, inlined = inline_constant_ifs(m)
-        unrolled += resolved + inlined
+        m, rewritten = static_control_flow(m)  # loops / ifs the last round gave constant counts / conditions
         m, n = _fold_round(m)
-        total += n + unrolled
-        if not n and not unrolled:
+        total += n + rewritten
+        if not n and not rewritten:
             break
     return m, total
 

@@ -38,8 +38,13 @@ def graph_references(node) -> set[str]:
 
     names: set[str] = set()
     for attr in node.attribute:
-        graphs = [attr.g] if attr.type == AttributeProto.GRAPH else list(attr.graphs)
-        for g in graphs if attr.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) else []:
+        if attr.type == AttributeProto.GRAPH:
+            graphs = [attr.g]
+        elif attr.type == AttributeProto.GRAPHS:
+            graphs = list(attr.graphs)
+        else:
+            continue
+        for g in graphs:
             for inner in g.node:
                 names.update(i for i in inner.input if i)
                 names |= graph_references(inner)
@@ -84,7 +89,7 @@ def _always_true(body, constants: dict[str, np.ndarray]) -> bool:
 def _unrollable(node, constants) -> tuple[int, object] | None:
     from onnx import AttributeProto, helper
 
-    if node.op_type != "Loop" or node.domain not in ("", "ai.onnx") or not node.input or not node.input[0]:
+    if node.domain not in ("", "ai.onnx") or not node.input or not node.input[0]:
         return None
     trips = constants.get(node.input[0])
     if trips is None or trips.size != 1 or not 1 <= int(trips.reshape(())) <= MAX_TRIPS:
@@ -156,18 +161,22 @@ def _copy_nodes(graph_nodes, rename: dict[str, str], prefix: str) -> list:
     return copies
 
 
-def _expand_nodes(model, expand):
-    """``(model, count)``: each node for which ``expand(index, node, constants)`` returns ``(nodes,
-    {output: name now holding it})`` replaced by those nodes, its readers reading the new names (graph
-    outputs through an ``Identity``); ``model`` changed in place."""
+def _expand_nodes(model, op_type: str, expand):
+    """``(model, count)``: each ``op_type`` node for which ``expand(index, node, constants)`` returns
+    ``(nodes, {output: name now holding it})`` replaced by those nodes, its readers reading the new names
+    (graph outputs through an ``Identity``); ``model`` changed in place. A model without ``op_type``
+    nodes is returned as it is (this runs on every fold round of every import)."""
     from onnx import helper
 
+    if not any(n.op_type == op_type for n in model.graph.node):
+        return model, 0
     constants = _constants(model)
     graph_outputs = {o.name for o in model.graph.output}
     nodes, replaced, count = [], {}, 0
     for i, node in enumerate(model.graph.node):
-        node.input[:] = [replaced.get(x, x) for x in node.input]
-        found = expand(i, node, constants)
+        if replaced:
+            node.input[:] = [replaced.get(x, x) for x in node.input]
+        found = expand(i, node, constants) if node.op_type == op_type else None
         if found is None:
             nodes.append(node)
             continue
@@ -192,7 +201,7 @@ def unroll_loops(model):
         found = _unrollable(node, constants)
         return None if found is None else _copies(node, *found, uid=f"loop{i}")
 
-    return _expand_nodes(model, expand)
+    return _expand_nodes(model, "Loop", expand)
 
 
 def _index(constants, name, default=None) -> int | None:
@@ -207,6 +216,8 @@ def resolve_sequences(model):
     select (``model`` changed in place); sequences with an unknown element or position stay."""
     from onnx import helper, numpy_helper
 
+    if not any(n.op_type in ("SequenceEmpty", "SequenceConstruct") for n in model.graph.node):
+        return model, 0
     constants = _constants(model)
     seqs: dict[str, list[str]] = {}
     alias: dict[str, str] = {}
@@ -249,8 +260,8 @@ def resolve_sequences(model):
             count += 1
     live = {i for n in nodes for i in n.input} | {o.name for o in model.graph.output}
     live |= {r for n in nodes for r in graph_references(n)}
-    if any(name in live for name in seqs):  # a sequence still read as a sequence: leave the model as it was
-        return model, 0
+    if any(name in live for name in seqs):  # a sequence still read as a sequence: every sequence op stays
+        return model, 0  # (readers of a resolved SequenceAt read its element directly: the same value)
     if count:
         del model.graph.node[:]
         model.graph.node.extend(nodes)
@@ -263,7 +274,7 @@ def inline_constant_ifs(model):
     from onnx import AttributeProto, helper
 
     def expand(i, node, constants):
-        cond = constants.get(node.input[0]) if node.op_type == "If" and node.input else None
+        cond = constants.get(node.input[0]) if node.input else None
         if cond is None or cond.size != 1 or node.domain not in ("", "ai.onnx"):
             return None
         branch_name = "then_branch" if bool(cond.reshape(())) else "else_branch"
@@ -274,4 +285,13 @@ def inline_constant_ifs(model):
         copies = _copy_nodes(branch.node, rename, f"if{i}")
         return copies, dict(zip(node.output, (rename.get(o.name, o.name) for o in branch.output), strict=True))
 
-    return _expand_nodes(model, expand)
+    return _expand_nodes(model, "If", expand)
+
+
+def static_control_flow(model):
+    """``(model, count)``: :func:`unroll_loops`, then :func:`resolve_sequences`, then
+    :func:`inline_constant_ifs` (``model`` changed in place); ``count`` is what they rewrote."""
+    model, unrolled = unroll_loops(model)
+    model, resolved = resolve_sequences(model)
+    model, inlined = inline_constant_ifs(model)
+    return model, unrolled + resolved + inlined
