@@ -15,6 +15,7 @@ from inferx_edge.frontend.onnx_pads import (
 )
 from inferx_edge.frontend.onnx_resize import lower_fractional_resizes
 from inferx_edge.frontend.onnx_rnn import unroll_recurrent
+from inferx_edge.frontend.onnx_scatter import box_scatters
 from inferx_edge.frontend.qdq import is_qdq, strip_qdq
 from inferx_edge.frontend.shapes import resolve_shapes
 
@@ -72,6 +73,7 @@ def import_onnx(path: Path, overrides: dict[str, tuple[int, ...]]) -> ImportedMo
     shapes = resolve_shapes(declared, overrides)
     if all(isinstance(d, int) for dims in shapes.values() for d in dims):
         model, _ = fold_shape_subgraphs(model, shapes)
+        model, _ = box_scatters(model, shapes)  # slice assignments: index grids never materialized
     model, _ = fold_pads_into_convs(model)  # after folding: "same" pads computed from shapes are constants now
     model, _ = explicit_conv_transpose_pads(model, shapes)
     model, _ = lower_fractional_resizes(model, shapes)  # sampled as ONNX does (TVM: by the size ratio)
