@@ -551,6 +551,8 @@ def _extra_entries() -> dict[str, ZooModel]:
         ZooModel("r3d_18", _tv_video("r3d_18"), image=112, frames=8, classes=("conv3d", "video")),
         ZooModel("swin3d_t", _tv_video("swin3d_t"), kind="transformer", image=112, frames=8,
                  classes=("3d-window-attention", "odd-grid-pad", "video")),
+        ZooModel("mvit_v2_s", _tv_video("mvit_v2_s"), kind="transformer", image=224, frames=16,
+                 classes=("pooling-attention", "relative-position", "slice-assignment", "video")),
         # written here, no torchvision needed: the classes above do not cover them
         ZooModel("unet_gn", _unet, kind="segmenter", image=128,
                  classes=("transposed-conv", "group-norm", "skip-concat")),
