@@ -1,11 +1,12 @@
 """aten ops the torch.export import converts itself instead of TVM's translator: where TVM 0.27's
 conversion computes other values without an error (negative indices, SELU, nearest and fractional
 resizes, grid_sample) or fails on a common pattern (GroupNorm without affine parameters, integer
-floor division, one-sided integer clamps, indexing after whole axes, amax/amin/prod). Each converter
-says what TVM did; ``tests/frontend/test_torch_import.py`` has a case for each that fails on TVM's own
-conversion. docs/architecture.md ("Conversions the frontend owns") tabulates them. aten ops TVM's
-translator does not know at all are in :mod:`~inferx_edge.frontend.torch_extra_ops` (which uses this
-module's operand helpers); the import passes both tables."""
+floor division, one-sided integer clamps, indexing after whole axes, amax/amin/prod, concatenations
+with empty vectors). Each converter says what TVM did; ``tests/frontend/test_torch_import.py`` has a
+case for each that fails on TVM's own conversion. docs/architecture.md ("Conversions the frontend
+owns") tabulates them. aten ops TVM's translator does not know at all are in
+:mod:`~inferx_edge.frontend.torch_extra_ops` (which uses this module's operand helpers); the import
+passes both tables."""
 
 from __future__ import annotations
 
@@ -328,7 +329,24 @@ def _div_mode(node, importer):
 
 
 #: aten ops converted here instead of by TVM's translator (see each function)
+def _cat(node, importer):
+    """``aten.cat(tensors, dim=0)``: torch skips 1-D empty inputs whatever the others' rank
+    (``torch.cat([torch.empty(0), k], dim=-2)``: how transformers' GPT-2 starts its key / value cache);
+    TVM's conversion refused the mix ("Concat expects all input tensors to have same ndim"). Those
+    inputs are dropped (an input left alone is the result); the rest concatenate as TVM does."""
+    from tvm import relax
+
+    tensors = list(node.args[0])
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    vals = [t.meta["val"] for t in tensors]
+    kept = [t for t, v in zip(tensors, vals, strict=True) if not (v.ndim == 1 and v.numel() == 0)] or tensors[:1]
+    if len(kept) == 1:
+        return importer.env[kept[0]]
+    return importer.block_builder.emit(relax.op.concat([importer.env[t] for t in kept], axis=dim))
+
+
 CONVERTERS = {
+    "cat.default": _cat,
     "select.int": _select,
     "index.Tensor": _index_tensor,
     "amax.default": _reduction("max"),

@@ -208,6 +208,19 @@ def test_negative_indices_count_from_the_end(tmp_path):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
+class EmptyCache(torch.nn.Module):
+    def forward(self, x):
+        return torch.cat([torch.zeros(0), x], dim=-2) * 2, torch.cat((x, torch.zeros(0), x + 1), 1)
+
+
+def test_concatenation_skips_empty_vectors_as_torch_does(tmp_path):
+    """torch.cat ignores 1-D empty inputs whatever the others' rank (how transformers' GPT-2 starts its
+    key / value cache); TVM's conversion refused the mixed ranks. They import and match torch."""
+    got, want = _exported_built_and_run(tmp_path, EmptyCache(), torch.randn(2, 3, 4))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
 class FromTheEnd(torch.nn.Module):
     def forward(self, x):
         return x[:, -1] * 2, x[:, [-1, 1]]
