@@ -292,11 +292,12 @@ def compile_variant(
 
 
 #: compilations a variant may retry after a kernel's schedule failed code generation (each retry hands
-#: every kernel found failing to its next rule; dlight's Fallback, the last, compiles anything so far seen)
-MAX_CODEGEN_RETRIES = 2
+#: every kernel found failing to its next rule: a specialised rule, dlight's Fallback, then GridFallback)
+MAX_CODEGEN_RETRIES = 3
 
-#: the rule every CUDA kernel ends with (dlight's generic one): a kernel it cannot compile has no next rule
-LAST_RULE = "Fallback"
+#: the rule every CUDA kernel ends with (``rules/grid_fallback.py``: dlight's generic schedule on a 2-D
+#: grid, or Fallback's own): a kernel it cannot compile has no next rule
+LAST_RULE = "GridFallback"
 
 
 def uncompilable_kernels(

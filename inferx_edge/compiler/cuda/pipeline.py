@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from inferx_edge.compiler.cuda.rules.column_reduction import column_reduction_rule
+from inferx_edge.compiler.cuda.rules.grid_fallback import grid_fallback_rule
 from inferx_edge.compiler.cuda.rules.row_reduction import row_reduction_rule
 from inferx_edge.compiler.cuda.rules.small_reduction import small_reduction_rule
 from inferx_edge.compiler.cuda.rules.tensor_core_matmul import tensor_core_matmul_rule
@@ -77,6 +78,7 @@ def cuda_pipeline(target, tile_config: TileConfig | None = None, sm_count: int |
             tiled_transpose_rule(),
             vectorized_elementwise_rule(),
             dl.gpu.Fallback(),
+            grid_fallback_rule(),  # only kernels whose Fallback schedule failed code generation
         ),
     ]
 
