@@ -296,3 +296,34 @@ def test_odd_output_channel_counts_get_divisor_vectors_and_stay_exact(out_channe
     padded = np.pad(xs, ((0, 0), (1, 1), (1, 1), (0, 0)))
     want = sum(padded[:, kh : kh + 12, kw : kw + 12, :] @ ws[kh, kw] for kh in range(3) for kw in range(3))
     np.testing.assert_allclose(got, np.maximum(want, 0), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows, red", [(1024, 32), (1000, 512)])
+def test_matrix_vector_kernels_take_this_schedule_not_dlights_gemv(rows, red):
+    """A matrix times a vector (a 1-channel 1x1 conv, a classifier row): dlight's CPU GEMV rule took
+    these and vectorized 128 outputs around their reduction loops, which LLVM took minutes to compile
+    where the rows are a multiple of 128 (DPT's depth head: 629 s); the pipeline leaves that rule out and
+    the project's schedule takes them (benchmarks/cpu_gemv_rule.py: faster to run as well)."""
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import dlight as dl
+
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.cpu.default_schedule import cpu_pipeline
+    from inferx_edge.compiler.guarded_schedule import schedule_rule
+    from inferx_edge.targets import get_target
+
+    mod = float_matmul_module((rows, red), (red, 1))
+    target = resolve_tvm_target(get_target("x86-cpu"))
+    with target:
+        plain = relax.transform.LegalizeOps()(mod)
+        (kernel,) = [f for _, f in plain.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+        assert dl.cpu.GEMV().apply(kernel, target, False) is not None  # what took it before
+    scheduled = cpu_pipeline(target)(mod)
+    rules = {schedule_rule(f) for _, f in scheduled.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    assert rules == {"CPUDefaultSchedule"}, rules
+    rng = np.random.default_rng(2)
+    xs, ws = rng.standard_normal((rows, red)), rng.standard_normal((red, 1))
+    vm = relax.VirtualMachine(relax.build(mod, target, relax_pipeline=cpu_pipeline(target)), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(xs.astype("float32")), tvm.runtime.tensor(ws.astype("float32"))).numpy()
+    np.testing.assert_allclose(got, xs @ ws, rtol=1e-4, atol=1e-4)

@@ -340,10 +340,14 @@ def _is_reduction(sch, block) -> bool:
 
 
 def cpu_pipeline(target, first_rules=()):
-    """TVM's default CPU Relax pipeline with :class:`CPUDefaultSchedule` after fusion: dlight's GEMV
-    rule first, ours next, dlight's general reduction rule for what ours declines (functions with
-    several reductions: softmax, normalizations). Ours must come before dlight's reduction rule, which
-    also claims convolutions and schedules them an order of magnitude slower. ``first_rules`` (objects
+    """TVM's default CPU Relax pipeline with :class:`CPUDefaultSchedule` after fusion, then dlight's
+    general reduction rule for what ours declines (functions with several reductions: softmax,
+    normalizations). Ours must come before dlight's reduction rule, which also claims convolutions and
+    schedules them an order of magnitude slower. dlight's CPU GEMV rule is not used: it vectorizes 128
+    outputs around their reduction loops, which LLVM took minutes to compile where the outputs are a
+    multiple of 128 (a 1-channel 1x1 conv over 128 x 128 pixels in DPT's depth head: 629 s; 1024 x 32
+    over a minute), and ran 1.4-11x slower than ours on every shape measured
+    (``benchmarks/cpu_gemv_rule.py``). ``first_rules`` (objects
     with dlight's ``apply(func, target, tunable)``) are tried before all of them."""
     import tvm
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
@@ -363,7 +367,7 @@ def cpu_pipeline(target, first_rules=()):
             seq = tvm.transform.Sequential(
                 cpu_generic.library_dispatch_passes(target)
                 + after_op_patterns(cpu_generic.legalize_passes(target))
-                + [guarded_default_schedule(*extra, dl.cpu.GEMV(), rule, dl.cpu.Reduction())]
+                + [guarded_default_schedule(*extra, rule, dl.cpu.Reduction())]
                 + cpu_generic.dataflow_lower_passes(target)
                 + cpu_generic.finalize_passes(target)
             )
@@ -376,6 +380,8 @@ def _as_dlight_rule(rule: CPUDefaultSchedule):
     from tvm.s_tir.dlight.base import ScheduleRule
 
     class _Rule(ScheduleRule):
+        name = type(rule).__name__  # what build records and kernel profiles name the rule
+
         def apply(self, func, target, tunable):
             return rule.apply(func, target, tunable)
 
