@@ -111,6 +111,24 @@ class _SixteenLanes:
         return sch
 
 
+def int32_add_module():
+    """One int32 elementwise kernel (x + 1 over 64 x 1024): what :class:`_SixteenLanes` schedules into
+    CUDA code TVM cannot generate."""
+    import tvm
+    from tvm.script import relax as R
+
+    @tvm.script.ir_module
+    class Mod:
+        @R.function
+        def main(x: R.Tensor((64, 1024), "int32")):
+            with R.dataflow():
+                a = R.add(x, R.const(1, "int32"))
+                R.output(a)
+            return a
+
+    return Mod
+
+
 @pytest.mark.skipif(
     not __import__("tests.helpers", fromlist=["nvrtc12_available"]).nvrtc12_available(), reason="needs NVRTC 12"
 )
@@ -149,8 +167,6 @@ def test_a_schedule_that_fails_code_generation_falls_back_for_that_kernel(monkey
     not __import__("tests.helpers", fromlist=["nvrtc12_available"]).nvrtc12_available(), reason="needs NVRTC 12"
 )
 def test_a_kernel_that_compiles_under_no_rule_is_named_in_the_error(monkeypatch, tmp_path):
-    import tvm
-    from tvm.script import relax as R
 
     from inferx_edge.compiler import compile as compile_mod
     from inferx_edge.compiler.cuda import pipeline
@@ -158,15 +174,7 @@ def test_a_kernel_that_compiles_under_no_rule_is_named_in_the_error(monkeypatch,
     from inferx_edge.errors import BuildError
     from inferx_edge.targets import get_target
 
-    @tvm.script.ir_module
-    class Mod:
-        @R.function
-        def main(x: R.Tensor((64, 1024), "int32")):
-            with R.dataflow():
-                a = R.add(x, R.const(1, "int32"))
-                R.output(a)
-            return a
-
+    Mod = int32_add_module()
     monkeypatch.setattr(pipeline, "vectorized_elementwise_rule", _SixteenLanes)
     monkeypatch.setattr(compile_mod, "MAX_CODEGEN_RETRIES", 0)  # no retry left
     spec = get_target("h200")

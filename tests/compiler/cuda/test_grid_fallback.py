@@ -60,27 +60,17 @@ def test_the_pipeline_ends_with_it_and_the_build_retries_into_it(monkeypatch, tm
 
     if not nvrtc12_available():
         pytest.skip("needs NVRTC 12")
-    import tvm
     from tvm.s_tir import dlight
-    from tvm.script import relax as R
 
     from inferx_edge.compiler import compile as compile_mod
     from inferx_edge.compiler.variant import PreparedVariant, variant_layout
     from inferx_edge.targets import get_target
-    from tests.compiler.test_guarded_schedule import _SixteenLanes
+    from tests.compiler.test_guarded_schedule import _SixteenLanes, int32_add_module
 
     class BrokenFallback(_SixteenLanes):
         name = "Fallback"
 
-    @tvm.script.ir_module
-    class Mod:
-        @R.function
-        def main(x: R.Tensor((64, 1024), "int32")):
-            with R.dataflow():
-                a = R.add(x, R.const(1, "int32"))
-                R.output(a)
-            return a
-
+    Mod = int32_add_module()
     from inferx_edge.compiler.cuda import pipeline
 
     monkeypatch.setattr(pipeline, "vectorized_elementwise_rule", _SixteenLanes)
