@@ -35,24 +35,31 @@ class _Lazy:
         self.base = base.reshape((1,) * (len(self.shape) - base.ndim) + base.shape)
 
 
-def _lazy(name: str, producers: dict, constants: dict, memo: dict | None = None) -> _Lazy | None:
+#: producers followed back from a scatter's indices at most (an index grid is a few ops deep; this
+#: stops the walk in a long chain of adds, a residual stream)
+MAX_DEPTH = 32
+
+
+def _lazy(name: str, producers: dict, constants: dict, memo: dict | None = None, depth: int = 0) -> _Lazy | None:
     """The value of ``name`` as a :class:`_Lazy`, when it is a constant or broadcasts / unsqueezes /
     casts / adds of constants; else None."""
     memo = {} if memo is None else memo
+    if depth > MAX_DEPTH:
+        return None
     if name not in memo:
         memo[name] = None  # a cycle (invalid graph) ends here
-        memo[name] = _evaluate(name, producers, constants, memo)
+        memo[name] = _evaluate(name, producers, constants, memo, depth)
     return memo[name]
 
 
-def _evaluate(name: str, producers: dict, constants: dict, memo: dict) -> _Lazy | None:
+def _evaluate(name: str, producers: dict, constants: dict, memo: dict, depth: int) -> _Lazy | None:
     if name in constants:
         value = np.asarray(constants[name])
         return _Lazy(value, value.shape) if value.size <= BASE_LIMIT else None
     node = producers.get(name)
     if node is None or node.op_type not in ("Identity", "Cast", "Expand", "Unsqueeze", *_BINARY):
         return None
-    args = [_lazy(i, producers, constants, memo) if i else None for i in node.input]
+    args = [_lazy(i, producers, constants, memo, depth + 1) if i else None for i in node.input]
     op, attrs = node.op_type, _attrs(node)
     if not args or args[0] is None:
         return None

@@ -164,3 +164,28 @@ def test_constant_indices_into_leading_rows(tmp_path):
         return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(["y"], {"x": x})[0]
 
     np.testing.assert_array_equal(run(rewritten), run(model))
+
+
+def test_indices_behind_a_long_chain_are_left_alone():
+    """Indices computed at run time through thousands of adds (a residual stream's depth): the lazy
+    walk stops after a few producers instead of recursing through them all."""
+    from inferx_edge.frontend.onnx_scatter import box_scatters
+
+    nodes = [_const("zero", 0), _const("upd", np.ones(3, np.float32), np.float32)]
+    prev = "idx"
+    for i in range(3000):
+        nodes.append(helper.make_node("Add", [prev, "zero"], [f"a{i}"]))
+        prev = f"a{i}"
+    nodes.append(helper.make_node("ScatterND", ["x", prev, "upd"], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, (5,)),
+            helper.make_tensor_value_info("idx", TensorProto.INT64, (3, 1)),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (5,))],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rewritten, count = box_scatters(model, {"x": (5,), "idx": (3, 1)})
+    assert count == 0 and rewritten is model
