@@ -34,6 +34,10 @@ class _Lazy:
         self.shape = tuple(int(d) for d in shape)
         self.base = base.reshape((1,) * (len(self.shape) - base.ndim) + base.shape)
 
+    def flat(self) -> np.ndarray:
+        """The values, broadcast and flattened (for small tensors: shapes, axes, one grid line)."""
+        return np.broadcast_to(self.base, self.shape).reshape(-1)
+
 
 #: producers followed back from a scatter's indices at most (an index grid is a few ops deep; this
 #: stops the walk in a long chain of adds, a residual stream)
@@ -71,14 +75,14 @@ def _evaluate(name: str, producers: dict, constants: dict, memo: dict, depth: in
 
         return _Lazy(x.base.astype(helper.tensor_dtype_to_np_dtype(attrs["to"])), x.shape)
     if op == "Expand" and len(args) == 2 and args[1] is not None:
-        target = tuple(int(d) for d in np.broadcast_to(args[1].base, args[1].shape).reshape(-1))
+        target = tuple(int(d) for d in args[1].flat())
         return _Lazy(x.base, np.broadcast_shapes(x.shape, target))
     if op == "Unsqueeze":
         axes = attrs.get("axes")
         if axes is None:
             if len(args) < 2 or args[1] is None:
                 return None
-            axes = np.broadcast_to(args[1].base, args[1].shape).reshape(-1).tolist()
+            axes = args[1].flat().tolist()
         rank = len(x.shape) + len(axes)
         axes = sorted(int(a) % rank for a in axes)
         shape, base = list(x.shape), x.base
@@ -137,15 +141,12 @@ def _box(comps: list[_Lazy], dims) -> list[tuple[int, int]] | None:
                     return None
                 base = first
         extent = c.shape[j]
-        values = np.broadcast_to(base.reshape(-1), (extent,)).astype(np.int64)
+        if extent == 0:
+            return None
+        values = _Lazy(base.reshape(-1), (extent,)).flat().astype(np.int64)
         values = np.where(values < 0, values + dims[j], values)
-        start = int(values[0]) if extent else 0
-        if (
-            extent == 0
-            or not np.array_equal(values, start + np.arange(extent))
-            or start < 0
-            or start + extent > dims[j]
-        ):
+        start = int(values[0])
+        if not np.array_equal(values, start + np.arange(extent)) or start < 0 or start + extent > dims[j]:
             return None
         box.append((start, extent))
     return box
@@ -154,8 +155,7 @@ def _box(comps: list[_Lazy], dims) -> list[tuple[int, int]] | None:
 def box_scatters(model, shapes: dict[str, tuple[int, ...]]):
     """``(model, count)``: ``model`` with each ScatterND into a box as slices and concatenations (see the
     module's docstring), and the nodes only its indices needed removed; ``model`` itself when none."""
-    scatters = [n for n in model.graph.node if n.op_type == "ScatterND" and n.domain in ("", "ai.onnx")]
-    if not scatters:
+    if not any(_is_scatter(n) for n in model.graph.node):
         return model, 0
     pinned = _pinned(model, shapes)
     if pinned is None:
@@ -166,7 +166,7 @@ def box_scatters(model, shapes: dict[str, tuple[int, ...]]):
     g = _NodeBuilder(model)
     count = 0
     for node in model.graph.node:
-        dims = known.get(node.input[0]) if node in scatters else None
+        dims = known.get(node.input[0]) if _is_scatter(node) else None
         reduction = _text(_attrs(node).get("reduction", b"none")) if dims else None
         comps = _components(node.input[1], producers, constants) if reduction in ("none", *_REDUCE) else None
         box = _box(comps, dims) if comps else None
@@ -178,6 +178,10 @@ def box_scatters(model, shapes: dict[str, tuple[int, ...]]):
     if not count:
         return model, 0
     return _drop_unused(g.model(model)), count
+
+
+def _is_scatter(node) -> bool:
+    return node.op_type == "ScatterND" and node.domain in ("", "ai.onnx")
 
 
 def _write_box(g: _NodeBuilder, node, dims, box: list[tuple[int, int]], reduction: str) -> None:

@@ -328,7 +328,6 @@ def _div_mode(node, importer):
     return importer.block_builder.emit(out)
 
 
-#: aten ops converted here instead of by TVM's translator (see each function)
 def _cat(node, importer):
     """``aten.cat(tensors, dim=0)``: torch skips 1-D empty inputs whatever the others' rank
     (``torch.cat([torch.empty(0), k], dim=-2)``: how transformers' GPT-2 starts its key / value cache);
@@ -345,6 +344,7 @@ def _cat(node, importer):
     return importer.block_builder.emit(relax.op.concat([importer.env[t] for t in kept], axis=dim))
 
 
+#: aten ops converted here instead of by TVM's translator (see each function)
 CONVERTERS = {
     "cat.default": _cat,
     "select.int": _select,
