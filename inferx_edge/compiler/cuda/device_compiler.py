@@ -18,6 +18,7 @@ from inferx_edge.compiler.cuda.source_patches import (
 )
 from inferx_edge.compiler.cuda.stub import ensure_cuda_codegen
 from inferx_edge.compiler.cuda.toolkit import find_nvcc, find_nvrtc, nvcc_compile, nvrtc_compile
+from inferx_edge.compiler.cuda.wgmma import parse_tile
 from inferx_edge.errors import BuildError, check_choice
 from inferx_edge.targets import TargetSpec
 
@@ -46,6 +47,8 @@ class CudaOptions:
     wgmma : int8 dense layers of sm_90a builds run on the wgmma GEMM with their epilogue
         (:mod:`~inferx_edge.compiler.cuda.rules.wgmma_matmul`; env ``INFERX_WGMMA=1``). Off by
         default until checked on a device: the mma.sync tile schedule.
+    wgmma_tile : the tile those kernels run with, in :func:`~inferx_edge.compiler.cuda.wgmma.parse_tile`'s
+        spelling (env ``INFERX_WGMMA_TILE``); ``""`` keeps the rule's ``TILE``.
     """
 
     compiler: str = ""
@@ -53,9 +56,15 @@ class CudaOptions:
     dump_dir: Path | None = None
     fused_attention: bool = True
     wgmma: bool = False
+    wgmma_tile: str = ""
 
     def __post_init__(self) -> None:
         check_choice("CUDA compiler (INFERX_CUDA_COMPILER)", self.compiler, CUDA_COMPILERS)
+        if self.wgmma_tile:
+            try:
+                parse_tile(self.wgmma_tile)
+            except ValueError as e:
+                raise BuildError(f"INFERX_WGMMA_TILE: {e}") from None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> CudaOptions:
@@ -67,6 +76,7 @@ class CudaOptions:
             dump_dir=Path(dump) if dump else None,
             fused_attention=env.get("INFERX_FUSED_ATTENTION", "1") != "0",
             wgmma=env.get("INFERX_WGMMA", "0") != "0",
+            wgmma_tile=env.get("INFERX_WGMMA_TILE", ""),
         )
 
 

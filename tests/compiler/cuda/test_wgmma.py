@@ -298,3 +298,25 @@ def test_the_tile_search_leaves_kernels_wgmma_takes(tmp_path, monkeypatch):
     assert not any(wgmma_takes(f, a100) for f in kernels.values())
     monkeypatch.setenv("INFERX_WGMMA", "0")
     assert not any(wgmma_takes(f, h200) for f in kernels.values())
+
+
+def test_the_wgmma_tile_comes_from_the_environment(tmp_path, monkeypatch):
+    """INFERX_WGMMA_TILE replaces the rule's tile (a 3-stage tile gives another kernel than the default
+    4-stage one); a malformed spelling is a BuildError naming the variable and the valid flags."""
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.cuda.device_compiler import CudaOptions
+    from inferx_edge.compiler.cuda.rules.wgmma_matmul import TILE, wgmma_kernel
+    from inferx_edge.errors import BuildError
+    from inferx_edge.targets import get_target
+
+    _, _, mod = _int8_module(tmp_path)
+    func = next(iter(_dense_kernels(mod).values()))
+    h200 = resolve_tvm_target(get_target("h200"))
+    monkeypatch.setenv("INFERX_WGMMA", "1")
+    default = wgmma_kernel(func, h200).script()
+    monkeypatch.setenv("INFERX_WGMMA_TILE", TILE)
+    assert wgmma_kernel(func, h200).script() == default
+    monkeypatch.setenv("INFERX_WGMMA_TILE", "128:3:i1:k128:sw128")
+    assert wgmma_kernel(func, h200).script() != default
+    with pytest.raises(BuildError, match=r"INFERX_WGMMA_TILE.*valid: i1, k64"):
+        CudaOptions.from_env({"INFERX_WGMMA_TILE": "128:3:bogus"})

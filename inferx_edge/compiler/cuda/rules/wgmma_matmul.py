@@ -5,7 +5,7 @@ shapes the kernel does not take). ``CudaOptions.wgmma`` (env ``INFERX_WGMMA``) s
 
 from __future__ import annotations
 
-#: the tile every taken kernel runs with (``wgmma.parse_tile`` spelling)
+#: the tile every taken kernel runs with (``wgmma.parse_tile`` spelling; env ``INFERX_WGMMA_TILE`` overrides)
 TILE = "128:4:i1:k128:sw128"
 
 
@@ -23,9 +23,10 @@ def wgmma_kernel(func, target):
     from inferx_edge.compiler.cuda.wgmma import parse_tile
     from inferx_edge.compiler.cuda.wgmma_epilogue import wgmma_kernel_for
 
-    if not isinstance(func, tirx.PrimFunc) or not wgmma_target(target) or not CudaOptions.from_env().wgmma:
+    options = CudaOptions.from_env()
+    if not isinstance(func, tirx.PrimFunc) or not wgmma_target(target) or not options.wgmma:
         return None
-    return wgmma_kernel_for(func, **parse_tile(TILE))[0]
+    return wgmma_kernel_for(func, **parse_tile(options.wgmma_tile or TILE))[0]
 
 
 def wgmma_takes(func, target) -> bool:
