@@ -112,7 +112,7 @@ def search_tiles(
 
     target = resolve_tvm_target(spec)
     groups = tile_groups(mod)
-    on_wgmma = [wgmma_takes(g.func, target) for g in groups]
+    on_wgmma = [wgmma_takes(g.func, target, spec.sm_count) for g in groups]
     if any(on_wgmma):
         log(f"      {sum(on_wgmma)} kernel groups run on the wgmma GEMM (no tiles to search): skipped")
         groups = [g for g, taken in zip(groups, on_wgmma, strict=True) if not taken]

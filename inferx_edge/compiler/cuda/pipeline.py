@@ -66,7 +66,7 @@ def cuda_pipeline(target, tile_config: TileConfig | None = None, sm_count: int |
     legalize = [
         *fusion_passes(sm_count),
         guarded_default_schedule(
-            wgmma_matmul_rule(),
+            wgmma_matmul_rule(sm_count),
             tensor_core_matmul_rule(tile_config, sm_count),
             dl.gpu.GEMV(),
             small_reduction_rule(),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from inferx_edge.compiler.cuda.wgmma import GemmShape, gemm_body, split_row
+from inferx_edge.compiler.cuda.wgmma import BM, GemmShape, gemm_body, split_row
 
 
 def _gemm_block(sch, block):
@@ -138,10 +138,11 @@ def _epilogue_store(sch, block, c, extents):
     return body.buffer, list(body.indices), body.value, ivars
 
 
-def wgmma_kernel_for(func, body=gemm_body, **tile):
+def wgmma_kernel_for(func, body=gemm_body, min_tiles: int = 0, **tile):
     """``(kernel, reason)``: ``func`` (a fused int8 dense layer) with its body replaced by the wgmma
     GEMM and its epilogue, or ``(None, why it does not apply)``. ``tile`` are :class:`GemmShape`'s tile
-    fields (its defaults where absent). ``body(shape, a, b, store)`` makes the
+    fields (its defaults where absent). A GEMM of fewer than ``min_tiles`` output tiles is refused (one
+    per SM: smaller ones leave SMs idle that the mma.sync rule's smaller tiles fill). ``body(shape, a, b, store)`` makes the
     new body (:func:`~inferx_edge.compiler.cuda.wgmma.gemm_body`; tests put a plain loop there to run
     the rewritten epilogue on a CPU)."""
     from tvm import s_tir, tirx
@@ -165,6 +166,9 @@ def wgmma_kernel_for(func, body=gemm_body, **tile):
         shape = GemmShape(math.prod(row_extents), _extent(node, j), _extent(node, k), **tile)
     except ValueError as e:  # a shape the kernel does not take: the message says why
         return None, str(e)
+    tiles = -(-shape.m // BM) * (shape.n // shape.bn)
+    if tiles < min_tiles:
+        return None, f"{tiles} output tiles of {BM}x{shape.bn}, fewer than the {min_tiles} SMs"
     try:
         for blk in blocks[1:-1]:
             sch.compute_inline(blk)
