@@ -186,7 +186,11 @@ def test_kernels_it_does_not_take_say_why(tmp_path):
 @pytest.mark.parametrize("on", [True, False])
 def test_sm90a_builds_run_int8_dense_layers_on_wgmma_when_on(tmp_path, monkeypatch, on):
     """An int8 build for the H200 compiles with the dense layers on wgmma (their epilogue in the same
-    kernel) when CudaOptions.wgmma is on, on mma.sync when off; other archs never get it."""
+    kernel) when CudaOptions.wgmma is on and the GEMMs have an output tile per SM (a one-SM spec here:
+    the test's GEMMs are small); on mma.sync when off or with the H200's 132 SMs (two tiles would
+    leave 130 idle); other archs never get it."""
+    import dataclasses
+
     import tvm
     from tvm import relax
 
@@ -195,8 +199,10 @@ def test_sm90a_builds_run_int8_dense_layers_on_wgmma_when_on(tmp_path, monkeypat
     from inferx_edge.compiler.guarded_schedule import SCHEDULE_RULE_ATTR
 
     monkeypatch.setenv("INFERX_WGMMA", "1" if on else "0")
-    for target in ("h200", "a100") if on else ("h200",):
+    cases = [("h200", 1), ("h200", None), ("a100", 1)] if on else [("h200", 1)]
+    for target, sms in cases:
         spec, tvm_target, mod = _int8_module(tmp_path, target)
+        spec = dataclasses.replace(spec, sm_count=sms or spec.sm_count)
         with device_compiler(spec, "cubin") as record, tvm_target, pass_config(async_copy=True):
             scheduled = relax_pipeline(spec, tvm_target)(mod)
             relax.build(mod, tvm_target, relax_pipeline=relax_pipeline(spec, tvm_target))
@@ -207,8 +213,8 @@ def test_sm90a_builds_run_int8_dense_layers_on_wgmma_when_on(tmp_path, monkeypat
             if isinstance(f, tvm.tirx.PrimFunc) and "NT_matmul" in gv.name_hint
         }
         assert len(rules) == 2
-        want = "WgmmaInt8Matmul" if on and target == "h200" else "Int8SafeMatmul"
-        assert set(rules.values()) == {want}, (target, rules)
+        want = "WgmmaInt8Matmul" if on and target == "h200" and sms == 1 else "Int8SafeMatmul"
+        assert set(rules.values()) == {want}, (target, sms, rules)
 
 
 def _smem_operand(smem, start, rows, sbo, swizzle):
@@ -285,7 +291,8 @@ def test_the_warp_program_computes_one_tile(bn, bk, swizzle):
 
 def test_the_tile_search_leaves_kernels_wgmma_takes(tmp_path, monkeypatch):
     """With wgmma on for sm_90a, both dense kernels are the rule's (a searched tile would be ignored);
-    off, or for another arch, they are the tile search's."""
+    off, for another arch or on a GPU with more SMs than they have output tiles, they are the tile
+    search's."""
     from inferx_edge.compiler.compile import resolve_tvm_target
     from inferx_edge.compiler.cuda.rules.wgmma_matmul import wgmma_takes
     from inferx_edge.targets import get_target
@@ -295,14 +302,15 @@ def test_the_tile_search_leaves_kernels_wgmma_takes(tmp_path, monkeypatch):
     h200, a100 = (resolve_tvm_target(get_target(t)) for t in ("h200", "a100"))
     monkeypatch.setenv("INFERX_WGMMA", "1")
     assert all(wgmma_takes(f, h200) for f in kernels.values())
+    assert not any(wgmma_takes(f, h200, sm_count=132) for f in kernels.values())  # 1-2 tiles, 132 SMs
     assert not any(wgmma_takes(f, a100) for f in kernels.values())
     monkeypatch.setenv("INFERX_WGMMA", "0")
     assert not any(wgmma_takes(f, h200) for f in kernels.values())
 
 
 def test_the_wgmma_tile_comes_from_the_environment(tmp_path, monkeypatch):
-    """INFERX_WGMMA_TILE replaces the rule's tile (a 3-stage tile gives another kernel than the default
-    4-stage one); a malformed spelling is a BuildError naming the variable and the valid flags."""
+    """INFERX_WGMMA_TILE replaces the rule's tile (one wgmma group left in flight gives another kernel
+    than the default tile, which waits for all); a malformed spelling is a BuildError naming the variable and the valid flags."""
     from inferx_edge.compiler.compile import resolve_tvm_target
     from inferx_edge.compiler.cuda.device_compiler import CudaOptions
     from inferx_edge.compiler.cuda.rules.wgmma_matmul import TILE, wgmma_kernel
