@@ -183,6 +183,7 @@ def attention_kernel(
         raise ValueError(f"fused attention: {why}")
     bc, sq, sv = tiles(d, dv)
     n_q, n_kv = -(-s // ROWS), -(-t // bc)
+    last = -(-(t - (n_kv - 1) * bc) // 16) * 16  # keys the last tile computes (16-key steps)
     c = scale * _LOG2E  # scores in the exp2 domain
     threads = 32 * WARPS
     neg_inf = T.float32("-inf")
@@ -223,6 +224,58 @@ def attention_kernel(
                     a.data, a_off, b.data, h * 4, acc_.data, (tile + h) * 4, False, dtype="float32",
                 )
             )  # fmt: skip
+
+    @T.macro
+    def kv_step(j, nk, k, v, b_, k_s, v_s, qa, kb, pa, acc, o, m, ls, mx, al, n, tx, row0, w, lane, live):
+        # keys j*bc .. j*bc + nk (nk <= bc, a multiple of 16: the last tile computes only the 16-key
+        # steps that hold a key) into the running max, sum and output of the warp's 16 query rows
+        T.tvm_storage_sync("shared")
+        load_tile(k_s, sq, ko, k, n, tx, nk, d, j * bc, t)
+        load_tile(v_s, sv, vo, v, n, tx, nk, dv, j * bc, t)
+        T.tvm_storage_sync("shared")
+        if live:
+            for i in T.unroll(nk // 2):
+                acc[i] = T.float32(0)
+            for nt in T.unroll(nk // 16):
+                for ks in T.unroll(d // 16):
+                    b_pair_mma(False, k_s, b_rows(nt, lane, ks, sq), qa, ks * 8, kb, acc, nt * 2)
+            for nt in T.unroll(nk // 8):
+                for e in T.unroll(4):
+                    col = T.meta_var(j * bc + nt * 8 + c_col(lane, e))
+                    row = T.meta_var(row0 + w * 16 + c_row(lane, e))
+                    if has_bias:
+                        acc[nt * 4 + e] = acc[nt * 4 + e] * T.float32(c) + T.Cast(
+                            "float32", b_[bias_at(n, row, col)]
+                        ) * T.float32(_LOG2E)
+                    else:
+                        acc[nt * 4 + e] = acc[nt * 4 + e] * T.float32(c)
+                    if col >= t:
+                        acc[nt * 4 + e] = neg_inf
+            for i in T.unroll(2):
+                mx[i] = m[i]
+            for nt in T.unroll(nk // 8):
+                for e in T.unroll(4):
+                    mx[e // 2] = T.max(mx[e // 2], acc[nt * 4 + e])
+            for i in T.unroll(2):
+                for sh in T.unroll(2):
+                    mx[i] = T.max(mx[i], T.tvm_warp_shuffle_xor(T.tvm_warp_activemask(), mx[i], 1 << sh, 32, 32))
+                # a row every score of which is -inf so far: shift by 0, its exps are 0
+                al[i] = T.exp2(m[i] - T.if_then_else(mx[i] == neg_inf, T.float32(0), mx[i]))
+                m[i] = mx[i]
+                mx[i] = T.if_then_else(mx[i] == neg_inf, T.float32(0), mx[i])
+                ls[i] = ls[i] * al[i]
+            for nt in T.unroll(nk // 8):
+                for e in T.unroll(4):
+                    acc[nt * 4 + e] = T.exp2(acc[nt * 4 + e] - mx[e // 2])
+                    ls[e // 2] = ls[e // 2] + acc[nt * 4 + e]
+            for nd in T.unroll(dv // 8):
+                for e in T.unroll(4):
+                    o[nd * 4 + e] = o[nd * 4 + e] * al[e // 2]
+            for ks in T.unroll(nk // 16):
+                for e in T.unroll(8):
+                    pa[e] = T.Cast("float16", acc[ks * 8 + e])
+                for nd in T.unroll(dv // 16):
+                    b_pair_mma(True, v_s, bt_rows(ks, nd, lane, sv), pa, 0, kb, o, nd * 2)
 
     @T.prim_func(private=True)
     def attention(
@@ -267,54 +320,9 @@ def attention_kernel(
                         a_rows(w, lane, ks, sq), dtype="float16",
                     )
                 )  # fmt: skip
-        for j in range(n_kv):
-            T.tvm_storage_sync("shared")
-            load_tile(k_s, sq, ko, k, n, tx, bc, d, j * bc, t)
-            load_tile(v_s, sv, vo, v, n, tx, bc, dv, j * bc, t)
-            T.tvm_storage_sync("shared")
-            if live:
-                for i in T.unroll(bc // 2):
-                    acc[i] = T.float32(0)
-                for nt in T.unroll(bc // 16):
-                    for ks in T.unroll(d // 16):
-                        b_pair_mma(False, k_s, b_rows(nt, lane, ks, sq), qa, ks * 8, kb, acc, nt * 2)
-                for nt in T.unroll(bc // 8):
-                    for e in T.unroll(4):
-                        col = T.meta_var(j * bc + nt * 8 + c_col(lane, e))
-                        row = T.meta_var(row0 + w * 16 + c_row(lane, e))
-                        if has_bias:
-                            acc[nt * 4 + e] = acc[nt * 4 + e] * T.float32(c) + T.Cast(
-                                "float32", b_[bias_at(n, row, col)]
-                            ) * T.float32(_LOG2E)
-                        else:
-                            acc[nt * 4 + e] = acc[nt * 4 + e] * T.float32(c)
-                        if col >= t:
-                            acc[nt * 4 + e] = neg_inf
-                for i in T.unroll(2):
-                    mx[i] = m[i]
-                for nt in T.unroll(bc // 8):
-                    for e in T.unroll(4):
-                        mx[e // 2] = T.max(mx[e // 2], acc[nt * 4 + e])
-                for i in T.unroll(2):
-                    for sh in T.unroll(2):
-                        mx[i] = T.max(mx[i], T.tvm_warp_shuffle_xor(T.tvm_warp_activemask(), mx[i], 1 << sh, 32, 32))
-                    # a row every score of which is -inf so far: shift by 0, its exps are 0
-                    al[i] = T.exp2(m[i] - T.if_then_else(mx[i] == neg_inf, T.float32(0), mx[i]))
-                    m[i] = mx[i]
-                    mx[i] = T.if_then_else(mx[i] == neg_inf, T.float32(0), mx[i])
-                    ls[i] = ls[i] * al[i]
-                for nt in T.unroll(bc // 8):
-                    for e in T.unroll(4):
-                        acc[nt * 4 + e] = T.exp2(acc[nt * 4 + e] - mx[e // 2])
-                        ls[e // 2] = ls[e // 2] + acc[nt * 4 + e]
-                for nd in T.unroll(dv // 8):
-                    for e in T.unroll(4):
-                        o[nd * 4 + e] = o[nd * 4 + e] * al[e // 2]
-                for ks in T.unroll(bc // 16):
-                    for e in T.unroll(8):
-                        pa[e] = T.Cast("float16", acc[ks * 8 + e])
-                    for nd in T.unroll(dv // 16):
-                        b_pair_mma(True, v_s, bt_rows(ks, nd, lane, sv), pa, 0, kb, o, nd * 2)
+        for j in range(n_kv - 1):
+            kv_step(j, bc, k, v, b_, k_s, v_s, qa, kb, pa, acc, o, m, ls, mx, al, n, tx, row0, w, lane, live)
+        kv_step(n_kv - 1, last, k, v, b_, k_s, v_s, qa, kb, pa, acc, o, m, ls, mx, al, n, tx, row0, w, lane, live)
         if live:
             for i in T.unroll(2):
                 for sh in T.unroll(2):

@@ -182,6 +182,33 @@ def test_kernel_compiles_to_tensor_core_code(tmp_path, monkeypatch, target):
     assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in source  # V read transposed by ldmatrix
 
 
+def _mma_per_thread(func) -> int:
+    """How many ``mma`` instructions one thread of a live warp issues: every mma call of the kernel's
+    TVMScript times the extents of the loops around it (``range`` / ``T.unroll`` headers)."""
+    import re
+
+    total, loops = 0, []  # (indent, extent)
+    for line in func.script().splitlines():
+        indent = len(line) - len(line.lstrip())
+        loops = [(i, x) for i, x in loops if i < indent]
+        head = re.match(r"\s*for \w+ in (?:T\.unroll|T\.serial|range)\((\d+)\):", line)
+        if head:
+            loops.append((indent, int(head.group(1))))
+        elif "ptx_legacy.mma(" in line:
+            total += int(np.prod([x for _, x in loops]))
+    return total
+
+
+@pytest.mark.parametrize("t, want", [(256, 256), (197, 208), (193, 208), (64, 64), (5, 16)])
+def test_the_last_key_tile_computes_only_the_16_key_steps_holding_a_key(t, want):
+    """Q K^T and P V of 64 query rows (d = dv = 64: 8 mma per 16-key step each way per warp): the key
+    tiles of 64 are computed whole, the last one only to the 16-key step holding its last key (197 keys:
+    3 x 64 + 16, not 4 x 64)."""
+    from inferx_edge.compiler.cuda.attention import attention_kernel
+
+    assert _mma_per_thread(attention_kernel(12, 64, t, 64, 64, 0.125, "float16", None)) == want
+
+
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("label,args,kwargs", CHECKS, ids=[c[0] for c in CHECKS])
