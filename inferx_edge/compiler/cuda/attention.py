@@ -110,6 +110,33 @@ def contiguous(nb: int, length: int, width: int, dtype: str = "float16") -> Oper
     return Operand((nb, length, width), dtype, lambda n, r, c: (n, r, c), 8 if dtype == "float16" else 4)
 
 
+@dataclass(frozen=True)
+class Store:
+    """How the kernel writes its output. ``heads`` > 1: as ``[nb // heads, s, heads, dv]`` (a multi-head
+    block's heads side by side, the layout its output projection reads) instead of ``[nb, s, dv]``.
+    ``scale``: int8 quantized, ``min(max(round(x * scale), lo), hi)``, as the int8 rewrite quantizes."""
+
+    heads: int = 1
+    scale: float | None = None
+    lo: float = -127.0
+    hi: float = 127.0
+
+    def shape(self, nb: int, s: int, dv: int) -> tuple[int, ...]:
+        return (nb // self.heads, s, self.heads, dv) if self.heads > 1 else (nb, s, dv)
+
+    def index(self, n, row, col) -> list:
+        return [n // self.heads, row, n % self.heads, col] if self.heads > 1 else [n, row, col]
+
+    def value(self, x, out_dtype: str):
+        """The stored element for the float32 result ``x`` (a TIR expression)."""
+        from tvm import tirx
+
+        if self.scale is not None:
+            f32 = lambda c: tirx.const(c, "float32")  # noqa: E731
+            x = tirx.min(tirx.max(tirx.round(x * f32(self.scale)), f32(self.lo)), f32(self.hi))
+        return tirx.Cast(out_dtype, x)
+
+
 # Fragment layouts of mma.sync.m16n8k16 (.row.col, fp16 in, fp32 accumulate) as the kernel addresses
 # them; ints or TIR expressions. tests/compiler/cuda/test_attention_fragments.py runs the kernel's warp
 # program in numpy through these same functions against PTX's definitions of ldmatrix and mma.
@@ -169,14 +196,17 @@ def attention_kernel(
     out_dtype: str,
     bias: Bias | None,
     operands: tuple[Operand, Operand, Operand] | None = None,
+    store: Store | None = None,
 ):
     """The PrimFunc ``attention(q, k, v, bias, out[nb, s, dv])``: ``softmax(q k^T * scale + bias) v``
     per (batch x head) ``nb`` on fp16 tensor cores, ``out_dtype`` output. ``operands`` say where Q
     [nb, s, d], K [nb, t, d] and V [nb, t, dv] are read (default: fp16 tensors of those shapes); without
-    ``bias`` its parameter is a 1-element tensor that is never read."""
+    ``bias`` its parameter is a 1-element tensor that is never read. ``store``: how ``out`` is laid out
+    and quantized (:class:`Store`; default ``[nb, s, dv]`` as computed)."""
     from tvm.script import tirx as T
 
     qo, ko, vo = operands or (contiguous(nb, s, d), contiguous(nb, t, d), contiguous(nb, t, dv))
+    store = store or Store()
 
     why = supports(s, t, d, dv)
     if why:
@@ -283,7 +313,7 @@ def attention_kernel(
         k: T.Buffer(ko.shape, ko.dtype),
         v: T.Buffer(vo.shape, vo.dtype),
         b_: T.Buffer(bshape, bdtype),
-        out: T.Buffer((nb, s, dv), out_dtype),
+        out: T.Buffer(store.shape(nb, s, dv), out_dtype),
     ):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         bx = T.launch_thread("blockIdx.x", nb * n_q)
@@ -331,8 +361,10 @@ def attention_kernel(
             for nd in T.unroll(dv // 8):
                 for e in T.unroll(4):
                     if row0 + w * 16 + c_row(lane, e) < s:
-                        out[n, row0 + w * 16 + c_row(lane, e), nd * 8 + c_col(lane, e)] = T.Cast(
-                            out_dtype, o[nd * 4 + e] * ls[e // 2]
+                        T.buffer_store(
+                            out,
+                            store.value(o[nd * 4 + e] * ls[e // 2], out_dtype),
+                            store.index(n, row0 + w * 16 + c_row(lane, e), nd * 8 + c_col(lane, e)),
                         )
 
     return attention

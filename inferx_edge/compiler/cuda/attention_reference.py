@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inferx_edge.compiler.cuda.attention import Bias, Operand, contiguous
+from inferx_edge.compiler.cuda.attention import Bias, Operand, Store, contiguous
 
 
 def attention_reference(
@@ -15,6 +15,7 @@ def attention_reference(
     out_dtype: str,
     bias: Bias | None,
     operands: tuple[Operand, Operand, Operand] | None = None,
+    store: Store | None = None,
 ):
     """:func:`attention_kernel`'s computation as a plain TE PrimFunc (same parameters, any target): fp16
     Q/K/V (saturated), fp32 scores, exponentials rounded to fp16 where they meet V, fp32 sums; a row
@@ -52,9 +53,13 @@ def attention_reference(
         lambda n, i, e: te.sum(p[n, i, ro].astype("float16").astype("float32") * get(vo, v, n, ro, e), axis=ro),
         name="o",
     )
-    out = te.compute(
-        (nb, s, dv),
-        lambda n, i, e: tirx.if_then_else(total[n, i] > 0, o[n, i, e] / total[n, i], 0.0).astype(out_dtype),
-        name="out",
-    )
+    store = store or Store()
+
+    def result(n, i, e):
+        return store.value(tirx.if_then_else(total[n, i] > 0, o[n, i, e] / total[n, i], 0.0), out_dtype)
+
+    if store.heads > 1:
+        out = te.compute(store.shape(nb, s, dv), lambda b, i, h, e: result(b * store.heads + h, i, e), name="out")
+    else:
+        out = te.compute((nb, s, dv), result, name="out")
     return te.create_prim_func([q, k, v, b_, out]).without_attr("global_symbol")

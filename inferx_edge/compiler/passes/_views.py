@@ -151,14 +151,19 @@ def source_of(expr, ctx, coords, *, scalars: bool):
 
 
 def constant_value(expr, ctx=None) -> float | None:
-    """A Relax constant with one element, as a float; else None. With ``ctx``, also a variable bound
+    """A Relax constant with one element or a scalar written into a call, as a float; else None. With ``ctx``, also a variable bound
     to such a constant through reshapes and float casts (torch exports its attention scale as
     ``reshape(reshape(const, [1, 1, 1, 1]))``)."""
     import tvm
 
     for _ in range(16):
         if isinstance(expr, tvm.ir.expr.Constant):
-            return float(expr.value.numpy().reshape(())) if expr.value.numpy().size == 1 else None
+            value = expr.value
+            if isinstance(value, int | float):  # a scalar written into the call (clip's bounds)
+                return float(value)
+            if not hasattr(value, "numpy"):  # a PrimValue's IntImm / FloatImm
+                return float(value.value) if hasattr(value, "value") else None
+            return float(value.numpy().reshape(())) if value.numpy().size == 1 else None
         call = ctx.producer(expr) if ctx is not None else None
         name = op_name(call)
         if name not in ("relax.reshape", "relax.astype"):

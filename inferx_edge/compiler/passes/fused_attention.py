@@ -24,6 +24,7 @@ from inferx_edge.compiler.passes._views import (
     source_of,
     vector_width,
 )
+from inferx_edge.compiler.passes.attention_outputs import store_attention_outputs
 from inferx_edge.compiler.passes.fp16_depthwise import saturated_fp16
 
 _CHAIN = ("relax.astype", "relax.reshape", "relax.multiply", "relax.divide", "relax.add")
@@ -206,6 +207,8 @@ def fused_attention(mod):
 
     matmul = tvm.ir.Op.get("relax.matmul")
     found_readers, uses = readers(mod), use_counts(mod)
+    factory = _FACTORY[-1] if _FACTORY else attention_kernel
+    kernels: dict = {}  # kernel name -> its arguments, writing int8 (store_attention_outputs)
 
     def rewrite(call, ctx):
         if call.op != matmul or len(ctx.given) != 2:
@@ -300,11 +303,13 @@ def fused_attention(mod):
         # written here and read by the quantize (ViT-B/16: its head-merging transpose)
         quantized = odt == "float32" and ctx.var is not None and _quantized_only(ctx.var, found_readers, uses)
         written = "float16" if quantized else odt
-        factory = _FACTORY[-1] if _FACTORY else attention_kernel
-        kernel = factory(nb, s, t, d, dv, factor, written, bias_spec, tuple(op for _, op in views))
+        specs = tuple(op for _, op in views)
+        kernel = factory(nb, s, t, d, dv, factor, written, bias_spec, specs)
         gv = b.add_func(kernel, "fused_attention")
+        kernels[gv.name_hint] = (nb, s, t, d, dv, factor, "int8", bias_spec, specs)
         out = b.emit(relax.call_tir(gv, [*operands, bias], relax.TensorType([nb, s, dv], written)))
         out = relax.op.reshape(out, [*final, s, dv])
         return out if written == odt else relax.op.astype(out, odt)
 
-    return relax.transform.DeadCodeElimination()(rewrite_calls_in_context(mod, rewrite))
+    mod = relax.transform.DeadCodeElimination()(rewrite_calls_in_context(mod, rewrite))
+    return store_attention_outputs(mod, kernels, factory)

@@ -161,19 +161,23 @@ def test_bias_offsets_broadcast_over_the_batch_view():
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("target", ["a100", "jetson-orin", "h200"])
+@pytest.mark.parametrize("target", ["a100", "jetson-orin", "h200", "h200 int8 heads merged"])
 def test_kernel_compiles_to_tensor_core_code(tmp_path, monkeypatch, target):
     import tvm
 
     from inferx_edge.compiler.compile import resolve_tvm_target
     from inferx_edge.compiler.cuda import device_compiler
-    from inferx_edge.compiler.cuda.attention import Bias, attention_kernel
+    from inferx_edge.compiler.cuda.attention import Bias, Store, attention_kernel
     from inferx_edge.targets import get_target
 
     monkeypatch.setenv("INFERX_DUMP_CUDA", str(tmp_path))
-    spec = get_target(target)
+    spec = get_target(target.split()[0])
     tgt = resolve_tvm_target(spec)
-    f = attention_kernel(24, 49, 49, 32, 32, 0.17, "float16", Bias((1, 3, 49, 49), (8, 3), "float32"))
+    merged = target.endswith("merged")
+    dtype, store = ("int8", Store(3, 40.0)) if merged else ("float16", None)
+    f = attention_kernel(24, 49, 49, 32, 32, 0.17, dtype, Bias((1, 3, 49, 49), (8, 3), "float32"), store=store)
+    out_shape = [int(x) for x in f.params[-1].shape]
+    assert out_shape == ([8, 49, 3, 32] if merged else [24, 49, 32])
     with device_compiler(spec, "cubin") as record, tgt:
         tvm.compile(tvm.IRModule({"attention": f.with_attr("global_symbol", "attention")}), target=tgt)
     assert record["arch"].startswith(spec.cuda_arch)
@@ -229,7 +233,7 @@ def test_the_checks_fail_a_kernel_with_the_wrong_scale(monkeypatch):
 
     twin = importlib.import_module("inferx_edge.compiler.cuda.attention_reference")
     real = twin.attention_reference
-    monkeypatch.setattr(twin, "attention_reference", lambda *a: real(*a[:5], a[5] * 1.05, *a[6:]))
+    monkeypatch.setattr(twin, "attention_reference", lambda *a, **kw: real(*a[:5], a[5] * 1.05, *a[6:], **kw))
     label, args, kwargs = CHECKS[0]
     assert not check(label, args, kwargs, cpu=True)["ok"]
 
@@ -259,6 +263,10 @@ def test_a_cuda_variants_attention_block_emulated_on_the_cpu_matches_onnxruntime
             imported, variant_layout(get_target("h200"), precision), quantize=quantize, bake=True
         )
     assert any(gv.name_hint.startswith("fused_attention") for gv in prepared.mod.get_global_vars())
+    if precision == "int8":  # the kernel writes the out-projection's int8 input, heads merged
+        calls = [b.value for blk in prepared.mod["main"].body.blocks for b in blk.bindings]
+        written = [str(c.ty.dtype) for c in calls if "fused_attention" in str(getattr(c, "args", [""])[0])]
+        assert written == ["int8"], written
     vm = relax.VirtualMachine(tvm.compile(prepared.mod, target="llvm"), tvm.cpu())
     got = vm["main"](tvm.runtime.tensor(x), *[tvm.runtime.tensor(np.asarray(w)) for w in prepared.weight_arrays])
     err = np.linalg.norm(got.numpy() - want) / np.linalg.norm(want)
@@ -424,7 +432,10 @@ def _quantized_attention_mod(float_reader: bool):
 
 
 @pytest.mark.parametrize("float_reader", [False, True], ids=["quantized_only", "also_read_as_float"])
-def test_an_output_only_int8_quantizes_read_is_written_fp16(float_reader):
+def test_an_output_only_merged_and_quantized_is_written_so_by_the_kernel(float_reader):
+    """Heads merged ([2, 4, 24, 16] -> [2, 24, 64]) and quantized to int8 and read by nothing else: the
+    kernel writes the int8 [2, 24, 4, 16] tensor itself, no transpose or quantize left. Also read as
+    float: the kernel writes float32 and the rest stays."""
     import tvm
     from tvm import relax
 
@@ -435,7 +446,10 @@ def test_an_output_only_int8_quantizes_read_is_written_fp16(float_reader):
         fused = fused_attention(mod)
     bound = [b.value for blk in fused["main"].body.blocks for b in blk.bindings]
     (call,) = [v for v in bound if "call_tir" in str(getattr(v, "op", ""))]
-    assert str(call.ty.dtype) == ("float32" if float_reader else "float16")
+    assert str(call.ty.dtype) == ("float32" if float_reader else "int8")
+    if not float_reader:
+        assert [int(x) for x in call.ty.shape] == [2, 24, 4, 16]
+        assert not {"relax.permute_dims", "relax.round", "relax.astype"} & set(_ops(fused))
     x = np.random.default_rng(0).standard_normal((2, 24, 64)).astype(np.float32)
     got, want = (
         relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x))
@@ -444,6 +458,25 @@ def test_an_output_only_int8_quantizes_read_is_written_fp16(float_reader):
     got, want = (o[0] if float_reader else o for o in (got, want))
     # int8 codes: the fp16 output moves a code by at most one step where it sat on a rounding boundary
     assert np.abs(got.numpy().astype(int) - want.numpy().astype(int)).max() <= 1
+
+
+@pytest.mark.parametrize(
+    "ops, want",
+    [
+        ([("reshape", [2, 4, 24, 16]), ("permute", [0, 2, 1, 3]), ("reshape", [2, 24, 64])], 4),
+        ([("reshape", [2, 4, 24, 16]), ("permute", [0, 2, 1, 3])], 4),
+        ([("reshape", [8 * 24 * 16])], 1),
+        ([], 1),
+        ([("reshape", [2, 4, 24, 16]), ("permute", [1, 2, 0, 3])], None),  # heads outermost
+        ([("permute", [0, 2, 1])], None),  # rows and columns swapped
+    ],
+)
+def test_the_output_layouts_the_kernel_writes_itself(ops, want):
+    """An [8, 24, 16] attention output (2 images x 4 heads) through layout ops: the heads merged side by
+    side is a layout the kernel writes (heads = 4; as computed: 1), others are not."""
+    from inferx_edge.compiler.passes.attention_outputs import _heads
+
+    assert _heads(ops, [8, 24, 16]) == want
 
 
 def test_common_refinement_of_batch_views():
