@@ -153,13 +153,17 @@ def unscheduled_kernels(mod, spec, target):
         return tvm.transform.Sequential(passes)(mod)
 
 
-def check_schedules(plain, scheduled, only: str | None = None, tolerance: float = 1e-3) -> int:
-    """Print each kernel's check (:func:`inferx_edge.compiler.schedule_check.check_module`); 1 when one
-    differs from its unscheduled kernel by more than ``tolerance`` of its largest output (at least 1)."""
-    from inferx_edge.compiler.schedule_check import check_module
+def check_schedules(plain, scheduled, only: str | None = None, tolerance: float = 1e-3, wgmma: bool = False) -> int:
+    """Print each kernel's check (:func:`inferx_edge.compiler.schedule_check.check_module`; ``wgmma``:
+    also :func:`~inferx_edge.compiler.schedule_check.check_wgmma_epilogues`); 1 when one differs from its
+    unscheduled kernel by more than ``tolerance`` of its largest output (at least 1)."""
+    from inferx_edge.compiler.schedule_check import check_module, check_wgmma_epilogues
 
     checked, bad = 0, []
-    for name, rule, diff, skipped in check_module(plain, scheduled, only=only):
+    rows = list(check_module(plain, scheduled, only=only))
+    if wgmma:  # the epilogues the sm_90a wgmma rewrite evaluates, with a plain-loop GEMM
+        rows += [(name, "wgmma epilogue", diff, why) for name, diff, why in check_wgmma_epilogues(plain, only=only)]
+    for name, rule, diff, skipped in rows:
         if skipped:
             print(f"  skip  {name[:70]:70s} {rule or '-':22s} {skipped}")
             continue
@@ -265,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
         plain = unscheduled_kernels(mod, spec, target)
         mod = pipeline(mod)
         if args.check_schedules:
-            return check_schedules(plain, mod, args.kernels)
+            from inferx_edge.compiler.cuda.rules.wgmma_matmul import wgmma_target
+
+            return check_schedules(plain, mod, args.kernels, wgmma=wgmma_target(target))
         costs = kernel_costs(plain)
         from inferx_edge.compiler.relax_rewrite import call_counts
 

@@ -2,7 +2,8 @@
 serial (the same iterations, shared and per-thread buffers included) and is compared with its
 unscheduled kernel on random inputs. This checks what a schedule computes, not how a GPU runs it
 (races, missing barriers and tensor-core intrinsics are out of its reach: kernels using mma are
-skipped)."""
+skipped). The sm_90a wgmma rewrite's epilogues are checked with a plain-loop GEMM in place of the wgmma
+main loop (:func:`check_wgmma_epilogues`)."""
 
 from __future__ import annotations
 
@@ -35,15 +36,10 @@ def _random(shape: list[int], dtype: str, rng) -> np.ndarray:
     return rng.standard_normal(shape).astype(dtype)
 
 
-def check_kernel(unscheduled, scheduled, seed: int = 0) -> float:
-    """The largest difference between ``scheduled`` (run serially on the CPU) and ``unscheduled``
-    (compiled for the CPU as is) on the same random inputs, relative to the largest output magnitude
-    (at least 1); the outputs are the parameters the kernel writes. Integer outputs (quantized
-    activations) may differ by one unit: a float sum the schedule reassociates can round either way."""
-    import tvm
-
-    script = unscheduled.script()
-    params = list(unscheduled.params)
+def _arguments(func, seed: int):
+    """``(params, the ones it writes, arrays)``: seeded random inputs and zeroed outputs for ``func``."""
+    script = func.script()
+    params = list(func.params)
     written = [p for p in params if f"T.writes({p.name}[" in script or f"T.writes({p.name})" in script]
     rng = np.random.default_rng(seed)
     arrays = [
@@ -52,6 +48,17 @@ def check_kernel(unscheduled, scheduled, seed: int = 0) -> float:
         else _random([int(d) for d in p.shape], str(p.dtype), rng)
         for p in params
     ]
+    return params, written, arrays
+
+
+def check_kernel(unscheduled, scheduled, seed: int = 0) -> float:
+    """The largest difference between ``scheduled`` (run serially on the CPU) and ``unscheduled``
+    (compiled for the CPU as is) on the same random inputs, relative to the largest output magnitude
+    (at least 1); the outputs are the parameters the kernel writes. Integer outputs (quantized
+    activations) may differ by one unit: a float sum the schedule reassociates can round either way."""
+    import tvm
+
+    params, written, arrays = _arguments(unscheduled, seed)
     got = run_serially_on_cpu(scheduled, *arrays)
     ref = tvm.compile(tvm.IRModule({"main": unscheduled.with_attr("global_symbol", "main")}), "llvm")
     want = [tvm.runtime.tensor(a) for a in arrays]
@@ -98,3 +105,57 @@ def check_module(unscheduled_mod, scheduled_mod, max_elements: int = 1 << 24, on
             yield name, rule, None, f"not runnable on a CPU: {type(exc).__name__}: {lines[-1] if lines else ''}"[:160]
             continue
         yield name, rule, diff, None
+
+
+def check_wgmma_epilogues(unscheduled_mod, max_macs: int = 1 << 31, only: str | None = None):
+    """Yield ``(kernel, relative difference or None, why skipped)`` for every kernel of
+    ``unscheduled_mod`` the sm_90a wgmma rewrite takes (at any size: the SM-count gate aside, so a
+    batch-1 module checks what a batch-64 build rewrites): the rewritten kernel with a plain-loop GEMM
+    in place of wgmma's main loop (:func:`~inferx_edge.compiler.cuda.wgmma_epilogue.loop_body`) against
+    the kernel as fused, on the same random inputs, on this CPU. What it checks is the epilogue the
+    rewrite evaluates on the accumulator; the main loop itself needs the GPU."""
+    import tvm
+
+    from inferx_edge.compiler.cuda.device_compiler import CudaOptions
+    from inferx_edge.compiler.cuda.rules.wgmma_matmul import TILE
+    from inferx_edge.compiler.cuda.wgmma import parse_tile
+    from inferx_edge.compiler.cuda.wgmma_epilogue import loop_body, wgmma_kernel_for
+
+    tile = parse_tile(CudaOptions.from_env().wgmma_tile or TILE)
+    for gv, func in unscheduled_mod.functions_items():
+        name = gv.name_hint
+        if not isinstance(func, tvm.tirx.PrimFunc) or (only and only not in name):
+            continue
+        sizes = {}
+
+        def body(shape, a, b, store, sizes=sizes):
+            sizes["macs"] = shape.m * shape.n * shape.k
+            return loop_body(shape, a, b, store)
+
+        rewritten, _why = wgmma_kernel_for(func, body=body, **tile)
+        if rewritten is None:
+            continue
+        if sizes["macs"] > max_macs:
+            yield name, None, f"{sizes['macs']:.2e} multiply-adds, over {max_macs:.2e}"
+            continue
+        yield name, _compare_on_cpu(func, rewritten.without_attr("tirx.is_scheduled")), None
+
+
+def _compare_on_cpu(reference, candidate, seed: int = 0) -> float:
+    """The largest difference between two kernels of the same parameters compiled for this CPU, on the
+    same random inputs, relative to the largest output magnitude (at least 1)."""
+    import tvm
+
+    params, written, arrays = _arguments(reference, seed)
+    outs = []
+    for f in (reference, candidate):
+        lib = tvm.compile(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}), "llvm")
+        tensors = [tvm.runtime.tensor(a) for a in arrays]
+        lib["main"](*tensors)
+        outs.append([t.numpy().astype(np.float64) for t in tensors])
+    worst = 0.0
+    for i, p in enumerate(params):
+        if p in written:
+            want = outs[0][i]
+            worst = max(worst, float(np.abs(outs[1][i] - want).max()) / max(1.0, float(np.abs(want).max())))
+    return worst

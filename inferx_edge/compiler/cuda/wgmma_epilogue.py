@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from inferx_edge.compiler.cuda.wgmma import BM, GemmShape, gemm_body, split_row
+from inferx_edge.compiler.cuda.wgmma import BM, GemmShape, element, gemm_body, split_row
 
 
 def _gemm_block(sch, block):
@@ -136,6 +136,23 @@ def _epilogue_store(sch, block, c, extents):
     if bad:
         return "the epilogue reads the GEMM's result away from its own element"
     return body.buffer, list(body.indices), body.value, ivars
+
+
+def loop_body(shape, a, b, store):
+    """The GEMM as plain loops (int32 sum over K), each element through ``store``: what the wgmma main
+    loop computes, runnable on a CPU (:func:`wgmma_kernel_for`'s ``body`` for checks without a GPU)."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(private=True, check_well_formed=False)
+    def body():
+        acc = T.alloc_buffer((1,), "int32", scope="local")
+        for row, col in T.grid(shape.m, shape.n):
+            acc[0] = 0
+            for k in range(shape.k):
+                acc[0] = acc[0] + T.Cast("int32", element(a, row, k)) * T.Cast("int32", element(b, col, k))
+            store(acc[0], row, col)
+
+    return body.body
 
 
 def wgmma_kernel_for(func, body=gemm_body, min_tiles: int = 0, **tile):

@@ -73,39 +73,20 @@ def _dense_kernels(mod):
     }
 
 
-def _loop_body(shape, a, b, store):
-    """The GEMM as plain loops (int32 sum over K), each element through ``store``: what the wgmma main
-    loop computes, runnable on a CPU."""
-    from tvm.script import tirx as T
-
-    from inferx_edge.compiler.cuda.wgmma import element
-
-    @T.prim_func(private=True, check_well_formed=False)
-    def body():
-        acc = T.alloc_buffer((1,), "int32", scope="local")
-        for row, col in T.grid(shape.m, shape.n):
-            acc[0] = 0
-            for k in range(shape.k):
-                acc[0] = acc[0] + T.Cast("int32", element(a, row, k)) * T.Cast("int32", element(b, col, k))
-            store(acc[0], row, col)
-
-    return body.body
-
-
 def test_the_rewritten_epilogue_computes_what_the_fused_kernel_computed(tmp_path):
     """Both dense kernels of an int8 MLP (requantize + bias + erf GELU + requantize to int8; requantize
     + bias + residual to float32) are taken; with a plain-loop GEMM in place of wgmma's the rewritten
     kernel's outputs equal the original kernel's, on seeded random inputs."""
     import tvm
 
-    from inferx_edge.compiler.cuda.wgmma_epilogue import wgmma_kernel_for
+    from inferx_edge.compiler.cuda.wgmma_epilogue import loop_body, wgmma_kernel_for
 
     _, _, mod = _int8_module(tmp_path)
     kernels = _dense_kernels(mod)
     assert len(kernels) == 2, sorted(kernels)
     rng = np.random.default_rng(0)
     for name, func in kernels.items():
-        rewritten, why = wgmma_kernel_for(func, body=_loop_body)
+        rewritten, why = wgmma_kernel_for(func, body=loop_body)
         assert rewritten is not None, (name, why)
         args = []
         for p in func.params:
@@ -328,3 +309,19 @@ def test_the_wgmma_tile_comes_from_the_environment(tmp_path, monkeypatch):
     assert wgmma_kernel(func, h200).script() != default
     with pytest.raises(BuildError, match=r"INFERX_WGMMA_TILE.*valid: i1, k64"):
         CudaOptions.from_env({"INFERX_WGMMA_TILE": "128:3:bogus"})
+
+
+def test_the_epilogue_check_runs_every_kernel_the_rewrite_takes(tmp_path):
+    """schedule_check.check_wgmma_epilogues (kernel_profile --check-schedules for sm_90a): both dense
+    kernels of the int8 MLP checked against their fused form on this CPU, equal; a kernel over the
+    size limit is named and skipped."""
+    import tvm
+
+    from inferx_edge.compiler.cuda.pipeline import fusion_passes
+    from inferx_edge.compiler.schedule_check import check_wgmma_epilogues
+
+    _, _, mod = _int8_module(tmp_path)
+    fused = tvm.transform.Sequential(fusion_passes())(mod)
+    rows = list(check_wgmma_epilogues(fused))
+    assert len(rows) == 2 and all(diff == 0.0 and why is None for _, diff, why in rows), rows
+    assert all(diff is None and "over" in why for _, diff, why in check_wgmma_epilogues(fused, max_macs=1000))
