@@ -47,7 +47,8 @@ class CudaOptions:
     wgmma : int8 dense layers of sm_90a builds run on the wgmma GEMM with their epilogue
         (:mod:`~inferx_edge.compiler.cuda.rules.wgmma_matmul`; default on, env ``INFERX_WGMMA=0``
         turns it off: the mma.sync tile schedule, for A/B measurements). ViT-B/16 int8 at batch 64
-        on an H100: 1.34x torch.compile with it (``vit_wgmma_i0_s75``), 1.14x without.
+        on an H100: 5.55 ms per call with it, 6.71 ms without (kernel profiles of session 75,
+        docs/zoo.md "wgmma by default").
     wgmma_tile : the tile those kernels run with, in :func:`~inferx_edge.compiler.cuda.wgmma.parse_tile`'s
         spelling (env ``INFERX_WGMMA_TILE``); ``""`` keeps the rule's ``TILE``.
     """
