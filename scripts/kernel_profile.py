@@ -14,7 +14,7 @@ Without a GPU: ``--costs-only`` writes each kernel's FLOPs, compulsory bytes, ru
 (and counts the kernels per rule, and names kernels of fewer thread blocks than the GPU has SMs that
 each move 64 KiB or more: a few SMs walking a large tensor); ``--check-schedules`` runs every scheduled kernel but tensor-core ones on this CPU
 with its thread loops serial against the unscheduled kernel (``compiler/schedule_check.py``; use a
-small batch), and exits 1 when one differs.
+small batch; for sm_90a also each wgmma epilogue over a plain-loop GEMM), and exits 1 when one differs.
 """
 
 from __future__ import annotations
