@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from inferx_edge.frontend.onnx_pads import _constants
+
 #: The most iterations a loop is unrolled to (each copies the body into the graph).
 MAX_TRIPS = 64
 
@@ -50,16 +52,6 @@ def graph_references(node) -> set[str]:
                 names |= graph_references(inner)
             names.update(o.name for o in g.output)
     return names
-
-
-def _constants(model) -> dict[str, np.ndarray]:
-    from onnx import numpy_helper
-
-    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if np.prod(t.dims) <= 16}
-    for n in model.graph.node:
-        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
-            values[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
-    return values
 
 
 def _always_true(body, constants: dict[str, np.ndarray]) -> bool:
@@ -170,7 +162,7 @@ def _expand_nodes(model, op_type: str, expand):
 
     if not any(n.op_type == op_type for n in model.graph.node):
         return model, 0
-    constants = _constants(model)
+    constants = _constants(model, max_elements=16)
     graph_outputs = {o.name for o in model.graph.output}
     nodes, replaced, count = [], {}, 0
     for i, node in enumerate(model.graph.node):
@@ -218,7 +210,7 @@ def resolve_sequences(model):
 
     if not any(n.op_type in ("SequenceEmpty", "SequenceConstruct") for n in model.graph.node):
         return model, 0
-    constants = _constants(model)
+    constants = _constants(model, max_elements=16)
     seqs: dict[str, list[str]] = {}
     alias: dict[str, str] = {}
     nodes, count = [], 0

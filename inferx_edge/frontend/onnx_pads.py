@@ -20,14 +20,20 @@ from __future__ import annotations
 import numpy as np
 
 
-def _constants(model) -> dict[str, np.ndarray]:
+def _constants(model, max_elements: int | None = None) -> dict[str, np.ndarray]:
+    """The model's initializers and ``Constant`` node values by name, as numpy arrays; with
+    ``max_elements`` only those of at most that many elements (the rewrites that read indices, shapes
+    and scales need not copy every weight)."""
     from onnx import numpy_helper
 
-    out = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    def small(tensor) -> bool:
+        return max_elements is None or int(np.prod(tensor.dims)) <= max_elements
+
+    out = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if small(t)}
     for node in model.graph.node:
         if node.op_type == "Constant" and node.output:
             for attr in node.attribute:
-                if attr.name == "value":
+                if attr.name == "value" and small(attr.t):
                     out[node.output[0]] = numpy_helper.to_array(attr.t)
     return out
 

@@ -161,7 +161,7 @@ def box_scatters(model, shapes: dict[str, tuple[int, ...]]):
     if pinned is None:
         return model, 0
     known = pinned[1]
-    constants = _constants(model)
+    constants = _constants(model, max_elements=BASE_LIMIT)  # larger values are never read
     producers = {o: n for n in model.graph.node for o in n.output}
     g = _NodeBuilder(model)
     count = 0

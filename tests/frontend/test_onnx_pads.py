@@ -256,3 +256,24 @@ def test_resizes_by_scales_without_whole_sizes_sample_as_onnx(tmp_path, mode, tr
     got = vm["main"](tvm.runtime.tensor(x), *[tvm.runtime.tensor(p) for p in imported.params]).numpy()
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_constants_below_a_size_leave_weights_alone():
+    """The rewrites that read indices, shapes and scales ask for values of few elements: initializers
+    and Constant nodes above the limit are not copied to numpy."""
+    from inferx_edge.frontend.onnx_pads import _constants
+
+    big, small = np.zeros((10, 10), np.float32), np.arange(4, dtype=np.int64)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Constant", [], ["c_small"], value=numpy_helper.from_array(small, "c_small")),
+            helper.make_node("Constant", [], ["c_big"], value=numpy_helper.from_array(big, "c_big")),
+        ],
+        "g", [], [helper.make_tensor_value_info("c_small", 7, [4])],
+        [numpy_helper.from_array(big, "w"), numpy_helper.from_array(small, "i")],
+    )  # fmt: skip
+    model = helper.make_model(graph)
+    assert sorted(_constants(model)) == ["c_big", "c_small", "i", "w"]
+    limited = _constants(model, max_elements=16)
+    assert sorted(limited) == ["c_small", "i"]
+    np.testing.assert_array_equal(limited["i"], small)
