@@ -122,16 +122,22 @@ def readers(mod) -> dict:
     from tvm import relax
 
     found: dict = {}
-    for _gv, func in mod.functions_items():
-        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
-            continue
-        for blk in func.body.blocks:
-            for b in blk.bindings:
-                if isinstance(b.value, relax.Call):
-                    for i, a in enumerate(b.value.args):
-                        if isinstance(a, relax.Var):
-                            found.setdefault(a, []).append((b.var, b.value, i))
+    for b in bindings(mod):
+        if isinstance(b.value, relax.Call):
+            for i, a in enumerate(b.value.args):
+                if isinstance(a, relax.Var):
+                    found.setdefault(a, []).append((b.var, b.value, i))
     return found
+
+
+def bindings(mod):
+    """Every variable binding of ``mod``'s Relax functions, in order."""
+    from tvm import relax
+
+    for _gv, func in mod.functions_items():
+        if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
+            for blk in func.body.blocks:
+                yield from blk.bindings
 
 
 def weight_params(mod) -> set:

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from inferx_edge.compiler.passes._rewrite import op_name, readers, rewrite_calls_in_context, static_shape, use_counts
+from inferx_edge.compiler.passes._rewrite import (
+    bindings,
+    op_name,
+    readers,
+    rewrite_calls_in_context,
+    static_shape,
+    use_counts,
+)
 from inferx_edge.compiler.passes._views import MAX_CHECKED, constant_value, reshape_coords
 
 _LAYOUT = ("relax.reshape", "relax.permute_dims")
@@ -102,22 +109,18 @@ def store_attention_outputs(mod, kernels: dict, factory):
 
     found_readers, uses = readers(mod), use_counts(mod)
     plans: dict = {}
-    for _gv, func in mod.functions_items():
-        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+    for b in bindings(mod):
+        v = b.value
+        if op_name(v) != "relax.call_tir" or getattr(v.args[0], "name_hint", None) not in kernels:
             continue
-        for blk in func.body.blocks:
-            for b in blk.bindings:
-                v = b.value
-                if op_name(v) != "relax.call_tir" or getattr(v.args[0], "name_hint", None) not in kernels:
-                    continue
-                found = _chain(b.var, found_readers, uses)
-                shape = static_shape(b.var)
-                if found is None or shape is None or len(shape) != 3:
-                    continue
-                last, ops, scale, lo, hi = found
-                heads = _heads(ops, shape)
-                if heads is not None:
-                    plans[last] = (v, Store(heads, scale, lo, hi), shape)
+        found = _chain(b.var, found_readers, uses)
+        shape = static_shape(b.var)
+        if found is None or shape is None or len(shape) != 3:
+            continue
+        last, ops, scale, lo, hi = found
+        heads = _heads(ops, shape)
+        if heads is not None:
+            plans[last] = (v, Store(heads, scale, lo, hi), shape)
 
     def rewrite(call, ctx):
         plan = plans.get(ctx.var) if ctx.var is not None else None

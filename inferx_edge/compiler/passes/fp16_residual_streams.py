@@ -12,7 +12,7 @@ float32 copy for the return.
 
 from __future__ import annotations
 
-from inferx_edge.compiler.passes._rewrite import op_name, readers, rewrite_calls_in_context, use_counts
+from inferx_edge.compiler.passes._rewrite import bindings, op_name, readers, rewrite_calls_in_context, use_counts
 from inferx_edge.compiler.passes.fp16_depthwise import saturated_fp16
 
 #: who may read a stream: the next LayerNorm and the residual adds
@@ -44,14 +44,7 @@ def fp16_residual_streams(mod):
             and any(name == "relax.nn.layer_norm" for name, _ in found)
         )
 
-    streams = {
-        b.var
-        for _gv, func in mod.functions_items()
-        if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr)
-        for blk in func.body.blocks
-        for b in blk.bindings
-        if is_stream(b.var, b.value)
-    }
+    streams = {b.var for b in bindings(mod) if is_stream(b.var, b.value)}
     if not streams:
         return mod
     fp16_copy: dict = {}
