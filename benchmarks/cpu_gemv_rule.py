@@ -1,7 +1,8 @@
 """Matrix-vector kernels on this CPU: dlight's CPU GEMV rule against the project's default schedule
-(``compiler/cpu/default_schedule.py``), compile time and run time, numpy (BLAS) as the peer.
+(``compiler/cpu/default_schedule.py``; ``inferx-tile``: its register-tile schedule with the row-dot
+schedule of ``compiler/cpu/row_dot.py`` turned off), compile time and run time, numpy (BLAS) as the peer.
 
-    python -m benchmarks.cpu_gemv_rule [--shapes 1000x512,...] [--timeout 120] [--name NAME]
+    python -m benchmarks.cpu_gemv_rule [--shapes 1000x512,...] [--rules ...] [--timeout 120] [--name NAME]
 
 Each (rows x reduction) kernel ``o[i] = sum_r a[i, r] * w[r]`` is scheduled by one rule and compiled
 in a child process (killed after ``--timeout`` seconds: dlight's schedule can take LLVM minutes), its
@@ -18,7 +19,7 @@ import sys
 #: classifier heads (1000 outputs), a 1-channel 1x1 conv over 128 x 128 / 32 x 32 maps (DPT's depth
 #: head), dense layers whose outputs are multiples of 128, and a square one
 SHAPES = ("1000x512", "2000x32", "16384x32", "1024x32", "2048x512", "4096x4096")
-RULES = ("dlight-gemv", "inferx-default")
+RULES = ("dlight-gemv", "inferx-default", "inferx-tile")
 
 _CHILD = r"""
 import json, sys, time
@@ -31,6 +32,9 @@ from inferx_edge.compiler.cpu.default_schedule import CPUDefaultSchedule, _as_dl
 from inferx_edge.targets import get_target
 
 rows, red, rule = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+if rule == "inferx-tile":
+    import inferx_edge.compiler.cpu.row_dot as row_dot
+    row_dot.row_dot_schedule = lambda *a: None
 a, w = te.placeholder((rows, red), name="a"), te.placeholder((red,), name="w")
 r = te.reduce_axis((0, red), name="r")
 func = te.create_prim_func([a, w, te.compute((rows,), lambda i: te.sum(a[i, r] * w[r], axis=r), name="o")])
@@ -77,6 +81,7 @@ def main(argv=None) -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=",".join(SHAPES), help="ROWSxREDUCTION,...")
+    ap.add_argument("--rules", default=",".join(RULES), help=f"of {', '.join(RULES)}")
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--name", default="cpu_gemv_rule")
     args = ap.parse_args(argv)
@@ -84,12 +89,15 @@ def main(argv=None) -> None:
     for shape in args.shapes.split(","):
         m, k = (int(v) for v in shape.split("x"))
         row = {"rows": m, "reduction": k}
-        for rule in RULES:
+        for rule in args.rules.split(","):
             row[rule] = measure(m, k, rule, args.timeout)
             print(m, k, rule, row[rule], flush=True)
-        ours, theirs = row["inferx-default"], row["dlight-gemv"]
-        if "run_us" in ours and "run_us" in theirs:
-            row["dlight_time_over_ours"] = round(theirs["run_us"] / ours["run_us"], 2)
+        ours = row.get("inferx-default", {})
+        for peer, key in (("dlight-gemv", "dlight_time_over_ours"), ("inferx-tile", "tile_time_over_ours")):
+            if "run_us" in ours and "run_us" in row.get(peer, {}):
+                row[key] = round(row[peer]["run_us"] / ours["run_us"], 2)
+        if "run_us" in ours:
+            row["ours_time_over_numpy"] = round(ours["run_us"] / ours["numpy_us"], 2)
         rows.append(row)
     path = write_record(args.name, {"versions": versions("apache-tvm", "numpy"), "rows": rows})
     print(f"wrote {path}")

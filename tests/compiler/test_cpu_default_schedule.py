@@ -327,3 +327,50 @@ def test_matrix_vector_kernels_take_this_schedule_not_dlights_gemv(rows, red):
     vm = relax.VirtualMachine(relax.build(mod, target, relax_pipeline=cpu_pipeline(target)), tvm.cpu())
     got = vm["main"](tvm.runtime.tensor(xs.astype("float32")), tvm.runtime.tensor(ws.astype("float32"))).numpy()
     np.testing.assert_allclose(got, xs @ ws, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "m, rows, red, bias, want",
+    [
+        (None, 1000, 512, False, True),  # a matrix times a vector
+        (None, 300, 256, True, True),  # with a bias after it (computed per output, right after)
+        (1, 200, 384, False, True),  # a dense layer at one row, weight [out, in]
+        (8, 200, 384, False, False),  # eight rows: the register tile reuses each weight load
+        (None, 1000, 64, False, False),  # a short reduction: the register tile was faster
+    ],
+)
+def test_dot_products_of_contiguous_rows(m, rows, red, bias, want):
+    """Reductions whose largest operand is contiguous along the reduction and whose other operands are
+    one row of it take row_dot (vector accumulators along the row, rfactor; 2-7x the register tile
+    on such shapes here, benchmarks/cpu_gemv_rule.py), others keep the register tile; both match numpy."""
+    import tvm
+    from tvm import te
+
+    from inferx_edge.compiler.compile import resolve_tvm_target
+    from inferx_edge.compiler.cpu.default_schedule import CPUDefaultSchedule
+    from inferx_edge.targets import get_target
+
+    r = te.reduce_axis((0, red), name="r")
+    if m is None:
+        a, v = te.placeholder((rows, red), name="a"), te.placeholder((red,), name="v")
+        out = te.compute((rows,), lambda i: te.sum(a[i, r] * v[r], axis=r), name="o")
+    else:
+        v, a = te.placeholder((m, red), name="x"), te.placeholder((rows, red), name="w")
+        out = te.compute((m, rows), lambda i, j: te.sum(v[i, r] * a[j, r], axis=r), name="o")
+    tensors = [a, v, out]
+    if bias:
+        b = te.placeholder((rows,), name="b")
+        tensors = [a, v, b, te.compute((rows,), lambda i: out[i] + b[i], name="y")]
+    target = resolve_tvm_target(get_target("x86-cpu"))
+    with target:
+        sch = CPUDefaultSchedule().apply(te.create_prim_func(tensors), target, False)
+    assert ("_rf" in sch.mod["main"].script()) == want
+    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=target)
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal([int(d) for d in t.shape]).astype("float32") for t in tensors[:-1]]
+    got = tvm.runtime.tensor(np.zeros([int(d) for d in tensors[-1].shape], "float32"))
+    lib["main"](*[tvm.runtime.tensor(x) for x in args], got)
+    A, V = (x.astype(np.float64) for x in args[:2])
+    ref = A @ V if m is None else V @ A.T
+    ref = ref + args[2] if bias else ref
+    np.testing.assert_allclose(got.numpy(), ref, rtol=1e-4, atol=1e-4)

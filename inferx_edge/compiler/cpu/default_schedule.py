@@ -19,7 +19,8 @@ than onnxruntime. This rule gives every kernel a generic, always-valid schedule 
   producers (a pad with nothing to pad) inlined into it: one pass over the output instead of one per
   consumer (``benchmarks/results/zoo_x86-cpu_epyc_after.json``);
 - every other block (pads, elementwise epilogues left unfused, layout changes, casts): its innermost
-  loop split into whole vectors (vectorized), its outer loops fused and parallel.
+  loop split into whole vectors (vectorized), its outer loops fused and parallel;
+- a reduction whose operands are contiguous along it (a matrix times a vector): :mod:`.row_dot`.
 
 The schedule is exact (only loop transformations) and never fails a build: a function it cannot
 schedule keeps TVM's default. Tuned kernels (``tirx.is_scheduled``) are left alone.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import math
 
+from inferx_edge.compiler.cpu import row_dot
 from inferx_edge.compiler.prim_funcs import unscheduled
 
 
@@ -84,6 +86,9 @@ class CPUDefaultSchedule:
             if len(reductions) > 1:
                 return None
             lanes = _lanes(target, self._bits(sch, reductions[0] if reductions else blocks[-1]))
+            dots = row_dot.row_dot_schedule(func, lanes) if reductions else None
+            if dots is not None:  # dot products of contiguous rows
+                return dots
             unroll, anchor = self._reduction_order(sch, reductions[0], lanes) if reductions else ([], None)
             epilogue = _fuse_epilogue(sch, root, reductions[0], anchor) if reductions else None
             cores = int(target.attrs.get("num-cores", 1) or 1)
