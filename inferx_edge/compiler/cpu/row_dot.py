@@ -1,6 +1,7 @@
 """CPU schedule for reductions whose operands are contiguous along the reduction (a matrix times a
-vector with the matrix row-major, a 1x1 channels-last convolution to a few channels, a dense layer at
-one row with its weight ``[out, in]``): each output is a dot product of contiguous rows.
+vector with the matrix row-major, a dense layer at one row with its weight ``[out, in]``): each output
+is a dot product of contiguous rows. Kernels of several reduction axes (convolutions, even 1x1 ones
+with their unit window axes) are not taken.
 
 The register-tile schedule of :mod:`~inferx_edge.compiler.cpu.default_schedule` vectorizes across
 outputs, which here gathers every vector lane from another row (a 4096 x 4096 matrix times a vector
