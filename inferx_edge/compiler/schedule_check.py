@@ -20,8 +20,15 @@ def run_serially_on_cpu(func, *arrays) -> list[np.ndarray]:
     parameter, outputs last; returns all of them after the call."""
     import tvm
 
-    serial = tvm.script.from_source(_THREAD_LOOP.sub(r"T.serial(\1)", func.script()))
-    lib = tvm.compile(tvm.IRModule({"main": serial.with_attr("global_symbol", "main")}), "llvm")
+    return _run_on_cpu(tvm.script.from_source(_THREAD_LOOP.sub(r"T.serial(\1)", func.script())), arrays)
+
+
+def _run_on_cpu(func, arrays) -> list[np.ndarray]:
+    """``func`` compiled for this CPU and called on copies of ``arrays`` (every parameter); all of them
+    after the call."""
+    import tvm
+
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), "llvm")
     args = [tvm.runtime.tensor(a) for a in arrays]
     lib["main"](*args)
     return [a.numpy() for a in args]
@@ -56,21 +63,22 @@ def check_kernel(unscheduled, scheduled, seed: int = 0) -> float:
     (compiled for the CPU as is) on the same random inputs, relative to the largest output magnitude
     (at least 1); the outputs are the parameters the kernel writes. Integer outputs (quantized
     activations) may differ by one unit: a float sum the schedule reassociates can round either way."""
-    import tvm
-
     params, written, arrays = _arguments(unscheduled, seed)
     got = run_serially_on_cpu(scheduled, *arrays)
-    ref = tvm.compile(tvm.IRModule({"main": unscheduled.with_attr("global_symbol", "main")}), "llvm")
-    want = [tvm.runtime.tensor(a) for a in arrays]
-    ref["main"](*want)
+    # a float sum reassociated by the schedule may round to the neighbouring integer
+    return _worst_difference(params, written, got, _run_on_cpu(unscheduled, arrays), integer_slack=1.0)
+
+
+def _worst_difference(params, written, got, want, integer_slack: float = 0.0) -> float:
+    """The largest difference over the written parameters, relative to each one's largest expected
+    magnitude (at least 1); integer outputs may differ by ``integer_slack`` for free."""
     worst = 0.0
     for i, p in enumerate(params):
         if p in written:
-            expected = want[i].numpy().astype(np.float64)
+            expected = want[i].astype(np.float64)
             diff = float(np.abs(got[i].astype(np.float64) - expected).max())
             if str(p.dtype).startswith(("int", "uint")):
-                # a float sum reassociated by the schedule may round to the neighbouring integer
-                diff = max(0.0, diff - 1.0)
+                diff = max(0.0, diff - integer_slack)
             worst = max(worst, diff / max(1.0, float(np.abs(expected).max())))
     return worst
 
@@ -117,11 +125,10 @@ def check_wgmma_epilogues(unscheduled_mod, max_macs: int = 1 << 31, only: str | 
     import tvm
 
     from inferx_edge.compiler.cuda.device_compiler import CudaOptions
-    from inferx_edge.compiler.cuda.rules.wgmma_matmul import TILE
-    from inferx_edge.compiler.cuda.wgmma import parse_tile
+    from inferx_edge.compiler.cuda.rules.wgmma_matmul import rule_tile
     from inferx_edge.compiler.cuda.wgmma_epilogue import loop_body, wgmma_kernel_for
 
-    tile = parse_tile(CudaOptions.from_env().wgmma_tile or TILE)
+    tile = rule_tile(CudaOptions.from_env())
     for gv, func in unscheduled_mod.functions_items():
         name = gv.name_hint
         if not isinstance(func, tvm.tirx.PrimFunc) or (only and only not in name):
@@ -144,18 +151,5 @@ def check_wgmma_epilogues(unscheduled_mod, max_macs: int = 1 << 31, only: str | 
 def _compare_on_cpu(reference, candidate, seed: int = 0) -> float:
     """The largest difference between two kernels of the same parameters compiled for this CPU, on the
     same random inputs, relative to the largest output magnitude (at least 1)."""
-    import tvm
-
     params, written, arrays = _arguments(reference, seed)
-    outs = []
-    for f in (reference, candidate):
-        lib = tvm.compile(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}), "llvm")
-        tensors = [tvm.runtime.tensor(a) for a in arrays]
-        lib["main"](*tensors)
-        outs.append([t.numpy().astype(np.float64) for t in tensors])
-    worst = 0.0
-    for i, p in enumerate(params):
-        if p in written:
-            want = outs[0][i]
-            worst = max(worst, float(np.abs(outs[1][i] - want).max()) / max(1.0, float(np.abs(want).max())))
-    return worst
+    return _worst_difference(params, written, _run_on_cpu(candidate, arrays), _run_on_cpu(reference, arrays))

@@ -25,13 +25,20 @@ def wgmma_kernel(func, target, sm_count: int | None = None):
     from tvm import tirx
 
     from inferx_edge.compiler.cuda.device_compiler import CudaOptions
-    from inferx_edge.compiler.cuda.wgmma import parse_tile
     from inferx_edge.compiler.cuda.wgmma_epilogue import wgmma_kernel_for
 
     options = CudaOptions.from_env()
     if not isinstance(func, tirx.PrimFunc) or not wgmma_target(target) or not options.wgmma:
         return None
-    return wgmma_kernel_for(func, min_tiles=sm_count or 0, **parse_tile(options.wgmma_tile or TILE))[0]
+    return wgmma_kernel_for(func, min_tiles=sm_count or 0, **rule_tile(options))[0]
+
+
+def rule_tile(options) -> dict:
+    """The tile fields the rule's kernels run with under ``options`` (a ``CudaOptions``): its
+    ``wgmma_tile``, else :data:`TILE`."""
+    from inferx_edge.compiler.cuda.wgmma import parse_tile
+
+    return parse_tile(options.wgmma_tile or TILE)
 
 
 def wgmma_takes(func, target, sm_count: int | None = None) -> bool:
